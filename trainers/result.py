@@ -1,0 +1,63 @@
+"""What one training run measured."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainResult:
+    """Measurements of one run. `timings` parts add up to `wall_seconds`.
+
+    Micro-steps (one forward + backward of one micro-batch) and optimizer steps (gradient
+    clipping, the optimizer update, scheduler and zeroing) are timed separately so the
+    time model can fit each.
+    """
+
+    device: str
+    precision: str
+    runtime_reason: str
+    trainable_parameters: int
+    total_parameters: int
+    lora_targets: list[str]
+    lora_parameters_per_rank: int
+    n_layers: int
+    hidden_size: int
+    vocab_size: int
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    max_length: int
+    lora_r: int
+    gradient_checkpointing: bool
+    optimizer_steps: int = 0
+    total_steps: int = 0
+    micro_step_seconds: list[float] = field(default_factory=list)
+    micro_step_tokens: list[int] = field(default_factory=list)
+    micro_step_seq_len: list[int] = field(default_factory=list)
+    optimizer_step_seconds: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    train_losses: list[list[float]] = field(default_factory=list)  # [step, loss]
+    eval_losses: list[list[float]] = field(default_factory=list)  # [step, loss]
+    eval_records: list[dict[str, float]] = field(default_factory=list)
+    checkpoint_seconds: list[float] = field(default_factory=list)
+    startup_seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+    tokens_seen: int = 0
+    tokens_per_second: float = 0.0
+    peak_memory_bytes: int = 0
+    final_train_loss: float | None = None
+    final_eval_loss: float | None = None
+    stop_reason: str | None = None
+    dataset: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median_step_seconds(self) -> float:
+        # The first steps pay for allocator warm-up and lazy initialisation.
+        steps = self.step_seconds[2:] if len(self.step_seconds) > 4 else self.step_seconds
+        return statistics.median(steps) if steps else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,163 @@
+"""The typed, validated description of one training run."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainers.errors import BadInputError
+
+SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+OVERFLOW_MODES = ("truncate", "pack")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise BadInputError(message)
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """LoRA adapter settings (PEFT's `LoraConfig` is built from these)."""
+
+    r: int = field(default=8, metadata={"help": "Adapter rank."})
+    alpha: float = field(default=16.0, metadata={"help": "Scaling numerator (scale = alpha / r)."})
+    dropout: float = field(default=0.05, metadata={"help": "Dropout on the adapter input."})
+    use_rslora: bool = field(default=False, metadata={"help": "Scale by alpha / sqrt(r)."})
+    target_modules: str | tuple[str, ...] = field(
+        default="auto",
+        metadata={"help": "'auto' = every linear projection of attention and MLP, or names."},
+    )
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.r, int) and self.r >= 1, f"lora.r must be >= 1, but got {self.r=}")
+        _require(self.alpha > 0, f"lora.alpha must be > 0, but got {self.alpha=}")
+        _require(0.0 <= self.dropout < 1.0, f"lora.dropout must be in [0, 1), but got {self.dropout=}")
+        if isinstance(self.target_modules, list):
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        if isinstance(self.target_modules, str):
+            _require(
+                bool(self.target_modules),
+                f"lora.target_modules must be 'auto' or names, but got {self.target_modules=}",
+            )
+        else:
+            _require(
+                len(self.target_modules) > 0 and all(isinstance(t, str) for t in self.target_modules),
+                f"lora.target_modules must be a non-empty list of names, but got {self.target_modules=}",
+            )
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything one training run needs. Validated on construction."""
+
+    model: str = field(metadata={"help": "Local path of a transformers causal LM."})
+    data: str = field(metadata={"help": "JSONL file (text, prompt/completion or messages)."})
+    output_dir: str = field(default="train-output", metadata={"help": "Checkpoints and logs."})
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    micro_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    scheduler: str = "linear"
+    warmup_ratio: float = 0.0
+    max_steps: int | None = field(
+        default=None, metadata={"help": "Optimizer steps; overrides epochs when set."}
+    )
+    epochs: float = 1.0
+    max_length: int = 128
+    overflow: str = field(default="truncate", metadata={"help": "'truncate' or 'pack'."})
+    skip_bad_lines: bool = False
+    validation_fraction: float = 0.1
+    eval_interval: int = field(
+        default=50, metadata={"help": "Optimizer steps between evaluations (0: only at the end)."}
+    )
+    eval_samples: int = field(default=64, metadata={"help": "Validation samples per evaluation."})
+    checkpoint_interval: int = field(
+        default=0, metadata={"help": "Optimizer steps between checkpoints (0: none)."}
+    )
+    precision: str = "auto"
+    device: str = "auto"
+    gradient_checkpointing: bool = False
+    compile: bool = field(default=False, metadata={"help": "torch.compile the model (CUDA)."})
+    seed: int = 0
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lora, dict):
+            object.__setattr__(self, "lora", lora_from_dict(self.lora))
+        positive = ("micro_batch_size", "gradient_accumulation_steps", "max_length", "eval_samples")
+        for name in positive:
+            value = getattr(self, name)
+            _require(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                f"{name} must be an integer >= 1, but got {name}={value!r}",
+            )
+        for name in ("eval_interval", "checkpoint_interval"):
+            value = getattr(self, name)
+            _require(
+                isinstance(value, int) and value >= 0,
+                f"{name} must be an integer >= 0, but got {name}={value!r}",
+            )
+        _require(
+            self.max_steps is None or (isinstance(self.max_steps, int) and self.max_steps >= 1),
+            f"max_steps must be >= 1, but got {self.max_steps=}",
+        )
+        _require(self.epochs > 0, f"epochs must be > 0, but got {self.epochs=}")
+        _require(
+            0.0 < self.learning_rate < 1.0,
+            f"learning_rate must be in (0, 1), but got {self.learning_rate=}",
+        )
+        _require(self.weight_decay >= 0, f"weight_decay must be >= 0, but got {self.weight_decay=}")
+        _require(
+            0.0 <= self.warmup_ratio < 1.0,
+            f"warmup_ratio must be in [0, 1), but got {self.warmup_ratio=}",
+        )
+        _require(
+            0.0 < self.validation_fraction < 1.0,
+            f"validation_fraction must be in (0, 1), but got {self.validation_fraction=}",
+        )
+        _choice("scheduler", self.scheduler, SCHEDULERS)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("device", self.device, DEVICES)
+        _choice("overflow", self.overflow, OVERFLOW_MODES)
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.micro_batch_size * self.gradient_accumulation_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["lora"]["target_modules"] = (
+            self.lora.target_modules
+            if isinstance(self.lora.target_modules, str)
+            else list(self.lora.target_modules)
+        )
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainSpec:
+        """Build from a plain mapping (YAML, JSON); unknown keys are an error."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        _require(not unknown, f"unknown training field(s): {', '.join(unknown)}")
+        missing = [name for name in ("model", "data") if name not in values]
+        _require(not missing, f"missing training field(s): {', '.join(missing)}")
+        try:
+            return cls(**values)
+        except TypeError as exc:  # wrong value types that dataclasses cannot take
+            raise BadInputError(f"invalid training spec: {exc}") from exc
+
+
+def lora_from_dict(values: dict[str, Any]) -> LoraSpec:
+    known = {f.name for f in dataclasses.fields(LoraSpec)}
+    unknown = sorted(set(values) - known)
+    _require(not unknown, f"unknown lora field(s): {', '.join(unknown)}")
+    return LoraSpec(**values)
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    _require(value in allowed, f"{name} must be one of {', '.join(allowed)}, but got {name}={value!r}")
