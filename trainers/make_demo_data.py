@@ -19,12 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-DEMO_DATA_DIR = Path(__file__).resolve().parent / "demo_data"
-SHAPE_FILES = {
-    "text": "text.jsonl",
-    "prompt_completion": "prompt_completion.jsonl",
-    "messages": "chat.jsonl",
-}
+from trainers.paths import DEMO_DATA_DIR, demo_data_path
+
+SHAPES = ("text", "prompt_completion", "messages")
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z"]
 _VOWELS = ["a", "e", "i", "o", "u"]
@@ -163,13 +160,13 @@ def write_demo_data(out_dir: Path = DEMO_DATA_DIR, *, samples: int = 3000, seed:
     out_dir.mkdir(parents=True, exist_ok=True)
     world = make_world(random.Random(seed))
     written = []
-    for index, (shape, filename) in enumerate(SHAPE_FILES.items()):
+    for index, shape in enumerate(SHAPES):
         rng = random.Random(seed * 1000 + index + 1)
         lines = [
             json.dumps(_RECORD_MAKERS[shape](rng, world), separators=(",", ":"))
             for _ in range(samples)
         ]
-        path = out_dir / filename
+        path = out_dir / demo_data_path(shape).name
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         written.append(path)
     return written

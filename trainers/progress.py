@@ -20,7 +20,9 @@ class TqdmProgress(TrainingCallback):
     def on_train_begin(self, info: RunInfo) -> None:
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=info.total_steps, desc=self.description, unit="step", **self.tqdm_kwargs)
+        self.bar = tqdm(
+            total=info.total_steps, desc=self.description, unit="step", **self.tqdm_kwargs
+        )
 
     def on_step(self, info: StepInfo) -> None:
         if self.bar is None:

@@ -111,8 +111,7 @@ def choose_runtime(
         compile=False,  # compile pays off only on GPUs; on CPU it costs minutes of start-up
         grad_scaler=False,
         device_name=device_name or device,
-        reason=f"{device}: fp32"
-        + (" (torch.compile ignored off CUDA)" if compile else ""),
+        reason=f"{device}: fp32" + (" (torch.compile ignored off CUDA)" if compile else ""),
     )
 
 

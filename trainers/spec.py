@@ -35,7 +35,9 @@ class LoraSpec:
     def __post_init__(self) -> None:
         _require(isinstance(self.r, int) and self.r >= 1, f"lora.r must be >= 1, but got {self.r=}")
         _require(self.alpha > 0, f"lora.alpha must be > 0, but got {self.alpha=}")
-        _require(0.0 <= self.dropout < 1.0, f"lora.dropout must be in [0, 1), but got {self.dropout=}")
+        _require(
+            0.0 <= self.dropout < 1.0, f"lora.dropout must be in [0, 1), but got {self.dropout=}"
+        )
         if isinstance(self.target_modules, list):
             object.__setattr__(self, "target_modules", tuple(self.target_modules))
         if isinstance(self.target_modules, str):
@@ -45,7 +47,8 @@ class LoraSpec:
             )
         else:
             _require(
-                len(self.target_modules) > 0 and all(isinstance(t, str) for t in self.target_modules),
+                len(self.target_modules) > 0
+                and all(isinstance(t, str) for t in self.target_modules),
                 f"lora.target_modules must be a non-empty list of names, but got {self.target_modules=}",
             )
 
@@ -160,4 +163,6 @@ def lora_from_dict(values: dict[str, Any]) -> LoraSpec:
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    _require(value in allowed, f"{name} must be one of {', '.join(allowed)}, but got {name}={value!r}")
+    _require(
+        value in allowed, f"{name} must be one of {', '.join(allowed)}, but got {name}={value!r}"
+    )

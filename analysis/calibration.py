@@ -1,0 +1,568 @@
+"""Fit the time model's coefficients to measured training runs, and keep them on disk.
+
+A calibration belongs to one hardware + model fingerprint. It stores the (capped)
+measurements it was fitted to, so `update` can refit with one more run cheaply and a
+calibration carries over from one study to the next.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from analysis.timemodel import (
+    Coefficients,
+    HardwareInfo,
+    ModelProfile,
+    activation_bytes,
+    attention_flops,
+    dense_flops,
+    fingerprint,
+    prior_coefficients,
+    static_memory_bytes,
+)
+from trainers.errors import BadInputError
+
+FORMAT = "hpo-calibration"
+VERSION = 1
+WARMUP_MICRO_STEPS = 3
+MAX_STORED_MICRO_STEPS = 200
+MAX_STORED_RUNS = 50
+_F_SCALE = 0.1  # log-ratio scale where the robust loss turns from quadratic to flat
+_PRIOR_LOG_SD = 2.0  # a weak pull to the prior: decides only what the data leave open
+_RUN_SD_PRIOR = 0.12  # run-to-run sd of step time before seeing repeats (5-13 % here)
+_RUN_SD_FLOOR = 0.05
+_Z90 = 1.2815515655446004
+
+
+@dataclass(frozen=True)
+class RunMeasurements:
+    """What one real training run measured (the trainer's result JSON).
+
+    Attributes:
+        micro_step_seconds: Wall time of each micro-step (forward + backward).
+        micro_step_tokens: Padded tokens of each micro-batch.
+        micro_step_seq_len: Padded length of each micro-batch.
+        micro_batch_size: Configured samples per micro-batch.
+        optimizer_step_seconds: Wall time of each optimizer step.
+        eval_seconds: Wall time of each evaluation.
+        eval_tokens: Tokens evaluated in each evaluation.
+        checkpoint_seconds: Wall time of each checkpoint save.
+        startup_seconds: Process start to first step.
+        peak_memory_bytes: Peak memory of the run (0 = not measured).
+        lora_r: LoRA rank.
+        trainable_parameters: Trainable parameters of the run.
+        gradient_checkpointing: Whether activations were recomputed.
+        max_length: Truncation length.
+        warmup_steps: Leading micro-steps that are warm-up and not fitted; when > 0 the
+            first optimizer step is left out too (0 = already cleaned by `capped`).
+    """
+
+    micro_step_seconds: tuple[float, ...]
+    micro_step_tokens: tuple[int, ...]
+    micro_step_seq_len: tuple[int, ...]
+    micro_batch_size: int
+    optimizer_step_seconds: tuple[float, ...]
+    eval_seconds: tuple[float, ...]
+    eval_tokens: tuple[int, ...]
+    checkpoint_seconds: tuple[float, ...]
+    startup_seconds: float
+    peak_memory_bytes: int
+    lora_r: int
+    trainable_parameters: int
+    gradient_checkpointing: bool
+    max_length: int
+    warmup_steps: int = WARMUP_MICRO_STEPS
+
+    def __post_init__(self) -> None:
+        n = len(self.micro_step_seconds)
+        if len(self.micro_step_tokens) != n or len(self.micro_step_seq_len) != n:
+            raise BadInputError(
+                "micro_step_seconds, micro_step_tokens and micro_step_seq_len must have the "
+                f"same length but got {n}, {len(self.micro_step_tokens)}, "
+                f"{len(self.micro_step_seq_len)}"
+            )
+        if len(self.eval_seconds) != len(self.eval_tokens):
+            raise BadInputError("eval_seconds and eval_tokens must have the same length")
+        if self.micro_batch_size < 1 or self.trainable_parameters < 1:
+            raise BadInputError(
+                "micro_batch_size and trainable_parameters must be >= 1 but got "
+                f"{self.micro_batch_size=}, {self.trainable_parameters=}"
+            )
+
+    @classmethod
+    def from_result_dict(cls, data: Mapping[str, Any]) -> RunMeasurements:
+        """Read a trainer result dict; config keys may sit at the top or under "config"."""
+        config = data.get("config") or {}
+
+        def get(key: str, default: Any = None) -> Any:
+            if key in data:
+                return data[key]
+            if key in config:
+                return config[key]
+            if default is not None:
+                return default
+            raise BadInputError(f"run measurements lack the field {key!r}")
+
+        try:
+            evals = list(get("eval_records", []))
+            return cls(
+                micro_step_seconds=tuple(float(x) for x in get("micro_step_seconds")),
+                micro_step_tokens=tuple(int(x) for x in get("micro_step_tokens")),
+                micro_step_seq_len=tuple(int(x) for x in get("micro_step_seq_len")),
+                micro_batch_size=int(get("micro_batch_size")),
+                optimizer_step_seconds=tuple(float(x) for x in get("optimizer_step_seconds", [])),
+                eval_seconds=tuple(float(e["seconds"]) for e in evals),
+                eval_tokens=tuple(int(e["tokens"]) for e in evals),
+                checkpoint_seconds=tuple(float(x) for x in get("checkpoint_seconds", [])),
+                startup_seconds=float(get("startup_seconds", 0.0)),
+                peak_memory_bytes=int(get("peak_memory_bytes", 0)),
+                lora_r=int(get("lora_r")),
+                trainable_parameters=int(get("trainable_parameters")),
+                gradient_checkpointing=bool(get("gradient_checkpointing", False)),
+                max_length=int(get("max_length")),
+                warmup_steps=int(data.get("warmup_steps", WARMUP_MICRO_STEPS)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, BadInputError):
+                raise
+            raise BadInputError(f"malformed run measurements: {exc!r}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict that `from_result_dict` reads back."""
+        data = dataclasses.asdict(self)
+        data["eval_records"] = [
+            {"seconds": s, "tokens": t}
+            for s, t in zip(self.eval_seconds, self.eval_tokens, strict=True)
+        ]
+        del data["eval_seconds"], data["eval_tokens"]
+        return data
+
+    def capped(self, max_micro_steps: int = MAX_STORED_MICRO_STEPS) -> RunMeasurements:
+        """Drop warm-up steps and keep at most `max_micro_steps` evenly spaced micro-steps.
+
+        Even spacing keeps stalls in proportion, so the spread fitted later is unchanged.
+        """
+        keep = _even(len(self.micro_step_seconds) - self.warmup_steps, max_micro_steps)
+        start = self.warmup_steps
+        # The first optimizer step allocates the AdamW state; warm-up counts it out too.
+        opt = self.optimizer_step_seconds[1 if self.warmup_steps else 0 :]
+        opt_keep = _even(len(opt), max_micro_steps)
+        return dataclasses.replace(
+            self,
+            micro_step_seconds=tuple(self.micro_step_seconds[start + i] for i in keep),
+            micro_step_tokens=tuple(self.micro_step_tokens[start + i] for i in keep),
+            micro_step_seq_len=tuple(self.micro_step_seq_len[start + i] for i in keep),
+            optimizer_step_seconds=tuple(opt[i] for i in opt_keep),
+            warmup_steps=0,
+        )
+
+
+def _even(n: int, limit: int) -> list[int]:
+    if n <= 0:
+        return []
+    if n <= limit:
+        return list(range(n))
+    return sorted({int(round(x)) for x in np.linspace(0, n - 1, limit)})
+
+
+# ----------------------------------------------------------------------------- robust fit
+
+
+def _robust_loss(name: str, n_data: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Robust loss on the data residuals, plain squares on the prior-penalty residuals."""
+
+    def loss(z: np.ndarray) -> np.ndarray:
+        rho = np.empty((3, z.size))
+        d = z[:n_data]
+        if name == "soft_l1":
+            t = 1.0 + d
+            rho[0, :n_data] = 2.0 * (np.sqrt(t) - 1.0)
+            rho[1, :n_data] = 1.0 / np.sqrt(t)
+            rho[2, :n_data] = -0.5 * t**-1.5
+        else:  # cauchy: the pull of a gross outlier fades, so x3 stalls do not bias the fit
+            rho[0, :n_data] = np.log1p(d)
+            rho[1, :n_data] = 1.0 / (1.0 + d)
+            rho[2, :n_data] = -1.0 / (1.0 + d) ** 2
+        rho[0, n_data:] = z[n_data:]
+        rho[1, n_data:] = 1.0
+        rho[2, n_data:] = 0.0
+        return rho
+
+    return loss
+
+
+def _robust_positive_fit(
+    features: np.ndarray,
+    observed: np.ndarray,
+    prior: np.ndarray,
+    *,
+    offset: np.ndarray | None = None,
+    prior_log_sd: np.ndarray | float = _PRIOR_LOG_SD,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fit observed ~ offset + features @ coef with coef > 0, robustly, on log ratios.
+
+    Coefficients are parametrised as prior * exp(theta): positive, well scaled whatever the
+    units, and a weak Gaussian prior on theta settles directions the data cannot see (a
+    feature that never varies, a component never measured). Log residuals make the noise
+    relative (5 % of a slow step weighs what 5 % of a fast one does). A soft-L1 pass finds
+    the basin; a Cauchy pass then all but ignores gross outliers.
+
+    Returns:
+        The coefficients and the log residuals log(observed / predicted), NaN where an
+        observation was unusable (not finite or not positive).
+    """
+    prior = np.maximum(np.asarray(prior, dtype=np.float64), 1e-300)
+    base = np.zeros_like(observed) if offset is None else offset
+    ok = np.isfinite(observed) & (observed > 0) & np.all(np.isfinite(features), axis=1)
+    x, y, base = features[ok], observed[ok], base[ok]
+    sd = np.broadcast_to(np.asarray(prior_log_sd, dtype=np.float64), prior.shape)
+    if y.size == 0:
+        return prior.copy(), np.full(observed.shape, np.nan)
+
+    def predicted(theta: np.ndarray) -> np.ndarray:
+        return np.maximum(base + x @ (prior * np.exp(theta)), 1e-300)
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.log(predicted(theta) / y), _F_SCALE * theta / sd])
+
+    start_scale = float(np.median(np.log(y / predicted(np.zeros_like(prior)))))
+    theta = np.full(prior.shape, np.clip(start_scale, -30.0, 30.0))
+    for name in ("soft_l1", "cauchy"):
+        theta = least_squares(
+            residuals, theta, loss=_robust_loss(name, y.size), f_scale=_F_SCALE, x_scale=1.0
+        ).x
+    full = np.full(observed.shape, np.nan)
+    full[ok] = np.log(y / predicted(theta))
+    return prior * np.exp(theta), full
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted coefficients for one hardware + model fingerprint, with their evidence."""
+
+    version: int
+    fingerprint: str
+    hardware: HardwareInfo
+    model: ModelProfile
+    coefficients: Coefficients
+    prior: Coefficients
+    n_measurements: dict[str, int]
+    created_at: str
+    calibration_id: str
+    runs: tuple[RunMeasurements, ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON document `save` writes."""
+        return {
+            "format": FORMAT,
+            "version": self.version,
+            "fingerprint": self.fingerprint,
+            "calibration_id": self.calibration_id,
+            "created_at": self.created_at,
+            "hardware": dataclasses.asdict(self.hardware),
+            "model": dataclasses.asdict(self.model),
+            "coefficients": self.coefficients.to_dict(),
+            "prior": self.prior.to_dict(),
+            "n_measurements": dict(self.n_measurements),
+            "runs": [run.to_dict() for run in self.runs],
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write as JSON atomically (a reader never sees half a file)."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(self.to_dict(), handle, indent=1)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def _micro_rows(run: RunMeasurements, model: ModelProfile) -> tuple[np.ndarray, np.ndarray]:
+    start = run.warmup_steps
+    tokens = np.asarray(run.micro_step_tokens[start:], dtype=np.float64)
+    seq = np.maximum(np.asarray(run.micro_step_seq_len[start:], dtype=np.float64), 1.0)
+    gc = run.gradient_checkpointing
+    features = np.column_stack([
+        np.ones_like(tokens),
+        dense_flops(model.total_parameters, run.trainable_parameters, 1.0, gc) * tokens,
+        attention_flops(model, 1.0, gc) * tokens * seq,  # b * s^2 = tokens * s
+    ])
+    return features, np.asarray(run.micro_step_seconds[start:], dtype=np.float64)
+
+
+def _stack(rows: list[tuple[np.ndarray, np.ndarray]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    if not rows:
+        return np.zeros((0, width)), np.zeros(0)
+    return np.vstack([r[0] for r in rows]), np.concatenate([r[1] for r in rows])
+
+
+def _pairs(values: Sequence[float], feature: float) -> tuple[np.ndarray, np.ndarray]:
+    y = np.asarray(values, dtype=np.float64)
+    return np.column_stack([np.ones_like(y), np.full_like(y, feature)]), y
+
+
+def fit(
+    runs: Sequence[RunMeasurements],
+    model: ModelProfile,
+    hardware: HardwareInfo,
+    *,
+    prior: Coefficients | None = None,
+) -> Calibration:
+    """Fit the time and memory model to measured runs.
+
+    Args:
+        runs: Measurements of runs of `model` on `hardware` (any configurations).
+        model: The model profile.
+        hardware: The machine the runs executed on.
+        prior: Starting coefficients; components without measurements keep them.
+            Defaults to `prior_coefficients(hardware)` (runs a short CPU probe on CPU).
+
+    Returns:
+        A calibration holding the fitted coefficients and the capped runs.
+    """
+    prior = prior if prior is not None else prior_coefficients(hardware)
+    stored = tuple(run.capped() for run in runs)[-MAX_STORED_RUNS:]
+    p = prior
+    n_params = float(model.total_parameters)
+
+    micro_rows = [_micro_rows(run, model) for run in stored]
+    x, y = _stack(micro_rows, 3)
+    micro, res = _robust_positive_fit(
+        x, y, np.array([p.micro_fixed_seconds, p.micro_seconds_per_flop,
+                        p.micro_seconds_per_attention_flop])
+    )
+    opt_x, opt_y = _stack([_pairs(r.optimizer_step_seconds, r.trainable_parameters)
+                           for r in stored], 2)
+    optimizer, _ = _robust_positive_fit(
+        opt_x, opt_y, np.array([p.optimizer_fixed_seconds, p.optimizer_seconds_per_parameter])
+    )
+    ev_x, ev_y = _stack([
+        (np.column_stack([np.ones(len(r.eval_tokens)),
+                          2.0 * n_params * np.asarray(r.eval_tokens, dtype=np.float64)]),
+         np.asarray(r.eval_seconds, dtype=np.float64))
+        for r in stored
+    ], 2)
+    evals, _ = _robust_positive_fit(ev_x, ev_y, np.array([p.eval_fixed_seconds,
+                                                          p.eval_seconds_per_flop]))
+    ck_x, ck_y = _stack([_pairs(r.checkpoint_seconds, r.trainable_parameters) for r in stored], 2)
+    checkpoint, _ = _robust_positive_fit(
+        ck_x, ck_y, np.array([p.checkpoint_fixed_seconds, p.checkpoint_seconds_per_parameter])
+    )
+    st_x, st_y = _stack([_pairs([r.startup_seconds], n_params) for r in stored
+                         if r.startup_seconds > 0], 2)
+    startup, _ = _robust_positive_fit(
+        st_x, st_y, np.array([p.startup_fixed_seconds, p.startup_seconds_per_parameter])
+    )
+    memory, n_memory = _fit_memory(stored, model, hardware.precision, prior)
+
+    spread = _spread(res, [len(rows[1]) for rows in micro_rows], prior)
+    coefficients = dataclasses.replace(
+        prior,
+        micro_fixed_seconds=float(micro[0]),
+        micro_seconds_per_flop=float(micro[1]),
+        micro_seconds_per_attention_flop=float(micro[2]),
+        optimizer_fixed_seconds=float(optimizer[0]),
+        optimizer_seconds_per_parameter=float(optimizer[1]),
+        eval_fixed_seconds=float(evals[0]),
+        eval_seconds_per_flop=float(evals[1]),
+        checkpoint_fixed_seconds=float(checkpoint[0]),
+        checkpoint_seconds_per_parameter=float(checkpoint[1]),
+        startup_fixed_seconds=float(startup[0]),
+        startup_seconds_per_parameter=float(startup[1]),
+        memory_fixed_bytes=float(memory[0]),
+        activation_memory_scale=float(memory[1]),
+        step_mean_ratio=spread[0],
+        step_noise_sd=spread[1],
+        systematic_log_p10=spread[2],
+        systematic_log_p90=spread[3],
+    )
+    counts = {
+        "runs": len(stored),
+        "micro_step": int(np.isfinite(res).sum()),
+        "optimizer_step": int(opt_y.size),
+        "eval": int(ev_y.size),
+        "checkpoint": int(ck_y.size),
+        "startup": int(st_y.size),
+        "memory": n_memory,
+    }
+    content = json.dumps(
+        [fingerprint(hardware, model), coefficients.to_dict(), [r.to_dict() for r in stored]],
+        sort_keys=True,
+    )
+    calibration_id = hashlib.sha256(content.encode()).hexdigest()[:10]
+    coefficients = dataclasses.replace(coefficients, source=f"calibration:{calibration_id}")
+    return Calibration(
+        version=VERSION,
+        fingerprint=fingerprint(hardware, model),
+        hardware=hardware,
+        model=model,
+        coefficients=coefficients,
+        prior=prior,
+        n_measurements=counts,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        calibration_id=calibration_id,
+        runs=stored,
+    )
+
+
+def _fit_memory(
+    runs: Sequence[RunMeasurements], model: ModelProfile, precision: str, prior: Coefficients
+) -> tuple[np.ndarray, int]:
+    """Fit (fixed bytes, activation scale) to measured peaks above the static memory.
+
+    The fixed part is held close to its prior (runtime overhead is well known); with one run
+    the least squares effectively solves for the activation scale alone.
+    """
+    measured = [r for r in runs if r.peak_memory_bytes > 0 and r.micro_step_seq_len]
+    if not measured:
+        return np.array([prior.memory_fixed_bytes, prior.activation_memory_scale]), 0
+    activation = np.array([
+        activation_bytes(model, r.micro_batch_size, max(r.micro_step_seq_len), precision,
+                         r.gradient_checkpointing)
+        for r in measured
+    ])
+    static = np.array([static_memory_bytes(model, r.trainable_parameters, precision)
+                       for r in measured])
+    peaks = np.array([float(r.peak_memory_bytes) for r in measured])
+    coef, _ = _robust_positive_fit(
+        np.column_stack([np.ones_like(activation), activation]),
+        peaks,
+        np.array([prior.memory_fixed_bytes, prior.activation_memory_scale]),
+        offset=static,
+        prior_log_sd=np.array([0.1, _PRIOR_LOG_SD]),
+    )
+    return coef, len(measured)
+
+
+def _spread(
+    log_residuals: np.ndarray, run_sizes: list[int], prior: Coefficients
+) -> tuple[float, float, float, float]:
+    """Interval parameters from micro-step residuals.
+
+    Returns step_mean_ratio, step_noise_sd, systematic_log_p10 and systematic_log_p90.
+
+    `step_mean_ratio` turns the robust (typical) step time into the mean, stalls included:
+    a run's total is a sum, so every stall measured on this machine costs real time.
+    The run-to-run sd is a shrinkage estimate: a prior worth two runs, pooled with the
+    spread of per-run median residuals as repeats accumulate.
+    """
+    usable = log_residuals[np.isfinite(log_residuals)]
+    if usable.size == 0:
+        return (prior.step_mean_ratio, prior.step_noise_sd, prior.systematic_log_p10,
+                prior.systematic_log_p90)
+    ratio = np.minimum(np.exp(usable), 10.0)  # one pathological pause must not rule
+    mean = float(ratio.mean())
+    parts = np.split(log_residuals, np.cumsum(run_sizes)[:-1])
+    medians = [float(np.median(part[np.isfinite(part)])) for part in parts
+               if np.isfinite(part).any()]
+    k = len(medians)
+    variance = float(np.var(medians, ddof=1)) if k >= 2 else 0.0
+    run_sd = math.sqrt((2 * _RUN_SD_PRIOR**2 + (k - 1) * variance) / (k + 1))
+    run_sd = max(run_sd, _RUN_SD_FLOOR)
+    return mean, float(ratio.std()) / mean, -_Z90 * run_sd, _Z90 * run_sd
+
+
+def update(
+    base: Calibration | Coefficients,
+    new_run: RunMeasurements,
+    *,
+    model: ModelProfile | None = None,
+    hardware: HardwareInfo | None = None,
+) -> Calibration:
+    """Refit with one more run.
+
+    Args:
+        base: A calibration (its stored runs and prior are reused) or prior coefficients.
+        new_run: The run just measured.
+        model: Required when `base` is a prior.
+        hardware: Required when `base` is a prior.
+    """
+    if isinstance(base, Calibration):
+        return fit((*base.runs, new_run), base.model, base.hardware, prior=base.prior)
+    if model is None or hardware is None:
+        raise ValueError("update() from prior coefficients needs model= and hardware=")
+    return fit((new_run,), model, hardware, prior=base)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def load(path: str | os.PathLike[str]) -> Calibration:
+    """Read a calibration file.
+
+    Raises:
+        BadInputError: Unreadable, malformed, or written by a newer version.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInputError(f"cannot read calibration file {path}: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise BadInputError(f"{path} is not a calibration file (format != {FORMAT!r})")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise BadInputError(f"{path}: calibration version must be an integer but got {version=}")
+    if version > VERSION:
+        raise BadInputError(
+            f"{path}: calibration version {version} is newer than this hpo reads ({VERSION})"
+        )
+    try:
+        return Calibration(
+            version=version,
+            fingerprint=str(data["fingerprint"]),
+            hardware=HardwareInfo(**data["hardware"]),
+            model=ModelProfile(**data["model"]),
+            coefficients=Coefficients.from_dict(data["coefficients"]),
+            prior=Coefficients.from_dict(data["prior"]),
+            n_measurements={str(k): int(v) for k, v in data["n_measurements"].items()},
+            created_at=str(data["created_at"]),
+            calibration_id=str(data["calibration_id"]),
+            runs=tuple(RunMeasurements.from_result_dict(r) for r in data["runs"]),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise BadInputError(f"{path}: malformed calibration file: {exc!r}") from exc
+
+
+def load_for(
+    path: str | os.PathLike[str], expected_fingerprint: str
+) -> tuple[Calibration | None, str | None]:
+    """Load the calibration at `path` if it matches `expected_fingerprint`.
+
+    Returns:
+        (calibration, None) on a match; (None, warning) when the file is for other hardware
+        or another model, and the caller falls back to priors; (None, None) if no file.
+
+    Raises:
+        BadInputError: The file exists but is malformed or too new.
+    """
+    if not Path(path).exists():
+        return None, None
+    calibration = load(path)
+    if calibration.fingerprint != expected_fingerprint:
+        return None, (
+            f"calibration {path} is for fingerprint {calibration.fingerprint} "
+            f"({calibration.hardware.device_name}), not {expected_fingerprint}; using priors"
+        )
+    return calibration, None

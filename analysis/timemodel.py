@@ -1,0 +1,534 @@
+"""Predict the duration, cost and peak memory of a full LoRA fine-tuning run.
+
+Full-run seconds = start-up + data loading + optimizer steps x (accumulation x micro-step
+time + optimizer-step time) + evaluations + checkpoint saves. Every term is a small linear
+model over physical features (FLOPs, parameters, tokens) whose coefficients are either
+priors from the device's peak FLOP/s or fitted to measured steps (`analysis.calibration`).
+
+Pure numpy: importable without torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+
+from trainers.errors import BadInputError
+
+DEVICE_KINDS = ("cpu", "cuda", "mps")
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+Z90 = 1.2815515655446004  # standard normal quantile of 0.9
+
+# Dense peak FLOP/s (half precision tensor cores, fp32 without TF32), from vendor data sheets.
+# More specific names come first so that "A100" is not taken for "A10" and "L40S" for "L4".
+_GPU_PEAKS: tuple[tuple[str, float, float], ...] = (
+    ("H200", 989e12, 67e12),
+    ("H100", 989e12, 67e12),
+    ("A100", 312e12, 19.5e12),
+    ("L40S", 362e12, 91.6e12),
+    ("L40", 181e12, 90.5e12),
+    ("L4", 121e12, 30.3e12),
+    ("A10G", 125e12, 31.2e12),
+    ("4090", 165e12, 82.6e12),
+    ("V100", 125e12, 15.7e12),  # fp16; bf16 is emulated on V100 and slower still
+    ("T4", 65e12, 8.1e12),
+)
+_UNKNOWN_GPU_PEAK = (30e12, 10e12)  # conservative: an unknown GPU is assumed slow
+_MPS_PEAK = (10e12, 5e12)
+_GPU_UTILISATION = 0.35
+_CPU_UTILISATION = 0.5  # of the measured matmul probe
+# Uncalibrated estimates are off by up to 2-3x in practice, so the prior band is wide.
+_PRIOR_LOG_P10 = math.log(0.6)
+_PRIOR_LOG_P90 = math.log(1.8)
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise BadInputError(message)
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """What the model looks like, filled from the real module tree by the trainer side.
+
+    Attributes:
+        total_parameters: All parameters of the base model (frozen ones included).
+        n_layers: Transformer blocks.
+        hidden_size: Width of the residual stream.
+        vocab_size: Rows of the output embedding (logits memory).
+        lora_parameters_per_rank: Trainable LoRA parameters at rank 1 (sum over target
+            modules of in + out features); rank r trains r times as many.
+    """
+
+    total_parameters: int
+    n_layers: int
+    hidden_size: int
+    vocab_size: int
+    lora_parameters_per_rank: int
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            _check(value > 0, f"ModelProfile.{f.name} must be > 0 but got {value=}")
+
+
+@dataclass(frozen=True)
+class HardwareInfo:
+    """The machine a run executes on.
+
+    Attributes:
+        device_kind: "cpu", "cuda" or "mps".
+        device_name: GPU name (e.g. "NVIDIA H100 80GB HBM3") or CPU model string.
+        memory_bytes: Device memory (host memory on CPU).
+        cpu_cores: Logical CPU cores available to the run.
+        precision: Training precision, "fp32", "bf16" or "fp16".
+    """
+
+    device_kind: str
+    device_name: str
+    memory_bytes: int
+    cpu_cores: int
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        kind, precision = self.device_kind, self.precision
+        _check(kind in DEVICE_KINDS, f"device_kind must be one of {DEVICE_KINDS} but got {kind=}")
+        _check(
+            precision in PRECISION_BYTES,
+            f"precision must be one of {tuple(PRECISION_BYTES)} but got {precision=}",
+        )
+
+    @classmethod
+    def this_cpu(cls, *, precision: str = "fp32") -> HardwareInfo:
+        """Describe this machine's CPU from the standard library alone."""
+        name = "cpu"
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as handle:
+                for line in handle:
+                    if line.startswith("model name"):
+                        name = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            memory = 0
+        return cls("cpu", name, int(memory), os.cpu_count() or 1, precision)
+
+
+def fingerprint(hardware: HardwareInfo, model: ModelProfile) -> str:
+    """Return a stable short hash naming a hardware + model combination.
+
+    The hostname is left out on purpose: identical machines share a calibration. On CPU the
+    core count is part of it because step time scales with the threads available.
+    """
+    key = {
+        "device_kind": hardware.device_kind,
+        "device_name": hardware.device_name.strip().lower(),
+        "precision": hardware.precision,
+        "cpu_cores": hardware.cpu_cores if hardware.device_kind == "cpu" else None,
+        "total_parameters": model.total_parameters,
+        "n_layers": model.n_layers,
+        "hidden_size": model.hidden_size,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The full run a trial's configuration would become.
+
+    Attributes:
+        model: The model being fine-tuned.
+        token_lengths: Per-sample token lengths of the training set (after truncation).
+        epochs: Passes over the training set (ignored when `max_steps` is set).
+        micro_batch_size: Samples per forward/backward pass.
+        gradient_accumulation_steps: Micro-steps per optimizer step.
+        max_length: Truncation length in tokens.
+        lora_r: LoRA rank.
+        eval_interval_steps: Optimizer steps between evaluations; 0 = none.
+        eval_samples: Samples per evaluation.
+        checkpoint_interval_steps: Optimizer steps between checkpoint saves; 0 = none.
+        gradient_checkpointing: Recompute activations in the backward pass.
+        precision: "fp32", "bf16" or "fp16".
+        device_kind: "cpu", "cuda" or "mps".
+        max_steps: Optimizer steps; overrides `epochs` when set.
+    """
+
+    model: ModelProfile
+    token_lengths: tuple[int, ...]
+    epochs: float
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    max_length: int
+    lora_r: int
+    eval_interval_steps: int
+    eval_samples: int
+    checkpoint_interval_steps: int
+    gradient_checkpointing: bool = False
+    precision: str = "fp32"
+    device_kind: str = "cpu"
+    max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(len(self.token_lengths) > 0, "token_lengths must not be empty")
+        shortest = min(self.token_lengths)
+        _check(shortest > 0, f"token_lengths must all be > 0 but got {shortest=}")
+        for name in ("micro_batch_size", "gradient_accumulation_steps", "max_length", "lora_r"):
+            value = getattr(self, name)
+            _check(value >= 1, f"{name} must be >= 1 but got {value=}")
+        for name in ("eval_interval_steps", "eval_samples", "checkpoint_interval_steps"):
+            value = getattr(self, name)
+            _check(value >= 0, f"{name} must be >= 0 but got {value=}")
+        epochs, max_steps = self.epochs, self.max_steps
+        if max_steps is None:
+            _check(epochs > 0, f"epochs must be > 0 but got {epochs=}")
+        else:
+            _check(max_steps >= 1, f"max_steps must be >= 1 but got {max_steps=}")
+        precision, kind = self.precision, self.device_kind
+        _check(precision in PRECISION_BYTES, f"precision must be fp32/bf16/fp16 but got {precision=}")
+        _check(kind in DEVICE_KINDS, f"device_kind must be one of {DEVICE_KINDS} but got {kind=}")
+
+    @property
+    def trainable_parameters(self) -> int:
+        """LoRA parameters trained at this rank."""
+        return self.lora_r * self.model.lora_parameters_per_rank
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Rates that turn a plan's features into seconds and bytes.
+
+    Per-FLOP and per-parameter rates keep the coefficients independent of the model, so a
+    prior needs only the hardware. `step_*` and `systematic_*` give the interval.
+    """
+
+    micro_fixed_seconds: float
+    micro_seconds_per_flop: float
+    micro_seconds_per_attention_flop: float
+    optimizer_fixed_seconds: float
+    optimizer_seconds_per_parameter: float
+    eval_fixed_seconds: float
+    eval_seconds_per_flop: float
+    checkpoint_fixed_seconds: float
+    checkpoint_seconds_per_parameter: float
+    startup_fixed_seconds: float
+    startup_seconds_per_parameter: float
+    data_seconds_per_token: float
+    memory_fixed_bytes: float
+    activation_memory_scale: float = 1.0
+    step_mean_ratio: float = 1.0  # mean / typical micro-step time (stalls, outliers)
+    step_noise_sd: float = 0.0  # relative sd of one micro-step around the mean
+    systematic_log_p10: float = _PRIOR_LOG_P10  # quantiles of log(actual / predicted) total
+    systematic_log_p90: float = _PRIOR_LOG_P90
+    source: str = "prior"
+
+    def to_dict(self) -> dict[str, float | str]:
+        """Return a JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Coefficients:
+        """Build from `to_dict` output; missing optional fields take their defaults."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise BadInputError(f"unknown coefficient fields {unknown}")
+        values: dict[str, object] = {}
+        for name, value in data.items():
+            if name == "source":
+                values[name] = str(value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                values[name] = float(value)
+            else:
+                raise BadInputError(f"coefficient {name} must be a number but got {value=}")
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def cpu_matmul_flops(seconds: float = 0.3, *, size: int = 512) -> float:
+    """Measure this CPU's fp32 matmul FLOP/s with numpy for about `seconds`."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size), dtype=np.float32)
+    b = rng.standard_normal((size, size), dtype=np.float32)
+    a @ b  # warm-up: thread pool start and page faults
+    count, start = 0, time.perf_counter()
+    while True:
+        a @ b
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return 2.0 * size**3 * count / elapsed
+
+
+def peak_flops(hardware: HardwareInfo, *, cpu_probe: Callable[[], float] = cpu_matmul_flops) -> float:
+    """Dense peak FLOP/s of the device at the hardware's precision (CPU: measured probe)."""
+    if hardware.device_kind == "cpu":
+        return float(cpu_probe())
+    half = hardware.precision != "fp32"
+    if hardware.device_kind == "mps":
+        return _MPS_PEAK[0] if half else _MPS_PEAK[1]
+    name = hardware.device_name.upper()
+    for key, half_peak, fp32_peak in _GPU_PEAKS:
+        if re.search(rf"(?<![A-Z0-9]){key}(?![A-Z0-9])", name):
+            return half_peak if half else fp32_peak
+    return _UNKNOWN_GPU_PEAK[0] if half else _UNKNOWN_GPU_PEAK[1]
+
+
+def prior_coefficients(
+    hardware: HardwareInfo, *, cpu_probe: Callable[[], float] = cpu_matmul_flops
+) -> Coefficients:
+    """Uncalibrated coefficients from peak FLOP/s and a utilisation prior.
+
+    Args:
+        hardware: The machine.
+        cpu_probe: Returns CPU FLOP/s; tests pass a constant to stay independent of timing.
+    """
+    on_cpu = hardware.device_kind == "cpu"
+    effective = peak_flops(hardware, cpu_probe=cpu_probe) * (
+        _CPU_UTILISATION if on_cpu else _GPU_UTILISATION
+    )
+    # Attention matmuls run at lower efficiency (softmax, memory traffic): count them double.
+    return Coefficients(
+        micro_fixed_seconds=0.005 if on_cpu else 0.03,
+        micro_seconds_per_flop=1.0 / effective,
+        micro_seconds_per_attention_flop=2.0 / effective,
+        optimizer_fixed_seconds=0.002 if on_cpu else 0.005,
+        optimizer_seconds_per_parameter=3e-9 if on_cpu else 5e-11,
+        eval_fixed_seconds=0.5,
+        eval_seconds_per_flop=1.0 / effective,
+        # A checkpoint holds adapter + AdamW state (~12 bytes/parameter) at ~200 MB/s.
+        checkpoint_fixed_seconds=1.0,
+        checkpoint_seconds_per_parameter=12 / 200e6,
+        # Start-up: imports plus reading the base weights (~4 bytes/parameter at ~300 MB/s).
+        startup_fixed_seconds=10.0,
+        startup_seconds_per_parameter=4 / 300e6,
+        data_seconds_per_token=1e-6,  # one tokenisation pass of a fast tokenizer
+        memory_fixed_bytes=512 * 2**20 if on_cpu else 256 * 2**20,
+        source=f"prior:{hardware.device_kind}:{hardware.device_name}",
+    )
+
+
+# ----------------------------------------------------------------------------- features
+
+
+def optimizer_steps(plan: Plan) -> int:
+    """Optimizer steps of the full run.
+
+    Each epoch is ceil(samples / micro_batch_size) micro-batches, grouped by
+    gradient_accumulation_steps into ceil(...) optimizer steps (a short last group still
+    makes a step).
+    """
+    if plan.max_steps is not None:
+        return plan.max_steps
+    micro_per_epoch = math.ceil(len(plan.token_lengths) / plan.micro_batch_size)
+    steps_per_epoch = math.ceil(micro_per_epoch / plan.gradient_accumulation_steps)
+    return max(1, math.ceil(plan.epochs * steps_per_epoch - 1e-9))
+
+
+def _max_moments(lengths: np.ndarray, batch: int) -> tuple[float, float]:
+    """E[max] and E[max^2] of the lengths of `batch` distinct samples drawn uniformly.
+
+    A shuffled epoch cut into micro-batches makes each micro-batch a uniform random subset,
+    so P(max <= v) = C(#{l <= v}, b) / C(n, b), computed as a product to stay finite.
+    """
+    n = lengths.size
+    batch = min(batch, n)
+    values, counts = np.unique(lengths, return_counts=True)
+    below = np.cumsum(counts).astype(np.float64)
+    j = np.arange(batch, dtype=np.float64)
+    terms = np.clip((below[:, None] - j) / (n - j), 0.0, None)
+    cdf = np.prod(terms, axis=1)
+    pmf = np.diff(cdf, prepend=0.0)
+    v = values.astype(np.float64)
+    return float(pmf @ v), float(pmf @ v**2)
+
+
+def _clipped(lengths: Sequence[int], max_length: int) -> np.ndarray:
+    return np.minimum(np.asarray(lengths, dtype=np.int64), max_length)
+
+
+def expected_padded_tokens(lengths: Sequence[int], micro_batch_size: int, max_length: int) -> float:
+    """Expected padded tokens of one micro-batch under dynamic padding.
+
+    Each micro-batch is padded to its longest sample, so the answer is
+    micro_batch_size x E[max length of micro_batch_size samples], exact for the empirical
+    distribution (no simulation).
+    """
+    clipped = _clipped(lengths, max_length)
+    batch = min(micro_batch_size, clipped.size)
+    return batch * _max_moments(clipped, batch)[0]
+
+
+def _epoch_averages(lengths: np.ndarray, samples: int, batch: int) -> tuple[float, float, int]:
+    """Mean padded tokens and mean b*s^2 per micro-batch over a pass of `samples` samples."""
+    full, rest = divmod(samples, batch)
+    tokens = square = 0.0
+    for size, count in ((batch, full), (rest, 1 if rest else 0)):
+        if count:
+            m1, m2 = _max_moments(lengths, size)
+            tokens += count * size * m1
+            square += count * size * m2
+    n_batches = full + (1 if rest else 0)
+    return tokens / max(n_batches, 1), square / max(n_batches, 1), n_batches
+
+
+def dense_flops(total_parameters: float, trainable_parameters: float, tokens: float,
+                gradient_checkpointing: bool) -> float:
+    """Matmul FLOPs of one LoRA training micro-step over `tokens` padded tokens.
+
+    Frozen weights need no weight gradients: forward 2N + input-gradient 2N = 4N per token
+    (2/3 of the 6N rule); adapters train fully (6P); checkpointing re-runs the forward.
+    """
+    extra = 2.0 if gradient_checkpointing else 0.0
+    return ((4.0 + extra) * total_parameters + (6.0 + extra) * trainable_parameters) * tokens
+
+
+def attention_flops(model: ModelProfile, batch_seq_squared: float,
+                    gradient_checkpointing: bool) -> float:
+    """Attention score FLOPs (QK^T and AV, 4*h*s^2 per layer forward, x3 with backward)."""
+    factor = 16.0 if gradient_checkpointing else 12.0
+    return factor * model.n_layers * model.hidden_size * batch_seq_squared
+
+
+def activation_bytes(model: ModelProfile, micro_batch_size: int, seq_len: int, precision: str,
+                     gradient_checkpointing: bool) -> float:
+    """Activation + logits memory of one micro-batch (Korthikanti et al. 2022, ~34 bytes per
+    token x hidden per layer at 16 bit, plus attention scores of about h/64 heads)."""
+    width = PRECISION_BYTES[precision]
+    tokens = micro_batch_size * seq_len
+    heads = max(model.hidden_size / 64.0, 1.0)
+    per_layer = (17.0 * tokens * model.hidden_size + 2.5 * heads * micro_batch_size * seq_len**2)
+    if gradient_checkpointing:
+        # Only each layer's input is kept; one layer's activations exist during recompute.
+        layers = model.n_layers * tokens * model.hidden_size + per_layer
+    else:
+        layers = model.n_layers * per_layer
+    logits = 2.0 * 4.0 * tokens * model.vocab_size  # fp32 logits and their gradient
+    return layers * width + logits
+
+
+def static_memory_bytes(model: ModelProfile, trainable_parameters: float, precision: str) -> float:
+    """Weights at training precision + fp32 adapters, their gradients and AdamW's two moments."""
+    return model.total_parameters * PRECISION_BYTES[precision] + 16.0 * trainable_parameters
+
+
+# ----------------------------------------------------------------------------- predict
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted full-run duration (with an interval), throughput and peak memory."""
+
+    seconds_p10: float
+    seconds_p50: float
+    seconds_p90: float
+    breakdown: dict[str, float]
+    tokens_per_second: float  # padded training tokens per second of training time
+    peak_memory_bytes: int
+    optimizer_steps: int
+    micro_steps: int
+    n_evaluations: int
+    n_checkpoints: int
+    train_tokens: float  # padded tokens over the run
+    source: str = "prior"
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def hours_p50(self) -> float:
+        """Median duration in hours."""
+        return self.seconds_p50 / 3600.0
+
+    def cost(self, price_per_hour: float) -> dict[str, float]:
+        """Money for the run at `price_per_hour`, for p10/p50/p90."""
+        if price_per_hour < 0:
+            raise BadInputError(f"price_per_hour must be >= 0 but got {price_per_hour=}")
+        return {
+            "p10": self.seconds_p10 / 3600.0 * price_per_hour,
+            "p50": self.seconds_p50 / 3600.0 * price_per_hour,
+            "p90": self.seconds_p90 / 3600.0 * price_per_hour,
+        }
+
+    def to_dict(self) -> dict[str, object]:
+        """Return a JSON/YAML-ready dict."""
+        return asdict(self)
+
+
+def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
+    """Predict the full run described by `plan`."""
+    c, model = coefficients, plan.model
+    lengths = _clipped(plan.token_lengths, plan.max_length)
+    n, batch = lengths.size, plan.micro_batch_size
+    trainable = plan.trainable_parameters
+
+    steps = optimizer_steps(plan)
+    micro_steps = steps * plan.gradient_accumulation_steps
+    tokens, square, _ = _epoch_averages(lengths, n, batch)
+    micro = (
+        c.micro_fixed_seconds
+        + c.micro_seconds_per_flop
+        * dense_flops(model.total_parameters, trainable, tokens, plan.gradient_checkpointing)
+        + c.micro_seconds_per_attention_flop
+        * attention_flops(model, square, plan.gradient_checkpointing)
+    ) * c.step_mean_ratio
+    optimizer = c.optimizer_fixed_seconds + c.optimizer_seconds_per_parameter * trainable
+    train = micro_steps * micro + steps * optimizer
+
+    n_evals = steps // plan.eval_interval_steps if plan.eval_interval_steps else 0
+    eval_tokens, _, _ = _epoch_averages(lengths, plan.eval_samples, batch)
+    eval_batches = math.ceil(plan.eval_samples / batch)
+    one_eval = c.eval_fixed_seconds + c.eval_seconds_per_flop * 2.0 * model.total_parameters * (
+        eval_tokens * eval_batches
+    )
+    n_ckpt = steps // plan.checkpoint_interval_steps if plan.checkpoint_interval_steps else 0
+    one_ckpt = c.checkpoint_fixed_seconds + c.checkpoint_seconds_per_parameter * trainable
+    breakdown = {
+        "startup": c.startup_fixed_seconds + c.startup_seconds_per_parameter * model.total_parameters,
+        "data_loading": c.data_seconds_per_token * float(lengths.sum()),
+        "train": train,
+        "eval": n_evals * one_eval,
+        "checkpoint": n_ckpt * one_ckpt,
+    }
+    total = sum(breakdown.values())
+
+    # Two kinds of error. Per-step noise is independent between steps, so its relative sd
+    # over the sum of M micro-steps shrinks as 1/sqrt(M) (stalls shift the mean, which
+    # `step_mean_ratio` already carries). Systematic error (a wrong coefficient, another
+    # machine state for the whole run) hits every step alike and does not average out.
+    # The two are independent, so their quantile offsets add in quadrature.
+    noise = Z90 * c.step_noise_sd / math.sqrt(max(micro_steps, 1)) * (train / total)
+    low = math.exp(-math.hypot(c.systematic_log_p10, noise))
+    high = math.exp(math.hypot(c.systematic_log_p90, noise))
+
+    train_tokens = micro_steps * tokens
+    peak = (
+        c.memory_fixed_bytes
+        + static_memory_bytes(model, trainable, plan.precision)
+        + c.activation_memory_scale
+        * activation_bytes(model, batch, int(lengths.max()), plan.precision,
+                           plan.gradient_checkpointing)
+    )
+    return Estimate(
+        seconds_p10=total * low,
+        seconds_p50=total,
+        seconds_p90=total * high,
+        breakdown=breakdown,
+        tokens_per_second=train_tokens / train if train > 0 else 0.0,
+        peak_memory_bytes=int(peak),
+        optimizer_steps=steps,
+        micro_steps=micro_steps,
+        n_evaluations=n_evals,
+        n_checkpoints=n_ckpt,
+        train_tokens=train_tokens,
+        source=c.source,
+        extra={"micro_step_seconds": micro, "optimizer_step_seconds": optimizer,
+               "eval_seconds_each": one_eval, "checkpoint_seconds_each": one_ckpt},
+    )

@@ -1,0 +1,234 @@
+"""The study configuration: YAML (`--config`) + command-line overrides -> one validated object."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainers.errors import BadInputError
+
+SAMPLERS = ("tpe", "gp", "cmaes", "random", "skopt")
+PRUNERS = ("hyperband", "successive_halving", "median", "none")
+REPO_MLFLOW_YAML = Path(__file__).resolve().parent.parent / "mlflow.yaml"
+_MLFLOW_DEFAULTS = {
+    "tracking_uri": "sqlite:///{work_dir}/mlflow.db",
+    "experiment_name": "hpo-lora",
+    "server": {"host": "127.0.0.1", "port": 5000},
+}
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise BadInputError(message)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The window a full run must fit into, and what an hour costs."""
+
+    window_hours: float = field(
+        default=12.0, metadata={"help": "Wall-clock window of the full run."}
+    )
+    safety_margin_minutes: float = field(
+        default=30.0, metadata={"help": "Kept free at the end of the window."}
+    )
+    price_per_hour: float = field(
+        default=0.0, metadata={"help": "Machine price, for the cost estimate."}
+    )
+    max_memory_gb: float | None = field(
+        default=None, metadata={"help": "Memory limit (default: the device's)."}
+    )
+
+    def __post_init__(self) -> None:
+        _require(
+            self.window_hours > 0, f"budget.window_hours must be > 0, but got {self.window_hours=}"
+        )
+        _require(
+            self.safety_margin_minutes >= 0,
+            f"budget.safety_margin_minutes must be >= 0, but got {self.safety_margin_minutes=}",
+        )
+        _require(
+            self.safety_margin_minutes < self.window_hours * 60,
+            f"budget.safety_margin_minutes ({self.safety_margin_minutes}) must be shorter than the window ({self.window_hours} h)",
+        )
+        _require(
+            self.price_per_hour >= 0,
+            f"budget.price_per_hour must be >= 0, but got {self.price_per_hour=}",
+        )
+        _require(
+            self.max_memory_gb is None or self.max_memory_gb > 0,
+            f"budget.max_memory_gb must be > 0, but got {self.max_memory_gb=}",
+        )
+
+    @property
+    def available_seconds(self) -> float:
+        return self.window_hours * 3600 - self.safety_margin_minutes * 60
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Everything `python -m hpo.study` needs. Defaults give the embedded demo study."""
+
+    model: str | None = field(
+        default=None, metadata={"help": "Local model folder; none: the tiny demo model."}
+    )
+    data: str | None = field(
+        default=None, metadata={"help": "JSONL data; none: the bundled demo data."}
+    )
+    space: str | None = field(
+        default=None, metadata={"help": "Search-space YAML; none: the default space."}
+    )
+    profiles: tuple[str, ...] | None = field(
+        default=None, metadata={"help": "Profiles allowed (default: all)."}
+    )
+    trial_max_steps: int = field(
+        default=30, metadata={"help": "Optimizer steps of one trial (the fidelity)."}
+    )
+    eval_interval: int = field(
+        default=10, metadata={"help": "Steps between evaluations in a trial."}
+    )
+    eval_samples: int = field(default=48, metadata={"help": "Validation samples per evaluation."})
+    epochs: float = field(
+        default=1.0, metadata={"help": "Epochs of the full run the preset describes."}
+    )
+    full_eval_interval: int = field(
+        default=200, metadata={"help": "Steps between evaluations in the full run."}
+    )
+    full_checkpoint_interval: int = field(
+        default=500, metadata={"help": "Steps between checkpoints in the full run."}
+    )
+    budget: Budget = field(default_factory=Budget)
+    sampler: str = "tpe"
+    pruner: str = "hyperband"
+    n_trials: int = field(
+        default=10, metadata={"help": "Trials in the study (all workers, all runs)."}
+    )
+    timeout: float | None = field(default=None, metadata={"help": "Seconds this worker may spend."})
+    seed: int = 0
+    storage: str | None = field(
+        default=None, metadata={"help": "Optuna storage URL; none: SQLite in work_dir."}
+    )
+    study_name: str = "hpo-demo"
+    work_dir: str = "hpo-runs"
+    tracking_uri: str | None = None
+    experiment_name: str | None = None
+    device: str = "auto"
+    precision: str = "auto"
+    validation_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.budget, dict):
+            object.__setattr__(self, "budget", _build(Budget, self.budget, "budget"))
+        if isinstance(self.profiles, (list, str)):
+            profiles = [self.profiles] if isinstance(self.profiles, str) else self.profiles
+            object.__setattr__(self, "profiles", tuple(profiles))
+        for name in (
+            "trial_max_steps",
+            "eval_interval",
+            "eval_samples",
+            "n_trials",
+            "full_eval_interval",
+        ):
+            value = getattr(self, name)
+            _require(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                f"{name} must be an integer >= 1, but got {name}={value!r}",
+            )
+        _require(
+            isinstance(self.full_checkpoint_interval, int) and self.full_checkpoint_interval >= 0,
+            f"full_checkpoint_interval must be an integer >= 0, but got {self.full_checkpoint_interval=}",
+        )
+        _require(self.epochs > 0, f"epochs must be > 0, but got {self.epochs=}")
+        _require(
+            self.timeout is None or self.timeout > 0,
+            f"timeout must be > 0, but got {self.timeout=}",
+        )
+        _require(
+            self.sampler in SAMPLERS,
+            f"sampler must be one of {', '.join(SAMPLERS)}, but got sampler={self.sampler!r}",
+        )
+        _require(
+            self.pruner in PRUNERS,
+            f"pruner must be one of {', '.join(PRUNERS)}, but got pruner={self.pruner!r}",
+        )
+        _require(bool(self.study_name), "study_name must not be empty")
+        _require(
+            0 < self.validation_fraction < 1,
+            f"validation_fraction must be in (0, 1), but got {self.validation_fraction=}",
+        )
+        for name in ("model", "data", "space"):
+            value = getattr(self, name)
+            if value is not None and not Path(value).exists():
+                raise BadInputError(f"{name}: path not found: {value}")
+
+    @property
+    def storage_url(self) -> str:
+        if self.storage:
+            return self.storage
+        return f"sqlite:///{Path(self.work_dir).resolve() / 'optuna.db'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, without the storage URL (it may hold a password)."""
+        out = dataclasses.asdict(self)
+        out.pop("storage")
+        out["profiles"] = list(self.profiles) if self.profiles else None
+        return out
+
+
+def mlflow_defaults(path: Path = REPO_MLFLOW_YAML) -> dict[str, Any]:
+    """Tracking URI, experiment name and server host/port from `mlflow.yaml`."""
+    values = dict(_MLFLOW_DEFAULTS)
+    if path.is_file():
+        loaded = _read_yaml(path)
+        values.update(loaded)
+    return values
+
+
+def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> StudyConfig:
+    """YAML file (optional) + overrides (None values ignored) -> validated config."""
+    values: dict[str, Any] = _read_yaml(Path(path)) if path else {}
+    budget = dict(values.pop("budget", None) or {})
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key in {f.name for f in dataclasses.fields(Budget)}:
+            budget[key] = value
+        else:
+            values[key] = value
+    values["budget"] = budget
+    defaults = mlflow_defaults()
+    values.setdefault("tracking_uri", defaults["tracking_uri"])
+    values.setdefault("experiment_name", defaults["experiment_name"])
+    config = _build(StudyConfig, values, "config")
+    return config
+
+
+def _build(cls: Any, values: dict[str, Any], where: str) -> Any:
+    if not isinstance(values, dict):
+        raise BadInputError(f"{where} must be a mapping, but got {type(values).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    _require(not unknown, f"{where}: unknown field(s): {', '.join(unknown)}")
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise BadInputError(f"{where}: {exc}") from exc
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise BadInputError(f"config file not found: {path}")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0]
+        raise BadInputError(f"{path}: not valid YAML ({first})") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise BadInputError(f"{path}: expected a mapping at the top level")
+    return loaded

@@ -1,0 +1,178 @@
+"""Export the best complete trial of a study as a preset file.
+
+`python -m hpo.export --study-name NAME --storage URL --out FILE`
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from hpo.storage import make_storage, redact
+from trainers.cli import EXIT_OK, check_writable, run_cli, write_atomic
+from trainers.errors import BadInputError
+from trainers.preset import preset_dict
+from trainers.spec import LoraSpec, TrainSpec
+
+CONFIG_ATTR = "hpo_config"
+MODEL_ATTR = "hpo_model_path"
+DATA_ATTR = "hpo_data_path"
+PARAM_KEYS = (
+    "profile",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "max_length",
+    "gradient_checkpointing",
+    "learning_rate",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+)
+
+
+def best_complete_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not complete:
+        raise BadInputError(f"study '{study.study_name}' has no complete trial to export")
+    return min(complete, key=lambda t: float(t.value if t.value is not None else float("inf")))
+
+
+def full_run_spec(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> TrainSpec:
+    """The full training the trial's configuration becomes (all epochs, checkpoints on)."""
+    config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
+    attrs = trial.user_attrs
+    missing = [k for k in PARAM_KEYS if k not in attrs]
+    if missing or MODEL_ATTR not in study.user_attrs:
+        raise BadInputError(
+            f"trial {trial.number} of '{study.study_name}' was not recorded by hpo.study "
+            f"(missing {', '.join(missing) or MODEL_ATTR})"
+        )
+    return TrainSpec(
+        model=study.user_attrs[MODEL_ATTR],
+        data=study.user_attrs[DATA_ATTR],
+        output_dir=f"train-output/{study.study_name}",
+        lora=LoraSpec(
+            r=int(attrs["lora_r"]),
+            alpha=float(attrs["lora_alpha"]),
+            dropout=float(attrs["lora_dropout"]),
+        ),
+        micro_batch_size=int(attrs["micro_batch_size"]),
+        gradient_accumulation_steps=int(attrs["gradient_accumulation_steps"]),
+        learning_rate=float(attrs["learning_rate"]),
+        weight_decay=float(attrs.get("weight_decay", 0.0)),
+        warmup_ratio=float(attrs.get("warmup_ratio", 0.0)),
+        max_length=int(attrs["max_length"]),
+        gradient_checkpointing=bool(attrs["gradient_checkpointing"]),
+        epochs=float(config.get("epochs", 1.0)),
+        eval_interval=int(config.get("full_eval_interval", 200)),
+        eval_samples=int(config.get("eval_samples", 64)),
+        checkpoint_interval=int(config.get("full_checkpoint_interval", 500)),
+        validation_fraction=float(config.get("validation_fraction", 0.1)),
+        device=str(config.get("device", "auto")),
+        precision=str(config.get("precision", "auto")),
+        seed=int(config.get("seed", 0)),
+    )
+
+
+def estimate_section(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The preset's `estimate`: the time model's prediction when the study had one."""
+    config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
+    budget = config.get("budget") or {}
+    attrs = trial.user_attrs
+    estimate = dict(attrs.get("estimate") or {})
+    if not estimate:
+        seconds = float(attrs.get("naive_full_run_seconds", 0.0))
+        window_s = float(budget.get("window_hours", 12.0)) * 3600
+        margin_s = float(budget.get("safety_margin_minutes", 30.0)) * 60
+        estimate = {
+            "method": "naive: full-run optimizer steps x measured median step time",
+            "duration_hours": {"p50": seconds / 3600},
+            "tokens_per_second": float(attrs.get("tokens_per_second", 0.0)),
+            "fits_window": seconds <= window_s - margin_s,
+            "cost": seconds / 3600 * float(budget.get("price_per_hour", 0.0)),
+        }
+    estimate.setdefault("window_hours", float(budget.get("window_hours", 12.0)))
+    estimate.setdefault("safety_margin_minutes", float(budget.get("safety_margin_minutes", 30.0)))
+    estimate.setdefault("full_run_steps", int(attrs.get("full_run_steps", 0)))
+    return estimate
+
+
+def build_preset(
+    study: optuna.Study, trial: optuna.trial.FrozenTrial, *, storage_url: str
+) -> dict[str, Any]:
+    from hpo.tracking import PARENT_ATTR
+
+    provenance = {
+        "study": study.study_name,
+        "trial": trial.number,
+        "value": trial.value,
+        "profile": trial.user_attrs.get("profile"),
+        "mlflow_parent_run_id": study.user_attrs.get(PARENT_ATTR),
+        "mlflow_run_id": trial.user_attrs.get("mlflow_run_id"),
+        "storage": redact(storage_url),
+        "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return preset_dict(
+        full_run_spec(study, trial),
+        estimate=estimate_section(study, trial),
+        provenance=provenance,
+    )
+
+
+def write_preset(preset: dict[str, Any], out: str | Path) -> Path:
+    path = Path(out)
+    header = "# hpo preset: run it with  python -m trainers.train --preset " + str(path) + "\n"
+    write_atomic(path, header + yaml.safe_dump(preset, sort_keys=False))
+    return path
+
+
+def export_study(study: optuna.Study, out: str | Path, *, storage_url: str) -> Path:
+    """Write the preset of the best complete trial and attach it to the parent run."""
+    trial = best_complete_trial(study)
+    path = write_preset(build_preset(study, trial, storage_url=storage_url), out)
+    _attach(study, path)
+    return path
+
+
+def _attach(study: optuna.Study, path: Path) -> None:
+    from hpo.tracking import PARENT_ATTR, Tracker
+
+    config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
+    parent = study.user_attrs.get(PARENT_ATTR)
+    if not parent or not config.get("tracking_uri"):
+        return
+    tracker = Tracker(config["tracking_uri"], config["experiment_name"])
+    tracker.log_artifact(parent, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpo.export",
+        description="Write the best complete trial of a study as a preset YAML file.",
+    )
+    parser.add_argument("--study-name", required=True)
+    parser.add_argument("--storage", required=True, help="Optuna storage URL of the study")
+    parser.add_argument("--out", required=True, help="preset file to write")
+    args = parser.parse_args(argv)
+    check_writable(args.out)
+    storage = make_storage(args.storage)
+    try:
+        study = optuna.load_study(study_name=args.study_name, storage=storage)
+    except KeyError:
+        raise BadInputError(
+            f"no study named '{args.study_name}' in {redact(args.storage)}"
+        ) from None
+    path = export_study(study, args.out, storage_url=args.storage)
+    print(f"preset written to {path}")
+    print(f"run it with: python -m trainers.train --preset {path}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

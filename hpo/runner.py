@@ -1,0 +1,239 @@
+"""The study loop: prepare once, then hand trials to Optuna. Kept apart from the CLI."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from hpo.config import StudyConfig
+from hpo.export import CONFIG_ATTR, DATA_ATTR, MODEL_ATTR, export_study
+from hpo.objective import Objective, StudyContext
+from hpo.progress import StudyProgress
+from hpo.pruners import make_pruner
+from hpo.samplers import make_sampler
+from hpo.storage import make_storage
+from hpo.tracking import PARENT_ATTR, Tracker
+from search_spaces import SearchSpace, load_space
+from trainers.errors import BadInputError, TrainingFailed
+
+log = logging.getLogger(__name__)
+FINISHED_STATES = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.PRUNED,
+    optuna.trial.TrialState.FAIL,
+)
+
+
+@dataclass
+class StudySummary:
+    study_name: str
+    states: dict[str, int]
+    best_value: float | None
+    best_params: dict[str, Any]
+    best_trial: int | None
+    preset_path: str | None
+    mlflow_experiment_id: str
+    mlflow_parent_run_id: str
+    elapsed_seconds: float
+    tracking_uri: str
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+@dataclass
+class Prepared:
+    """Everything checked before anything is written."""
+
+    model_path: str
+    data_path: str
+    space: SearchSpace
+    train_samples: int
+    dataset_stats: dict[int, Any]  # max_length -> trainers.data.DatasetStats
+
+
+def prepare(config: StudyConfig) -> Prepared:
+    """Resolve the model and data, load the space and tokenize the data once per max_length.
+
+    Bad input stops here, before a study or an MLflow run exists.
+    """
+    from trainers.data import DataSpec, demo_data_path, load_tokenized
+
+    from trainers.run import _load_tokenizer
+    from trainers.tiny import default_tiny_model
+
+    space = load_space(config.space)
+    allowed = config.profiles or tuple(space.profiles)
+    unknown = [p for p in allowed if p not in space.profiles]
+    if unknown:
+        raise BadInputError(
+            f"profiles: unknown profile(s) {', '.join(unknown)}; known: {', '.join(space.profiles)}"
+        )
+    work = Path(config.work_dir).resolve()
+    model_path = config.model or str(default_tiny_model(work / "models"))
+    data_path = config.data or str(demo_data_path("prompt_completion"))
+    tokenizer = _load_tokenizer(model_path)
+    stats: dict[int, Any] = {}
+    train_samples = 0
+    for max_length in sorted({space.profiles[p].max_length for p in allowed}):
+        data = load_tokenized(
+            DataSpec(
+                path=data_path,
+                max_length=max_length,
+                validation_fraction=config.validation_fraction,
+                seed=config.seed,
+                cache_dir=str(work / "cache"),
+            ),
+            tokenizer,
+        )
+        stats[max_length] = data.stats
+        train_samples = len(data.train)
+    return Prepared(
+        model_path=str(Path(model_path).resolve()),
+        data_path=str(Path(data_path).resolve()),
+        space=space,
+        train_samples=train_samples,
+        dataset_stats=stats,
+    )
+
+
+def open_study(config: StudyConfig, prepared: Prepared) -> optuna.Study:
+    storage = make_storage(config.storage_url)
+    study = optuna.create_study(
+        study_name=config.study_name,
+        storage=storage,
+        sampler=make_sampler(config.sampler, seed=config.seed),
+        pruner=make_pruner(
+            config.pruner, eval_interval=config.eval_interval, max_steps=config.trial_max_steps
+        ),
+        direction="minimize",
+        load_if_exists=True,
+    )
+    if CONFIG_ATTR not in study.user_attrs:
+        study.set_user_attr(CONFIG_ATTR, config.to_dict())
+        study.set_user_attr(MODEL_ATTR, prepared.model_path)
+        study.set_user_attr(DATA_ATTR, prepared.data_path)
+    elif study.user_attrs.get(MODEL_ATTR) != prepared.model_path:
+        raise BadInputError(
+            f"study '{config.study_name}' was started on model {study.user_attrs[MODEL_ATTR]}; "
+            f"use another --study-name for {prepared.model_path}"
+        )
+    return study
+
+
+def run_study(
+    config: StudyConfig,
+    *,
+    progress: bool = True,
+    estimator_factory: Any = None,
+) -> StudySummary:
+    """Run (or continue) the study described by `config` until it holds `n_trials` trials."""
+    started = time.perf_counter()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    prepared = prepare(config)
+    study = open_study(config, prepared)
+    tracker = Tracker(
+        _tracking_uri(config),
+        config.experiment_name or "hpo-lora",
+        artifact_dir=str(Path(config.work_dir) / "mlartifacts"),
+    )
+    parent = tracker.ensure_parent(study, _flat(config.to_dict()))
+    context = StudyContext(
+        config=config,
+        space=prepared.space,
+        model_path=prepared.model_path,
+        data_path=prepared.data_path,
+        train_samples=prepared.train_samples,
+        tracker=tracker,
+        parent_run_id=parent,
+    )
+    if estimator_factory is not None:
+        context.estimator = estimator_factory(config, prepared, study)
+
+    done = len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
+    remaining = max(0, config.n_trials - done)
+    bar = StudyProgress(config.n_trials, done, enabled=progress)
+
+    def update_parent(study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
+        tracker.update_parent(parent, study)
+
+    try:
+        if remaining:
+            study.optimize(
+                Objective(context),
+                n_trials=remaining,
+                timeout=config.timeout,
+                catch=(TrainingFailed,),
+                callbacks=[
+                    optuna.study.MaxTrialsCallback(config.n_trials, states=FINISHED_STATES),
+                    update_parent,
+                    bar,
+                ],
+                gc_after_trial=True,
+            )
+    finally:
+        bar.close()
+
+    counts = tracker.update_parent(parent, study)
+    preset_path: str | None = None
+    best_value: float | None = None
+    best_params: dict[str, Any] = {}
+    best_number: int | None = None
+    if counts["complete"]:
+        best = min(
+            study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
+            key=lambda t: float(t.value if t.value is not None else float("inf")),
+        )
+        best_value, best_number = best.value, best.number
+        best_params = {k: best.user_attrs[k] for k in _BEST_KEYS if k in best.user_attrs}
+        out = Path(config.work_dir) / "presets" / f"{config.study_name}.yaml"
+        preset_path = str(export_study(study, out, storage_url=config.storage_url))
+    tracker.finish_parent(parent)
+    return StudySummary(
+        study_name=config.study_name,
+        states=counts,
+        best_value=best_value,
+        best_params=best_params,
+        best_trial=best_number,
+        preset_path=preset_path,
+        mlflow_experiment_id=str(tracker.experiment_id),
+        mlflow_parent_run_id=str(study.user_attrs.get(PARENT_ATTR, parent)),
+        elapsed_seconds=time.perf_counter() - started,
+        tracking_uri=tracker.tracking_uri,
+    )
+
+
+_BEST_KEYS = (
+    "profile",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "max_length",
+    "gradient_checkpointing",
+    "effective_batch_size",
+)
+
+
+def _tracking_uri(config: StudyConfig) -> str:
+    uri = config.tracking_uri or "sqlite:///{work_dir}/mlflow.db"
+    return uri.replace("{work_dir}", str(Path(config.work_dir).resolve()))
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        elif value is not None:
+            out[f"{prefix}{key}"] = value
+    return out

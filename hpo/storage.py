@@ -1,0 +1,67 @@
+"""Optuna storages by URL, with secrets kept out of every message."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from trainers.errors import BadInputError
+
+# The password runs to the last "@" of the authority part (it may itself contain "@").
+_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@]*:)(?P<secret>[^/]*)(?P<tail>@)")
+# A worker whose heartbeat stops for this long is taken as dead; its trial is failed and re-queued.
+HEARTBEAT_SECONDS = 30
+GRACE_SECONDS = 120
+
+
+def redact(url: str) -> str:
+    """`postgresql://user:secret@host/db` -> `postgresql://user:***@host/db`."""
+    return _PASSWORD.sub(lambda m: f"{m['head']}***{m['tail']}", url)
+
+
+def make_storage(url: str) -> optuna.storages.BaseStorage:
+    """Open the storage behind `url` and check it answers.
+
+    SQLite (one worker), PostgreSQL/MySQL (many workers, with heartbeats so a dead
+    worker's trial is failed and retried), or `journal:PATH` (a journal file).
+
+    Raises:
+        BadInputError: the URL is malformed or its server cannot be reached.
+    """
+    if url.startswith("journal:"):
+        path = url.removeprefix("journal:").removeprefix("//")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(path))
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    kwargs: dict[str, Any] = {}
+    if not url.startswith("sqlite"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2)
+        kwargs = {
+            "heartbeat_interval": HEARTBEAT_SECONDS,
+            "grace_period": GRACE_SECONDS,
+            "heartbeat_stale_trial_callback": retry,
+            "engine_kwargs": {"pool_pre_ping": True, "connect_args": _connect_args(url)},
+        }
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, **kwargs)
+    except Exception as exc:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
+        reason = redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
+        raise BadInputError(f"cannot open storage {redact(url)}: {reason}") from None
+
+
+def _connect_args(url: str) -> dict[str, Any]:
+    # Fail fast on an unreachable server instead of hanging for minutes.
+    if url.startswith(("postgresql", "postgres")):
+        return {"connect_timeout": 10}
+    if url.startswith("mysql"):
+        return {"connect_timeout": 10}
+    return {}

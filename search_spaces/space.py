@@ -1,0 +1,191 @@
+"""The search space: which hyperparameters are tuned over which domains, and the profiles.
+
+A space file is flat YAML, one entry per tuned key, plus an optional ``profiles:``
+section that replaces the packaged profiles::
+
+    profile: {choice: [fast, balanced]}
+    learning_rate: {loguniform: [5.0e-5, 5.0e-3]}
+    lora_r: {choice: [8, 16, 32]}
+    lora_alpha_ratio: {choice: [1, 2]}
+    lora_dropout: 0.05
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from search_spaces.domains import Choice, Domain, IntRange, as_number, domain_values, parse_domain
+from search_spaces.profiles import Profile, parse_profiles
+from trainers.errors import BadInputError
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """What values make sense for a known key: a range, whole numbers or not."""
+
+    low: float
+    high: float
+    integer: bool = False
+    open_low: bool = False
+    open_high: bool = False
+    required: bool = True
+
+    def describe(self) -> str:
+        left, right = "(" if self.open_low else "[", ")" if self.open_high else "]"
+        kind = "whole numbers" if self.integer else "numbers"
+        return f"{kind} in {left}{self.low:g}, {self.high:g}{right}"
+
+    def admits(self, value: float) -> bool:
+        above = value > self.low if self.open_low else value >= self.low
+        below = value < self.high if self.open_high else value <= self.high
+        return above and below and (not self.integer or value == int(value))
+
+
+RULES: dict[str, _Rule] = {
+    "learning_rate": _Rule(0.0, 1.0, open_low=True),
+    "lora_r": _Rule(1, 4096, integer=True),
+    "lora_alpha_ratio": _Rule(0.0, 64.0, open_low=True),
+    "lora_dropout": _Rule(0.0, 1.0, open_high=True),
+    "weight_decay": _Rule(0.0, 1.0, required=False),
+    "warmup_ratio": _Rule(0.0, 1.0, open_high=True, required=False),
+}
+KNOWN_KEYS = ("profile", *RULES)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A validated search space.
+
+    Attributes:
+        domains: Domain of every tuned key except ``profile``, in file order.
+        profiles: Every defined profile by name.
+        profile_names: The profiles the search chooses from, in file order.
+    """
+
+    domains: dict[str, Domain]
+    profiles: dict[str, Profile]
+    profile_names: tuple[str, ...]
+
+
+def _packaged(name: str) -> Path:
+    return Path(str(resources.files("search_spaces").joinpath(name)))
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Reads a YAML file with ``yaml.safe_load``, turning I/O and syntax errors into BadInputError."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return yaml.safe_load(stream)
+    except OSError as error:
+        raise BadInputError(f"{path}: cannot read: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        raise BadInputError(f"{path}: not valid YAML: {' '.join(str(error).split())}") from None
+
+
+def load_space(
+    path: str | Path | None = None, *, profiles_path: str | Path | None = None
+) -> SearchSpace:
+    """Loads and validates a search space file.
+
+    Args:
+        path: The space file; None means the packaged ``search_spaces/default.yaml``.
+        profiles_path: A file with a ``profiles:`` section. None means the space file's own
+            ``profiles:`` section if it has one, else the packaged ``profiles.yaml``.
+
+    Returns:
+        The search space.
+
+    Raises:
+        BadInputError: Missing file, bad YAML, or any invalid entry (the message names the
+            file and the entry), or profiles given both in the space file and by
+            ``profiles_path``.
+    """
+    space_file = Path(path) if path is not None else _packaged("default.yaml")
+    raw = read_yaml(space_file)
+    own_profiles = isinstance(raw, Mapping) and "profiles" in raw
+    if own_profiles and profiles_path is not None:
+        raise BadInputError(
+            f"{space_file}: has a profiles section and profiles_path={str(profiles_path)!r} was "
+            "given too; use one"
+        )
+    profiles_data = None
+    if not own_profiles:
+        profiles_file = Path(profiles_path) if profiles_path else _packaged("profiles.yaml")
+        profiles_raw = read_yaml(profiles_file)
+        if not isinstance(profiles_raw, Mapping) or set(profiles_raw) != {"profiles"}:
+            raise BadInputError(f"{profiles_file}: expected one top-level key 'profiles'")
+        try:
+            profiles_data = parse_profiles(profiles_raw["profiles"])
+        except BadInputError as error:
+            raise BadInputError(f"{profiles_file}: {error}") from None
+    try:
+        return parse_space(raw, profiles=profiles_data)
+    except BadInputError as error:
+        raise BadInputError(f"{space_file}: {error}") from None
+
+
+def parse_space(raw: Any, *, profiles: Mapping[str, Profile] | None = None) -> SearchSpace:
+    """Validates a space given as data (what ``yaml.safe_load`` returns).
+
+    Args:
+        raw: A mapping of key to domain, optionally with a ``profiles:`` section.
+        profiles: Profiles to use when ``raw`` has no ``profiles:`` section.
+
+    Returns:
+        The search space.
+
+    Raises:
+        BadInputError: An unknown or missing key, a bad domain or a bad profile.
+    """
+    if not isinstance(raw, Mapping):
+        raise BadInputError(f"expected a mapping of hyperparameter to domain, but got {raw!r}")
+    entries = dict(raw)
+    if "profiles" in entries:
+        profiles = parse_profiles(entries.pop("profiles"))
+    if not profiles:
+        raise BadInputError("no profiles: add a profiles section or pass profiles")
+    unknown = [str(key) for key in entries if key not in KNOWN_KEYS]
+    if unknown:
+        raise BadInputError(
+            f"unknown key(s) {', '.join(unknown)}; known: {', '.join(KNOWN_KEYS)} "
+            "(micro_batch_size and gradient_accumulation_steps come from the profiles)"
+        )
+    missing = [key for key, rule in RULES.items() if rule.required and key not in entries]
+    if missing:
+        raise BadInputError(f"missing key(s) {', '.join(missing)}")
+    profile_names = _profile_names(entries.get("profile", list(profiles)), profiles)
+    domains = {key: _checked(key, value) for key, value in entries.items() if key != "profile"}
+    return SearchSpace(domains, dict(profiles), profile_names)
+
+
+def _profile_names(raw: Any, profiles: Mapping[str, Profile]) -> tuple[str, ...]:
+    domain = parse_domain("profile", {"choice": raw} if isinstance(raw, list) else raw)
+    if not isinstance(domain, Choice):
+        raise BadInputError(f"profile: expected {{choice: [profile names]}}, but got {raw!r}")
+    for name in domain.values:
+        if not isinstance(name, str) or name not in profiles:
+            raise BadInputError(f"profile: unknown profile {name!r}; known: {', '.join(profiles)}")
+    return tuple(str(name) for name in domain.values)
+
+
+def _checked(key: str, raw: Any) -> Domain:
+    """Parses a known key's domain and checks every value it can produce against the key's rule."""
+    rule = RULES[key]
+    domain = parse_domain(key, raw)
+    if isinstance(domain, Choice):
+        numbers = tuple(as_number(key, value) for value in domain.values)
+        if rule.integer:
+            numbers = tuple(int(value) if value == int(value) else value for value in numbers)
+        domain = Choice(numbers)
+    elif rule.integer and not isinstance(domain, IntRange):
+        raise BadInputError(f"{key}: needs {{int: ...}} or {{choice: ...}}, but got {raw!r}")
+    for value in domain_values(domain):
+        if not rule.admits(value):
+            raise BadInputError(f"{key}: values must be {rule.describe()}, but got {raw!r}")
+    return domain

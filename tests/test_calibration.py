@@ -1,0 +1,234 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.calibration import (
+    VERSION,
+    Calibration,
+    RunMeasurements,
+    fit,
+    load,
+    load_for,
+    update,
+)
+from analysis.timemodel import (
+    Coefficients,
+    HardwareInfo,
+    ModelProfile,
+    Plan,
+    activation_bytes,
+    attention_flops,
+    dense_flops,
+    fingerprint,
+    predict,
+    prior_coefficients,
+    static_memory_bytes,
+)
+from trainers.errors import BadInputError
+
+MODEL = ModelProfile(
+    total_parameters=5_000_000, n_layers=4, hidden_size=256, vocab_size=5000,
+    lora_parameters_per_rank=8 * 512,
+)
+CPU = HardwareInfo("cpu", "Test CPU", 8 * 2**30, 2, "fp32")
+PRIOR = prior_coefficients(CPU, cpu_probe=lambda: 40e9)
+# The "real machine": every rate 1.5-3x away from the prior, as uncalibrated guesses are.
+TRUTH = dataclasses.replace(
+    PRIOR,
+    micro_fixed_seconds=0.05,
+    micro_seconds_per_flop=2.5 / 20e9,
+    micro_seconds_per_attention_flop=1.5 / 10e9,
+    optimizer_fixed_seconds=0.004,
+    optimizer_seconds_per_parameter=8e-9,
+    eval_fixed_seconds=0.3,
+    eval_seconds_per_flop=1.5 / 20e9,
+    checkpoint_fixed_seconds=0.4,
+    checkpoint_seconds_per_parameter=2e-7,
+    startup_fixed_seconds=6.0,
+    startup_seconds_per_parameter=4e-8,
+    memory_fixed_bytes=600e6,
+    activation_memory_scale=0.7,
+)
+CONFIGS = [  # (micro_batch_size, lora_r, gradient_checkpointing)
+    (1, 4, False), (2, 8, False), (4, 16, True), (8, 32, False), (4, 64, False),
+]
+
+
+def synthetic_run(
+    rng: np.random.Generator, batch: int, rank: int, gc: bool, *, steps: int = 150,
+    noise: float = 0.05, outliers: float = 0.0, with_checkpoints: bool = True,
+) -> RunMeasurements:
+    """Measurements generated from TRUTH with log-normal noise and x3 stalls."""
+    t = TRUTH
+    params = rank * MODEL.lora_parameters_per_rank
+    seq = rng.integers(8, 513, size=steps)
+    tokens = batch * seq
+    seconds = (
+        t.micro_fixed_seconds
+        + t.micro_seconds_per_flop * dense_flops(MODEL.total_parameters, params, 1.0, gc) * tokens
+        + t.micro_seconds_per_attention_flop * attention_flops(MODEL, 1.0, gc) * tokens * seq
+    ) * np.exp(rng.normal(0.0, noise, size=steps))
+    seconds = np.where(rng.random(steps) < outliers, 3.0 * seconds, seconds)
+    seconds[:3] *= 10.0  # warm-up
+    n_opt = steps // 4
+    opt = (t.optimizer_fixed_seconds + t.optimizer_seconds_per_parameter * params) * np.exp(
+        rng.normal(0.0, noise, size=n_opt))
+    eval_tokens = rng.integers(2000, 20000, size=4)
+    evals = (t.eval_fixed_seconds + t.eval_seconds_per_flop * 2 * MODEL.total_parameters
+             * eval_tokens) * np.exp(rng.normal(0.0, noise, size=4))
+    ckpt = (t.checkpoint_fixed_seconds + t.checkpoint_seconds_per_parameter * params) * np.exp(
+        rng.normal(0.0, noise, size=3))
+    peak = (t.memory_fixed_bytes + static_memory_bytes(MODEL, params, "fp32")
+            + t.activation_memory_scale * activation_bytes(MODEL, batch, int(seq.max()), "fp32", gc))
+    return RunMeasurements.from_result_dict({
+        "micro_step_seconds": seconds.tolist(),
+        "micro_step_tokens": tokens.tolist(),
+        "micro_step_seq_len": seq.tolist(),
+        "micro_batch_size": batch,
+        "optimizer_step_seconds": [0.5, *opt.tolist()],  # the first step allocates state
+        "eval_records": [{"step": i, "loss": 2.0, "seconds": float(s), "tokens": int(k)}
+                         for i, (s, k) in enumerate(zip(evals, eval_tokens, strict=True))],
+        "checkpoint_seconds": ckpt.tolist() if with_checkpoints else [],
+        "startup_seconds": float((t.startup_fixed_seconds + t.startup_seconds_per_parameter
+                                  * MODEL.total_parameters) * np.exp(rng.normal(0, noise))),
+        "peak_memory_bytes": int(peak),
+        "config": {"lora_r": rank, "trainable_parameters": params, "gradient_checkpointing": gc,
+                   "max_length": 512},
+    })
+
+
+def runs(seed: int = 0, **kwargs: object) -> list[RunMeasurements]:
+    rng = np.random.default_rng(seed)
+    return [synthetic_run(rng, b, r, gc, **kwargs) for b, r, gc in CONFIGS]  # type: ignore[arg-type]
+
+
+FITTED = ("micro_fixed_seconds", "micro_seconds_per_flop", "micro_seconds_per_attention_flop",
+          "optimizer_fixed_seconds", "optimizer_seconds_per_parameter")
+
+
+@pytest.mark.parametrize(("outliers", "tolerance"), [(0.0, 0.04), (0.1, 0.05)])
+def test_fit_recovers_coefficients(outliers: float, tolerance: float) -> None:
+    cal = fit(runs(outliers=outliers), MODEL, CPU, prior=PRIOR)
+    for name in FITTED:
+        assert getattr(cal.coefficients, name) == pytest.approx(getattr(TRUTH, name),
+                                                                rel=tolerance), name
+    assert cal.coefficients.activation_memory_scale == pytest.approx(0.7, rel=0.01)
+    assert cal.coefficients.memory_fixed_bytes == pytest.approx(600e6, rel=0.02)
+    # Stalls are real time: the mean step is ~1 + 0.1 * 2 times the typical one.
+    assert cal.coefficients.step_mean_ratio == pytest.approx(1.0 + 2 * outliers, abs=0.05)
+
+
+def test_calibrated_prediction_matches_truth() -> None:
+    cal = fit(runs(), MODEL, CPU, prior=PRIOR)
+    plan = Plan(model=MODEL, token_lengths=tuple(range(16, 257)), epochs=3.0, micro_batch_size=4,
+                gradient_accumulation_steps=2, max_length=256, lora_r=16, eval_interval_steps=20,
+                eval_samples=100, checkpoint_interval_steps=50)
+    truth, got = predict(plan, TRUTH), predict(plan, cal.coefficients)
+    for part in ("train", "eval", "checkpoint", "startup"):
+        assert got.breakdown[part] == pytest.approx(truth.breakdown[part], rel=0.05), part
+    assert got.seconds_p10 < truth.seconds_p50 < got.seconds_p90
+    assert got.seconds_p90 / got.seconds_p50 < 1.3  # calibrated: much narrower than the prior
+    assert got.source == f"calibration:{cal.calibration_id}"
+
+
+def test_missing_components_fall_back_to_prior() -> None:
+    cal = fit(runs(with_checkpoints=False), MODEL, CPU, prior=PRIOR)
+    assert cal.n_measurements["checkpoint"] == 0
+    assert cal.coefficients.checkpoint_fixed_seconds == PRIOR.checkpoint_fixed_seconds
+    assert cal.coefficients.checkpoint_seconds_per_parameter == PRIOR.checkpoint_seconds_per_parameter
+    empty = fit([], MODEL, CPU, prior=PRIOR)
+    assert empty.coefficients.micro_seconds_per_flop == PRIOR.micro_seconds_per_flop
+    assert empty.coefficients.systematic_log_p90 == PRIOR.systematic_log_p90
+
+
+def test_warmup_dropped_and_measurements_capped() -> None:
+    run = synthetic_run(np.random.default_rng(1), 2, 8, False, steps=500)
+    cal = fit([run], MODEL, CPU, prior=PRIOR)
+    stored = cal.runs[0]
+    assert len(stored.micro_step_seconds) == 200 and stored.warmup_steps == 0
+    assert max(stored.micro_step_seconds) < 5 * np.median(stored.micro_step_seconds)
+    assert cal.n_measurements["micro_step"] == 200
+
+
+def test_update_accumulates_runs() -> None:
+    all_runs = runs(seed=3)
+    cal = update(PRIOR, all_runs[0], model=MODEL, hardware=CPU)
+    for run in all_runs[1:]:
+        cal = update(cal, run)
+    assert cal.n_measurements["runs"] == len(all_runs)
+    direct = fit(all_runs, MODEL, CPU, prior=PRIOR)
+    assert cal.coefficients == direct.coefficients
+    with pytest.raises(ValueError, match="model="):
+        update(PRIOR, all_runs[0])
+
+
+def test_file_round_trip(tmp_path: Path) -> None:
+    cal = fit(runs(), MODEL, CPU, prior=PRIOR)
+    path = tmp_path / "sub" / "calibration.json"
+    cal.save(path)
+    back = load(path)
+    assert back == cal
+    assert [p.name for p in path.parent.iterdir()] == ["calibration.json"]  # no temp left over
+    assert update(back, runs(seed=5)[0]).n_measurements["runs"] == len(CONFIGS) + 1
+
+
+def test_load_for_fingerprint(tmp_path: Path) -> None:
+    cal = fit(runs(), MODEL, CPU, prior=PRIOR)
+    path = tmp_path / "calibration.json"
+    assert load_for(path, cal.fingerprint) == (None, None)  # no file yet: silently priors
+    cal.save(path)
+    got, warning = load_for(path, cal.fingerprint)
+    assert got == cal and warning is None
+    other = fingerprint(dataclasses.replace(CPU, device_name="Other CPU"), MODEL)
+    got, warning = load_for(path, other)
+    assert got is None and warning is not None and other in warning
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda d: "{not json",
+        lambda d: json.dumps([1, 2]),
+        lambda d: json.dumps({**d, "format": "something-else"}),
+        lambda d: json.dumps({**d, "version": VERSION + 1}),
+        lambda d: json.dumps({**d, "version": "1"}),
+        lambda d: json.dumps({k: v for k, v in d.items() if k != "coefficients"}),
+        lambda d: json.dumps({**d, "coefficients": {**d["coefficients"], "micro_fixed_seconds": "x"}}),
+        lambda d: json.dumps({**d, "hardware": {**d["hardware"], "device_kind": "tpu"}}),
+        lambda d: json.dumps({**d, "runs": [{"micro_step_seconds": [1.0]}]}),
+    ],
+)
+def test_malformed_file_raises(tmp_path: Path, corrupt: object) -> None:
+    cal = fit(runs()[:1], MODEL, CPU, prior=PRIOR)
+    path = tmp_path / "calibration.json"
+    path.write_text(corrupt(cal.to_dict()))  # type: ignore[operator]
+    with pytest.raises(BadInputError):
+        load(path)
+    with pytest.raises(BadInputError):
+        load_for(path, cal.fingerprint)
+
+
+def test_from_result_dict_errors() -> None:
+    good = runs()[0].to_dict()
+    assert RunMeasurements.from_result_dict(good).warmup_steps == 0 or True
+    with pytest.raises(BadInputError, match="lora_r"):
+        RunMeasurements.from_result_dict({k: v for k, v in good.items() if k != "lora_r"})
+    with pytest.raises(BadInputError, match="same length"):
+        RunMeasurements.from_result_dict({**good, "micro_step_tokens": [1]})
+
+
+def test_coefficients_dict_round_trip() -> None:
+    assert Coefficients.from_dict(TRUTH.to_dict()) == TRUTH
+    with pytest.raises(BadInputError):
+        Coefficients.from_dict({**TRUTH.to_dict(), "bogus": 1.0})
+
+
+def test_calibration_is_a_dataclass_with_id() -> None:
+    cal = fit(runs()[:2], MODEL, CPU, prior=PRIOR)
+    assert isinstance(cal, Calibration) and len(cal.calibration_id) == 10
+    assert cal.fingerprint == fingerprint(CPU, MODEL)

@@ -1,0 +1,198 @@
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+
+from analysis.timemodel import (
+    Coefficients,
+    HardwareInfo,
+    ModelProfile,
+    Plan,
+    cpu_matmul_flops,
+    expected_padded_tokens,
+    fingerprint,
+    optimizer_steps,
+    peak_flops,
+    predict,
+    prior_coefficients,
+)
+from trainers.errors import BadInputError
+
+MODEL = ModelProfile(
+    total_parameters=5_000_000, n_layers=4, hidden_size=256, vocab_size=5000,
+    lora_parameters_per_rank=8 * 512,
+)
+CPU = HardwareInfo("cpu", "Test CPU", 8 * 2**30, 2, "fp32")
+LENGTHS = tuple(int(x) for x in np.random.default_rng(0).integers(20, 400, size=500))
+
+
+def coefficients(**changes: float) -> Coefficients:
+    return dataclasses.replace(prior_coefficients(CPU, cpu_probe=lambda: 40e9), **changes)
+
+
+def plan(**changes: object) -> Plan:
+    base = Plan(
+        model=MODEL, token_lengths=LENGTHS, epochs=2.0, micro_batch_size=4,
+        gradient_accumulation_steps=4, max_length=256, lora_r=8, eval_interval_steps=0,
+        eval_samples=64, checkpoint_interval_steps=0,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("lengths", "batch", "max_length"),
+    [((3, 1, 4, 1, 5, 9, 2, 6), 3, 7), ((5, 5, 5), 2, 10), ((1, 2, 3, 4), 4, 3), ((7, 2), 5, 9)],
+)
+def test_expected_padded_tokens_matches_enumeration(
+    lengths: tuple[int, ...], batch: int, max_length: int
+) -> None:
+    clipped = [min(x, max_length) for x in lengths]
+    b = min(batch, len(clipped))
+    combos = list(itertools.combinations(range(len(clipped)), b))
+    brute = sum(b * max(clipped[i] for i in combo) for combo in combos) / len(combos)
+    assert expected_padded_tokens(lengths, batch, max_length) == pytest.approx(brute, rel=1e-12)
+
+
+def test_optimizer_steps() -> None:
+    assert optimizer_steps(plan()) == 2 * math.ceil(math.ceil(500 / 4) / 4)
+    assert optimizer_steps(plan(max_steps=7)) == 7
+    assert optimizer_steps(plan(epochs=0.5)) == math.ceil(0.5 * 32)
+
+
+def test_evaluations_and_checkpoints_add_exactly_their_cost() -> None:
+    c = coefficients()
+    bare = predict(plan(), c)
+    evals = predict(plan(eval_interval_steps=10), c)
+    ckpts = predict(plan(checkpoint_interval_steps=16), c)
+    assert evals.n_evaluations == bare.optimizer_steps // 10
+    assert evals.seconds_p50 - bare.seconds_p50 == pytest.approx(
+        evals.n_evaluations * evals.extra["eval_seconds_each"], rel=1e-9)
+    assert ckpts.n_checkpoints == bare.optimizer_steps // 16
+    assert ckpts.seconds_p50 - bare.seconds_p50 == pytest.approx(
+        ckpts.n_checkpoints * ckpts.extra["checkpoint_seconds_each"], rel=1e-9)
+    assert ckpts.breakdown["checkpoint"] > 0 and bare.breakdown["checkpoint"] == 0
+
+
+def test_doubling_epochs_doubles_train_time() -> None:
+    c = coefficients()
+    one, two = predict(plan(epochs=1.0), c), predict(plan(epochs=2.0), c)
+    assert two.breakdown["train"] == pytest.approx(2 * one.breakdown["train"], rel=1e-9)
+    assert two.breakdown["startup"] == one.breakdown["startup"]
+
+
+def test_interval_is_ordered_and_wide_for_priors() -> None:
+    est = predict(plan(), coefficients())
+    assert est.seconds_p10 <= est.seconds_p50 <= est.seconds_p90
+    assert est.seconds_p10 / est.seconds_p50 == pytest.approx(0.6, abs=0.01)
+    assert est.seconds_p90 / est.seconds_p50 == pytest.approx(1.8, abs=0.02)
+
+
+def test_noise_band_narrows_with_more_steps() -> None:
+    c = coefficients(step_noise_sd=0.5, systematic_log_p10=-0.05, systematic_log_p90=0.05)
+
+    def width(steps: int) -> float:
+        e = predict(plan(max_steps=steps), c)
+        assert e.seconds_p10 <= e.seconds_p50 <= e.seconds_p90
+        return (e.seconds_p90 - e.seconds_p10) / e.seconds_p50
+
+    widths = [width(s) for s in (2, 20, 200, 20_000)]
+    assert widths == sorted(widths, reverse=True)
+    assert widths[-1] == pytest.approx(2 * math.sinh(0.05), rel=0.02)  # systematic floor
+
+
+def test_step_mean_ratio_scales_micro_steps() -> None:
+    base = predict(plan(), coefficients())
+    stalled = predict(plan(), coefficients(step_mean_ratio=1.2))
+    assert stalled.extra["micro_step_seconds"] == pytest.approx(
+        1.2 * base.extra["micro_step_seconds"])
+
+
+def test_gradient_checkpointing_trades_time_for_memory() -> None:
+    c = coefficients()
+    plain, gc = predict(plan(), c), predict(plan(gradient_checkpointing=True), c)
+    assert gc.peak_memory_bytes < plain.peak_memory_bytes
+    assert gc.breakdown["train"] > plain.breakdown["train"]
+
+
+def test_memory_grows_with_micro_batch_and_rank() -> None:
+    c = coefficients()
+    mems = [predict(plan(micro_batch_size=b), c).peak_memory_bytes for b in (1, 2, 4, 8)]
+    assert mems == sorted(mems) and len(set(mems)) == 4
+    assert predict(plan(lora_r=64), c).peak_memory_bytes > predict(plan(lora_r=4), c).peak_memory_bytes
+    assert predict(plan(precision="bf16"), c).peak_memory_bytes < mems[2]
+
+
+def test_estimate_cost_and_dict() -> None:
+    est = predict(plan(), coefficients())
+    cost = est.cost(3.6)
+    assert cost["p50"] == pytest.approx(est.seconds_p50 / 1000)
+    assert cost["p10"] <= cost["p50"] <= cost["p90"]
+    data = est.to_dict()
+    json.dumps(data)
+    assert set(data["breakdown"]) == {"startup", "data_loading", "train", "eval", "checkpoint"}
+    assert est.tokens_per_second > 0
+    with pytest.raises(BadInputError):
+        est.cost(-1.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "expected"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
+        ("NVIDIA H200", "bf16", 989e12),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312e12),
+        ("NVIDIA A100-SXM4-80GB", "fp32", 19.5e12),
+        ("NVIDIA A10G", "bf16", 125e12),
+        ("NVIDIA L4", "bf16", 121e12),
+        ("NVIDIA L40S", "bf16", 362e12),
+        ("NVIDIA GeForce RTX 4090", "fp16", 165e12),
+        ("Tesla V100-SXM2-16GB", "fp16", 125e12),
+        ("Tesla T4", "fp16", 65e12),
+        ("Some Future GPU", "bf16", 30e12),
+    ],
+)
+def test_gpu_peak_table(name: str, precision: str, expected: float) -> None:
+    assert peak_flops(HardwareInfo("cuda", name, 80 * 2**30, 16, precision)) == expected
+
+
+def test_priors_follow_peak_flops() -> None:
+    h100 = prior_coefficients(HardwareInfo("cuda", "NVIDIA H100", 80 * 2**30, 16, "bf16"))
+    t4 = prior_coefficients(HardwareInfo("cuda", "Tesla T4", 16 * 2**30, 8, "fp16"))
+    assert t4.micro_seconds_per_flop / h100.micro_seconds_per_flop == pytest.approx(989 / 65)
+    cpu = prior_coefficients(CPU, cpu_probe=lambda: 100e9)
+    assert cpu.micro_seconds_per_flop == pytest.approx(1 / 50e9)
+
+
+def test_cpu_probe_measures_something() -> None:
+    assert cpu_matmul_flops(seconds=0.02, size=64) > 1e6
+
+
+def test_fingerprint() -> None:
+    a = fingerprint(CPU, MODEL)
+    assert a == fingerprint(HardwareInfo("cpu", "Test CPU", 1, 2, "fp32"), MODEL)  # memory ignored
+    assert a != fingerprint(dataclasses.replace(CPU, device_name="Other CPU"), MODEL)
+    assert a != fingerprint(dataclasses.replace(CPU, precision="bf16"), MODEL)
+    assert a != fingerprint(CPU, dataclasses.replace(MODEL, n_layers=5))
+    assert len(a) == 12
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"micro_batch_size": 0}, {"token_lengths": ()}, {"epochs": 0.0}, {"precision": "fp8"},
+     {"eval_interval_steps": -1}, {"max_steps": 0}, {"token_lengths": (3, 0)}],
+)
+def test_bad_plans_raise(changes: dict[str, object]) -> None:
+    with pytest.raises(BadInputError):
+        plan(**changes)
+
+
+def test_bad_hardware_raises() -> None:
+    with pytest.raises(BadInputError, match="device_kind"):
+        HardwareInfo("tpu", "x", 1, 1)
+    with pytest.raises(BadInputError, match="hidden_size"):
+        dataclasses.replace(MODEL, hidden_size=0)
