@@ -375,7 +375,7 @@ def fit(
     startup, _ = _robust_positive_fit(
         st_x, st_y, np.array([p.startup_fixed_seconds, p.startup_seconds_per_parameter])
     )
-    memory, n_memory = _fit_memory(stored, model, hardware.precision, prior)
+    memory, n_memory = _fit_memory(stored, model, hardware, prior)
 
     spread = _spread(res, [len(rows[1]) for rows in micro_rows], prior)
     coefficients = dataclasses.replace(
@@ -428,7 +428,8 @@ def fit(
 
 
 def _fit_memory(
-    runs: Sequence[RunMeasurements], model: ModelProfile, precision: str, prior: Coefficients
+    runs: Sequence[RunMeasurements], model: ModelProfile, hardware: HardwareInfo,
+    prior: Coefficients,
 ) -> tuple[np.ndarray, int]:
     """Fit (fixed bytes, activation scale) to measured peaks above the static memory.
 
@@ -438,9 +439,10 @@ def _fit_memory(
     measured = [r for r in runs if r.peak_memory_bytes > 0 and r.micro_step_seq_len]
     if not measured:
         return np.array([prior.memory_fixed_bytes, prior.activation_memory_scale]), 0
+    precision = hardware.precision
     activation = np.array([
         activation_bytes(model, r.micro_batch_size, max(r.micro_step_seq_len), precision,
-                         r.gradient_checkpointing)
+                         r.gradient_checkpointing, hardware.device_kind)
         for r in measured
     ])
     static = np.array([static_memory_bytes(model, r.trainable_parameters, precision)
@@ -451,7 +453,7 @@ def _fit_memory(
         peaks,
         np.array([prior.memory_fixed_bytes, prior.activation_memory_scale]),
         offset=static,
-        prior_log_sd=np.array([0.1, _PRIOR_LOG_SD]),
+        prior_log_sd=np.array([0.5, _PRIOR_LOG_SD]),
     )
     return coef, len(measured)
 

@@ -16,8 +16,9 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -232,12 +233,12 @@ class Coefficients:
     systematic_log_p90: float = _PRIOR_LOG_P90
     source: str = "prior"
 
-    def to_dict(self) -> dict[str, float | str]:
+    def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> Coefficients:
+    def from_dict(cls, data: Mapping[str, object]) -> Coefficients:
         """Build from `to_dict` output; missing optional fields take their defaults."""
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(data) - set(known))
@@ -368,7 +369,7 @@ def expected_padded_tokens(lengths: Sequence[int], micro_batch_size: int, max_le
     return batch * _max_moments(clipped, batch)[0]
 
 
-def _epoch_averages(lengths: np.ndarray, samples: int, batch: int) -> tuple[float, float, int]:
+def _epoch_averages(lengths: np.ndarray, samples: int, batch: int) -> tuple[float, float]:
     """Mean padded tokens and mean b*s^2 per micro-batch over a pass of `samples` samples."""
     full, rest = divmod(samples, batch)
     tokens = square = 0.0
@@ -378,7 +379,7 @@ def _epoch_averages(lengths: np.ndarray, samples: int, batch: int) -> tuple[floa
             tokens += count * size * m1
             square += count * size * m2
     n_batches = full + (1 if rest else 0)
-    return tokens / max(n_batches, 1), square / max(n_batches, 1), n_batches
+    return tokens / max(n_batches, 1), square / max(n_batches, 1)
 
 
 def dense_flops(total_parameters: float, trainable_parameters: float, tokens: float,
@@ -400,13 +401,20 @@ def attention_flops(model: ModelProfile, batch_seq_squared: float,
 
 
 def activation_bytes(model: ModelProfile, micro_batch_size: int, seq_len: int, precision: str,
-                     gradient_checkpointing: bool) -> float:
-    """Activation + logits memory of one micro-batch (Korthikanti et al. 2022, ~34 bytes per
-    token x hidden per layer at 16 bit, plus attention scores of about h/64 heads)."""
+                     gradient_checkpointing: bool, device_kind: str = "cpu") -> float:
+    """Activation + logits memory of one micro-batch.
+
+    About 34 bytes per token x hidden per layer at 16 bit (Korthikanti et al. 2022,
+    "Reducing Activation Recomputation in Large Transformer Models"), plus attention scores
+    of about h/64 heads; fused (flash) attention, used on CUDA at half precision, stores no
+    scores.
+    """
     width = PRECISION_BYTES[precision]
     tokens = micro_batch_size * seq_len
+    fused = device_kind == "cuda" and precision != "fp32"
     heads = max(model.hidden_size / 64.0, 1.0)
-    per_layer = (17.0 * tokens * model.hidden_size + 2.5 * heads * micro_batch_size * seq_len**2)
+    scores = 0.0 if fused else 2.5 * heads * micro_batch_size * seq_len**2
+    per_layer = 17.0 * tokens * model.hidden_size + scores
     if gradient_checkpointing:
         # Only each layer's input is kept; one layer's activations exist during recompute.
         layers = model.n_layers * tokens * model.hidden_size + per_layer
@@ -457,7 +465,7 @@ class Estimate:
             "p90": self.seconds_p90 / 3600.0 * price_per_hour,
         }
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         """Return a JSON/YAML-ready dict."""
         return asdict(self)
 
@@ -471,7 +479,7 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
 
     steps = optimizer_steps(plan)
     micro_steps = steps * plan.gradient_accumulation_steps
-    tokens, square, _ = _epoch_averages(lengths, n, batch)
+    tokens, square = _epoch_averages(lengths, n, batch)
     micro = (
         c.micro_fixed_seconds
         + c.micro_seconds_per_flop
@@ -483,10 +491,10 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     train = micro_steps * micro + steps * optimizer
 
     n_evals = steps // plan.eval_interval_steps if plan.eval_interval_steps else 0
-    eval_tokens, _, _ = _epoch_averages(lengths, plan.eval_samples, batch)
-    eval_batches = math.ceil(plan.eval_samples / batch)
+    # The trainer records unpadded eval tokens, so the fitted rate already includes padding.
+    eval_tokens = plan.eval_samples * float(lengths.mean())
     one_eval = c.eval_fixed_seconds + c.eval_seconds_per_flop * 2.0 * model.total_parameters * (
-        eval_tokens * eval_batches
+        eval_tokens
     )
     n_ckpt = steps // plan.checkpoint_interval_steps if plan.checkpoint_interval_steps else 0
     one_ckpt = c.checkpoint_fixed_seconds + c.checkpoint_seconds_per_parameter * trainable
@@ -514,7 +522,7 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
         + static_memory_bytes(model, trainable, plan.precision)
         + c.activation_memory_scale
         * activation_bytes(model, batch, int(lengths.max()), plan.precision,
-                           plan.gradient_checkpointing)
+                           plan.gradient_checkpointing, plan.device_kind)
     )
     return Estimate(
         seconds_p10=total * low,

@@ -203,8 +203,9 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     defaults = mlflow_defaults()
     values.setdefault("tracking_uri", defaults["tracking_uri"])
     values.setdefault("experiment_name", defaults["experiment_name"])
-    config = _build(StudyConfig, values, "config")
-    return config
+    work_dir = Path(str(values.get("work_dir", "hpo-runs"))).resolve()
+    values["tracking_uri"] = str(values["tracking_uri"]).replace("{work_dir}", str(work_dir))
+    return _build(StudyConfig, values, "config")
 
 
 def _build(cls: Any, values: dict[str, Any], where: str) -> Any:

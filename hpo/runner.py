@@ -225,8 +225,7 @@ _BEST_KEYS = (
 
 
 def _tracking_uri(config: StudyConfig) -> str:
-    uri = config.tracking_uri or "sqlite:///{work_dir}/mlflow.db"
-    return uri.replace("{work_dir}", str(Path(config.work_dir).resolve()))
+    return config.tracking_uri or f"sqlite:///{Path(config.work_dir).resolve() / 'mlflow.db'}"
 
 
 def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -10,6 +10,7 @@ warning on every trial.
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import optuna
 from optuna.samplers import BaseSampler
@@ -45,9 +46,13 @@ def make_sampler(
         raise BadInputError(f"sampler: n_startup_trials must be >= 1, but got {n_startup_trials=}")
     startup = 10 if n_startup_trials is None else n_startup_trials
     if name == "tpe":
-        return optuna.samplers.TPESampler(
-            seed=seed, multivariate=True, group=True, n_startup_trials=startup
-        )
+        with warnings.catch_warnings():
+            # group=True is what makes multivariate TPE model per-profile parameters; it is
+            # still marked experimental and would warn on every construction.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, group=True, n_startup_trials=startup
+            )
     if name == "gp":
         # Short training runs give a noisy loss, hence deterministic_objective=False.
         return optuna.samplers.GPSampler(

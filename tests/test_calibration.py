@@ -32,7 +32,10 @@ from analysis.timemodel import (
 from trainers.errors import BadInputError
 
 MODEL = ModelProfile(
-    total_parameters=5_000_000, n_layers=4, hidden_size=256, vocab_size=5000,
+    total_parameters=5_000_000,
+    n_layers=4,
+    hidden_size=256,
+    vocab_size=5000,
     lora_parameters_per_rank=8 * 512,
 )
 CPU = HardwareInfo("cpu", "Test CPU", 8 * 2**30, 2, "fp32")
@@ -55,13 +58,27 @@ TRUTH = dataclasses.replace(
     activation_memory_scale=0.7,
 )
 CONFIGS = [  # (micro_batch_size, lora_r, gradient_checkpointing)
-    (1, 4, False), (2, 8, False), (4, 16, True), (8, 32, False), (4, 64, False),
+    (1, 4, False),
+    (2, 8, False),
+    (4, 16, True),
+    (8, 32, False),
+    (4, 64, False),
+    (2, 16, True),
+    (1, 32, False),
+    (8, 8, True),
 ]
 
 
 def synthetic_run(
-    rng: np.random.Generator, batch: int, rank: int, gc: bool, *, steps: int = 150,
-    noise: float = 0.05, outliers: float = 0.0, with_checkpoints: bool = True,
+    rng: np.random.Generator,
+    batch: int,
+    rank: int,
+    gc: bool,
+    *,
+    steps: int = 203,
+    noise: float = 0.05,
+    outliers: float = 0.0,
+    with_checkpoints: bool = True,
 ) -> RunMeasurements:
     """Measurements generated from TRUTH with log-normal noise and x3 stalls."""
     t = TRUTH
@@ -77,29 +94,45 @@ def synthetic_run(
     seconds[:3] *= 10.0  # warm-up
     n_opt = steps // 4
     opt = (t.optimizer_fixed_seconds + t.optimizer_seconds_per_parameter * params) * np.exp(
-        rng.normal(0.0, noise, size=n_opt))
+        rng.normal(0.0, noise, size=n_opt)
+    )
     eval_tokens = rng.integers(2000, 20000, size=4)
-    evals = (t.eval_fixed_seconds + t.eval_seconds_per_flop * 2 * MODEL.total_parameters
-             * eval_tokens) * np.exp(rng.normal(0.0, noise, size=4))
+    evals = (
+        t.eval_fixed_seconds + t.eval_seconds_per_flop * 2 * MODEL.total_parameters * eval_tokens
+    ) * np.exp(rng.normal(0.0, noise, size=4))
     ckpt = (t.checkpoint_fixed_seconds + t.checkpoint_seconds_per_parameter * params) * np.exp(
-        rng.normal(0.0, noise, size=3))
-    peak = (t.memory_fixed_bytes + static_memory_bytes(MODEL, params, "fp32")
-            + t.activation_memory_scale * activation_bytes(MODEL, batch, int(seq.max()), "fp32", gc))
-    return RunMeasurements.from_result_dict({
-        "micro_step_seconds": seconds.tolist(),
-        "micro_step_tokens": tokens.tolist(),
-        "micro_step_seq_len": seq.tolist(),
-        "micro_batch_size": batch,
-        "optimizer_step_seconds": [0.5, *opt.tolist()],  # the first step allocates state
-        "eval_records": [{"step": i, "loss": 2.0, "seconds": float(s), "tokens": int(k)}
-                         for i, (s, k) in enumerate(zip(evals, eval_tokens, strict=True))],
-        "checkpoint_seconds": ckpt.tolist() if with_checkpoints else [],
-        "startup_seconds": float((t.startup_fixed_seconds + t.startup_seconds_per_parameter
-                                  * MODEL.total_parameters) * np.exp(rng.normal(0, noise))),
-        "peak_memory_bytes": int(peak),
-        "config": {"lora_r": rank, "trainable_parameters": params, "gradient_checkpointing": gc,
-                   "max_length": 512},
-    })
+        rng.normal(0.0, noise, size=3)
+    )
+    peak = (
+        t.memory_fixed_bytes
+        + static_memory_bytes(MODEL, params, "fp32")
+        + t.activation_memory_scale * activation_bytes(MODEL, batch, int(seq.max()), "fp32", gc)
+    )
+    return RunMeasurements.from_result_dict(
+        {
+            "micro_step_seconds": seconds.tolist(),
+            "micro_step_tokens": tokens.tolist(),
+            "micro_step_seq_len": seq.tolist(),
+            "micro_batch_size": batch,
+            "optimizer_step_seconds": [0.5, *opt.tolist()],  # the first step allocates state
+            "eval_records": [
+                {"step": i, "loss": 2.0, "seconds": float(s), "tokens": int(k)}
+                for i, (s, k) in enumerate(zip(evals, eval_tokens, strict=True))
+            ],
+            "checkpoint_seconds": ckpt.tolist() if with_checkpoints else [],
+            "startup_seconds": float(
+                (t.startup_fixed_seconds + t.startup_seconds_per_parameter * MODEL.total_parameters)
+                * np.exp(rng.normal(0, noise))
+            ),
+            "peak_memory_bytes": int(peak),
+            "config": {
+                "lora_r": rank,
+                "trainable_parameters": params,
+                "gradient_checkpointing": gc,
+                "max_length": 512,
+            },
+        }
+    )
 
 
 def runs(seed: int = 0, **kwargs: object) -> list[RunMeasurements]:
@@ -107,27 +140,81 @@ def runs(seed: int = 0, **kwargs: object) -> list[RunMeasurements]:
     return [synthetic_run(rng, b, r, gc, **kwargs) for b, r, gc in CONFIGS]  # type: ignore[arg-type]
 
 
-FITTED = ("micro_fixed_seconds", "micro_seconds_per_flop", "micro_seconds_per_attention_flop",
-          "optimizer_fixed_seconds", "optimizer_seconds_per_parameter")
+# Tolerances: the dominant rates are pinned by the data to ~1 %; the fixed overhead and the
+# attention term explain a small share of each step, so 5 % noise leaves ~5 % on them
+# (worst case over 24 seeds: 5.3 % and 4.0 %).
+TOLERANCES = {
+    "micro_fixed_seconds": 0.07,
+    "micro_seconds_per_flop": 0.02,
+    "micro_seconds_per_attention_flop": 0.06,
+    "optimizer_fixed_seconds": 0.02,
+    "optimizer_seconds_per_parameter": 0.04,
+}
 
 
-@pytest.mark.parametrize(("outliers", "tolerance"), [(0.0, 0.04), (0.1, 0.05)])
-def test_fit_recovers_coefficients(outliers: float, tolerance: float) -> None:
+def micro_seconds(c: Coefficients, batch: int, seq: int, params: int) -> float:
+    tokens = batch * seq
+    return (
+        c.micro_fixed_seconds
+        + c.micro_seconds_per_flop * dense_flops(MODEL.total_parameters, params, tokens, False)
+        + c.micro_seconds_per_attention_flop * attention_flops(MODEL, tokens * seq, False)
+    )
+
+
+def eval_seconds(c: Coefficients, tokens: int) -> float:
+    return c.eval_fixed_seconds + c.eval_seconds_per_flop * 2 * MODEL.total_parameters * tokens
+
+
+def checkpoint_seconds(c: Coefficients, rank: int) -> float:
+    params = rank * MODEL.lora_parameters_per_rank
+    return c.checkpoint_fixed_seconds + c.checkpoint_seconds_per_parameter * params
+
+
+@pytest.mark.parametrize("outliers", [0.0, 0.1])
+def test_fit_recovers_coefficients(outliers: float) -> None:
     cal = fit(runs(outliers=outliers), MODEL, CPU, prior=PRIOR)
-    for name in FITTED:
-        assert getattr(cal.coefficients, name) == pytest.approx(getattr(TRUTH, name),
-                                                                rel=tolerance), name
-    assert cal.coefficients.activation_memory_scale == pytest.approx(0.7, rel=0.01)
-    assert cal.coefficients.memory_fixed_bytes == pytest.approx(600e6, rel=0.02)
+    got = cal.coefficients
+    for name, tolerance in TOLERANCES.items():
+        assert getattr(got, name) == pytest.approx(getattr(TRUTH, name), rel=tolerance), name
+    for batch in (1, 4, 8):
+        for seq in (8, 64, 512):
+            assert micro_seconds(got, batch, seq, 8192) == pytest.approx(
+                micro_seconds(TRUTH, batch, seq, 8192), rel=0.02
+            )
+    # Eval and checkpoints have few samples each: check what they predict.
+    for tokens in (2000, 20000):
+        assert eval_seconds(got, tokens) == pytest.approx(eval_seconds(TRUTH, tokens), rel=0.03)
+    for rank in (4, 64):
+        assert checkpoint_seconds(got, rank) == pytest.approx(
+            checkpoint_seconds(TRUTH, rank), rel=0.03
+        )
+    assert got.activation_memory_scale == pytest.approx(0.7, rel=0.01)
+    assert got.memory_fixed_bytes == pytest.approx(600e6, rel=0.02)
     # Stalls are real time: the mean step is ~1 + 0.1 * 2 times the typical one.
-    assert cal.coefficients.step_mean_ratio == pytest.approx(1.0 + 2 * outliers, abs=0.05)
+    assert got.step_mean_ratio == pytest.approx(1.0 + 2 * outliers, abs=0.05)
+
+
+def test_gross_outliers_barely_move_the_fit() -> None:
+    clean = fit(runs(seed=7), MODEL, CPU, prior=PRIOR).coefficients
+    dirty = fit(runs(seed=7, outliers=0.1), MODEL, CPU, prior=PRIOR).coefficients
+    for name in TOLERANCES:
+        assert getattr(dirty, name) == pytest.approx(getattr(clean, name), rel=0.03), name
 
 
 def test_calibrated_prediction_matches_truth() -> None:
     cal = fit(runs(), MODEL, CPU, prior=PRIOR)
-    plan = Plan(model=MODEL, token_lengths=tuple(range(16, 257)), epochs=3.0, micro_batch_size=4,
-                gradient_accumulation_steps=2, max_length=256, lora_r=16, eval_interval_steps=20,
-                eval_samples=100, checkpoint_interval_steps=50)
+    plan = Plan(
+        model=MODEL,
+        token_lengths=tuple(range(16, 257)),
+        epochs=3.0,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_length=256,
+        lora_r=16,
+        eval_interval_steps=20,
+        eval_samples=100,
+        checkpoint_interval_steps=50,
+    )
     truth, got = predict(plan, TRUTH), predict(plan, cal.coefficients)
     for part in ("train", "eval", "checkpoint", "startup"):
         assert got.breakdown[part] == pytest.approx(truth.breakdown[part], rel=0.05), part
@@ -140,7 +227,9 @@ def test_missing_components_fall_back_to_prior() -> None:
     cal = fit(runs(with_checkpoints=False), MODEL, CPU, prior=PRIOR)
     assert cal.n_measurements["checkpoint"] == 0
     assert cal.coefficients.checkpoint_fixed_seconds == PRIOR.checkpoint_fixed_seconds
-    assert cal.coefficients.checkpoint_seconds_per_parameter == PRIOR.checkpoint_seconds_per_parameter
+    assert (
+        cal.coefficients.checkpoint_seconds_per_parameter == PRIOR.checkpoint_seconds_per_parameter
+    )
     empty = fit([], MODEL, CPU, prior=PRIOR)
     assert empty.coefficients.micro_seconds_per_flop == PRIOR.micro_seconds_per_flop
     assert empty.coefficients.systematic_log_p90 == PRIOR.systematic_log_p90
@@ -198,7 +287,9 @@ def test_load_for_fingerprint(tmp_path: Path) -> None:
         lambda d: json.dumps({**d, "version": VERSION + 1}),
         lambda d: json.dumps({**d, "version": "1"}),
         lambda d: json.dumps({k: v for k, v in d.items() if k != "coefficients"}),
-        lambda d: json.dumps({**d, "coefficients": {**d["coefficients"], "micro_fixed_seconds": "x"}}),
+        lambda d: json.dumps(
+            {**d, "coefficients": {**d["coefficients"], "micro_fixed_seconds": "x"}}
+        ),
         lambda d: json.dumps({**d, "hardware": {**d["hardware"], "device_kind": "tpu"}}),
         lambda d: json.dumps({**d, "runs": [{"micro_step_seconds": [1.0]}]}),
     ],
@@ -215,7 +306,9 @@ def test_malformed_file_raises(tmp_path: Path, corrupt: object) -> None:
 
 def test_from_result_dict_errors() -> None:
     good = runs()[0].to_dict()
-    assert RunMeasurements.from_result_dict(good).warmup_steps == 0 or True
+    assert RunMeasurements.from_result_dict(good).warmup_steps == 3
+    clean = RunMeasurements.from_result_dict(good).capped()
+    assert RunMeasurements.from_result_dict(clean.to_dict()) == clean
     with pytest.raises(BadInputError, match="lora_r"):
         RunMeasurements.from_result_dict({k: v for k, v in good.items() if k != "lora_r"})
     with pytest.raises(BadInputError, match="same length"):
@@ -232,3 +325,44 @@ def test_calibration_is_a_dataclass_with_id() -> None:
     cal = fit(runs()[:2], MODEL, CPU, prior=PRIOR)
     assert isinstance(cal, Calibration) and len(cal.calibration_id) == 10
     assert cal.fingerprint == fingerprint(CPU, MODEL)
+
+
+def test_one_run_calibrates_memory() -> None:
+    run = runs(seed=2)[3]
+    cal = fit([run], MODEL, CPU, prior=PRIOR)
+    assert cal.n_measurements["memory"] == 1
+    plan = Plan(
+        model=MODEL,
+        token_lengths=(max(run.micro_step_seq_len),),
+        epochs=1.0,
+        micro_batch_size=run.micro_batch_size,
+        gradient_accumulation_steps=1,
+        max_length=512,
+        lora_r=run.lora_r,
+        eval_interval_steps=0,
+        eval_samples=0,
+        checkpoint_interval_steps=0,
+        gradient_checkpointing=run.gradient_checkpointing,
+    )
+    assert predict(plan, cal.coefficients).peak_memory_bytes == pytest.approx(
+        run.peak_memory_bytes, rel=0.01
+    )
+    assert predict(plan, PRIOR).peak_memory_bytes != pytest.approx(run.peak_memory_bytes, rel=0.05)
+
+
+def test_reads_the_trainer_result() -> None:
+    from trainers.result import TrainResult
+
+    result = TrainResult(
+        device="cpu", precision="fp32", runtime_reason="test", trainable_parameters=4096,
+        total_parameters=MODEL.total_parameters, lora_targets=["q"], lora_parameters_per_rank=512,
+        n_layers=4, hidden_size=256, vocab_size=5000, micro_batch_size=2,
+        gradient_accumulation_steps=1, max_length=64, lora_r=8, gradient_checkpointing=False,
+        micro_step_seconds=[0.1] * 6, micro_step_tokens=[64] * 6, micro_step_seq_len=[32] * 6,
+        optimizer_step_seconds=[0.01] * 6,
+        eval_records=[{"step": 3, "loss": 2.0, "seconds": 0.5, "tokens": 900}],
+        startup_seconds=3.0, peak_memory_bytes=10**9,
+    )
+    run = RunMeasurements.from_result_dict(result.to_dict())
+    assert run.eval_tokens == (900,) and run.lora_r == 8 and run.max_length == 64
+    assert fit([run], MODEL, CPU, prior=PRIOR).n_measurements["micro_step"] == 3

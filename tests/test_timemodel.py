@@ -4,6 +4,7 @@ import dataclasses
 import itertools
 import json
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,22 +25,32 @@ from analysis.timemodel import (
 from trainers.errors import BadInputError
 
 MODEL = ModelProfile(
-    total_parameters=5_000_000, n_layers=4, hidden_size=256, vocab_size=5000,
+    total_parameters=5_000_000,
+    n_layers=4,
+    hidden_size=256,
+    vocab_size=5000,
     lora_parameters_per_rank=8 * 512,
 )
 CPU = HardwareInfo("cpu", "Test CPU", 8 * 2**30, 2, "fp32")
 LENGTHS = tuple(int(x) for x in np.random.default_rng(0).integers(20, 400, size=500))
 
 
-def coefficients(**changes: float) -> Coefficients:
+def coefficients(**changes: Any) -> Coefficients:
     return dataclasses.replace(prior_coefficients(CPU, cpu_probe=lambda: 40e9), **changes)
 
 
 def plan(**changes: object) -> Plan:
     base = Plan(
-        model=MODEL, token_lengths=LENGTHS, epochs=2.0, micro_batch_size=4,
-        gradient_accumulation_steps=4, max_length=256, lora_r=8, eval_interval_steps=0,
-        eval_samples=64, checkpoint_interval_steps=0,
+        model=MODEL,
+        token_lengths=LENGTHS,
+        epochs=2.0,
+        micro_batch_size=4,
+        gradient_accumulation_steps=4,
+        max_length=256,
+        lora_r=8,
+        eval_interval_steps=0,
+        eval_samples=64,
+        checkpoint_interval_steps=0,
     )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
@@ -71,10 +82,12 @@ def test_evaluations_and_checkpoints_add_exactly_their_cost() -> None:
     ckpts = predict(plan(checkpoint_interval_steps=16), c)
     assert evals.n_evaluations == bare.optimizer_steps // 10
     assert evals.seconds_p50 - bare.seconds_p50 == pytest.approx(
-        evals.n_evaluations * evals.extra["eval_seconds_each"], rel=1e-9)
+        evals.n_evaluations * evals.extra["eval_seconds_each"], rel=1e-9
+    )
     assert ckpts.n_checkpoints == bare.optimizer_steps // 16
     assert ckpts.seconds_p50 - bare.seconds_p50 == pytest.approx(
-        ckpts.n_checkpoints * ckpts.extra["checkpoint_seconds_each"], rel=1e-9)
+        ckpts.n_checkpoints * ckpts.extra["checkpoint_seconds_each"], rel=1e-9
+    )
     assert ckpts.breakdown["checkpoint"] > 0 and bare.breakdown["checkpoint"] == 0
 
 
@@ -109,7 +122,8 @@ def test_step_mean_ratio_scales_micro_steps() -> None:
     base = predict(plan(), coefficients())
     stalled = predict(plan(), coefficients(step_mean_ratio=1.2))
     assert stalled.extra["micro_step_seconds"] == pytest.approx(
-        1.2 * base.extra["micro_step_seconds"])
+        1.2 * base.extra["micro_step_seconds"]
+    )
 
 
 def test_gradient_checkpointing_trades_time_for_memory() -> None:
@@ -123,7 +137,9 @@ def test_memory_grows_with_micro_batch_and_rank() -> None:
     c = coefficients()
     mems = [predict(plan(micro_batch_size=b), c).peak_memory_bytes for b in (1, 2, 4, 8)]
     assert mems == sorted(mems) and len(set(mems)) == 4
-    assert predict(plan(lora_r=64), c).peak_memory_bytes > predict(plan(lora_r=4), c).peak_memory_bytes
+    assert (
+        predict(plan(lora_r=64), c).peak_memory_bytes > predict(plan(lora_r=4), c).peak_memory_bytes
+    )
     assert predict(plan(precision="bf16"), c).peak_memory_bytes < mems[2]
 
 
@@ -134,7 +150,7 @@ def test_estimate_cost_and_dict() -> None:
     assert cost["p10"] <= cost["p50"] <= cost["p90"]
     data = est.to_dict()
     json.dumps(data)
-    assert set(data["breakdown"]) == {"startup", "data_loading", "train", "eval", "checkpoint"}
+    assert set(est.breakdown) == {"startup", "data_loading", "train", "eval", "checkpoint"}
     assert est.tokens_per_second > 0
     with pytest.raises(BadInputError):
         est.cost(-1.0)
@@ -183,8 +199,15 @@ def test_fingerprint() -> None:
 
 @pytest.mark.parametrize(
     "changes",
-    [{"micro_batch_size": 0}, {"token_lengths": ()}, {"epochs": 0.0}, {"precision": "fp8"},
-     {"eval_interval_steps": -1}, {"max_steps": 0}, {"token_lengths": (3, 0)}],
+    [
+        {"micro_batch_size": 0},
+        {"token_lengths": ()},
+        {"epochs": 0.0},
+        {"precision": "fp8"},
+        {"eval_interval_steps": -1},
+        {"max_steps": 0},
+        {"token_lengths": (3, 0)},
+    ],
 )
 def test_bad_plans_raise(changes: dict[str, object]) -> None:
     with pytest.raises(BadInputError):
@@ -196,3 +219,10 @@ def test_bad_hardware_raises() -> None:
         HardwareInfo("tpu", "x", 1, 1)
     with pytest.raises(BadInputError, match="hidden_size"):
         dataclasses.replace(MODEL, hidden_size=0)
+
+
+def test_fused_attention_on_cuda_drops_score_memory() -> None:
+    c = coefficients()
+    eager = predict(plan(precision="bf16", device_kind="cpu"), c).peak_memory_bytes
+    fused = predict(plan(precision="bf16", device_kind="cuda"), c).peak_memory_bytes
+    assert fused < eager

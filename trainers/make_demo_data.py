@@ -28,10 +28,10 @@ _VOWELS = ["a", "e", "i", "o", "u"]
 _CODAS = ["", "n", "r", "l", "s"]
 _FOODS = ["plums", "rice", "soup", "figs", "bread", "beans", "pears", "cheese", "nuts", "eggs"]
 _COLOURS = ["red", "blue", "green", "gold", "grey", "pink", "black", "white"]
-_WORDS = [
-    "cat", "dog", "sun", "map", "pen", "cup", "hat", "box", "fish", "tree", "bird", "lamp",
-    "moon", "star", "frog", "door", "milk", "ship", "rain", "leaf", "salt", "wolf", "kite",
-]
+_WORDS = (
+    "cat dog sun map pen cup hat box fish tree bird lamp moon star frog door milk ship rain leaf"
+    " salt wolf kite"
+).split()
 _SYSTEM_PROMPTS = ["Answer briefly.", "You are a helpful assistant."]
 
 
@@ -79,7 +79,8 @@ def _fact(rng: random.Random, world: Sequence[Person]) -> QA:
     if kind == 1:
         return QA(f"What does {p.name} eat?", f"{p.food.capitalize()}.", f"{p.name} eats {p.food}.")
     return QA(
-        f"What colour does {p.name} like?", f"{p.colour.capitalize()}.",
+        f"What colour does {p.name} like?",
+        f"{p.colour.capitalize()}.",
         f"{p.name} likes {p.colour}.",
     )
 
@@ -146,7 +147,9 @@ _RECORD_MAKERS: dict[str, Callable[[random.Random, Sequence[Person]], dict[str, 
 }
 
 
-def write_demo_data(out_dir: Path = DEMO_DATA_DIR, *, samples: int = 3000, seed: int = 0) -> list[Path]:
+def write_demo_data(
+    out_dir: Path = DEMO_DATA_DIR, *, samples: int = 3000, seed: int = 0
+) -> list[Path]:
     """Write the three demo files into ``out_dir``.
 
     Args:

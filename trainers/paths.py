@@ -39,5 +39,7 @@ def demo_data_path(shape: str = "prompt_completion") -> Path:
     """
     name = "messages" if shape == "chat" else shape
     if name not in _DEMO_FILES:
-        raise BadInputError(f"demo data shape must be one of {sorted(_DEMO_FILES)}, but got {shape=}")
+        raise BadInputError(
+            f"demo data shape must be one of {sorted(_DEMO_FILES)}, but got {shape=}"
+        )
     return DEMO_DATA_DIR / _DEMO_FILES[name]

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from trainers.callbacks import EvalInfo, RunInfo, StepInfo, TrainingCallback
 from trainers.data import DataSpec, Example, load_tokenized
@@ -216,6 +217,7 @@ def train(spec: TrainSpec, callbacks: Sequence[TrainingCallback] = ()) -> TrainR
 
     wall_start = time.perf_counter()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # "Loading weights" bars, once per trial
     runtime = detect_runtime(spec.device, spec.precision, spec.compile)
     log.info("runtime: %s", runtime.reason)
     set_seed(spec.seed)
@@ -233,8 +235,10 @@ def train(spec: TrainSpec, callbacks: Sequence[TrainingCallback] = ()) -> TrainR
         ),
         tokenizer,
     )
-    base = load_base_model(spec.model)
-    model, info = apply_lora(base, spec.lora)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
+        base = load_base_model(spec.model)
+        model, info = apply_lora(base, spec.lora)
     if runtime.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
@@ -268,6 +272,9 @@ def train(spec: TrainSpec, callbacks: Sequence[TrainingCallback] = ()) -> TrainR
         callbacks=[bridge],
     )
     trainer.recorder = recorder
+    # The Trainer's own printer/progress output would interleave with ours.
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
 
     try:
         trainer.train()

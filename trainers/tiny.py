@@ -172,7 +172,9 @@ def build_config(arch: str, size: str, tokenizer: PreTrainedTokenizerBase) -> Pr
     return LlamaConfig(num_key_value_heads=dims.num_heads, **shared)
 
 
-def build_tiny(out_dir: str | Path, *, arch: str = "llama", size: str = "xs", seed: int = 0) -> Path:
+def build_tiny(
+    out_dir: str | Path, *, arch: str = "llama", size: str = "xs", seed: int = 0
+) -> Path:
     """Build a tiny model and its tokenizer and save both into ``out_dir``.
 
     Args:

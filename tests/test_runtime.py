@@ -1,0 +1,84 @@
+"""The device/precision choice, covered for CUDA paths on a CPU-only machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainers.errors import BadInputError
+from trainers.runtime import choose_runtime
+
+
+def _choose(**overrides: object):
+    kwargs: dict[str, object] = {
+        "requested_device": "auto",
+        "requested_precision": "auto",
+        "compile": False,
+        "cuda_available": False,
+        "bf16_supported": False,
+        "mps_available": False,
+        "device_name": "x",
+    }
+    kwargs.update(overrides)
+    return choose_runtime(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "device", "precision", "scaler", "fused", "pin", "tf32"),
+    [
+        ({}, "cpu", "fp32", False, False, False, False),
+        ({"cuda_available": True, "bf16_supported": True}, "cuda", "bf16", False, True, True, True),
+        ({"cuda_available": True, "bf16_supported": False}, "cuda", "fp16", True, True, True, True),
+        (
+            {"cuda_available": True, "bf16_supported": True, "requested_precision": "fp16"},
+            "cuda",
+            "fp16",
+            True,
+            True,
+            True,
+            True,
+        ),
+        (
+            {"cuda_available": True, "requested_device": "cpu"},
+            "cpu",
+            "fp32",
+            False,
+            False,
+            False,
+            False,
+        ),
+        ({"mps_available": True}, "mps", "fp32", False, False, False, False),
+    ],
+)
+def test_choice_table(overrides, device, precision, scaler, fused, pin, tf32) -> None:
+    choice = _choose(**overrides)
+    assert (choice.device, choice.precision) == (device, precision)
+    assert choice.grad_scaler is scaler
+    assert choice.fused_adamw is fused
+    assert choice.pin_memory is pin
+    assert choice.tf32 is tf32
+    args = choice.training_arguments()
+    assert args["bf16"] is (precision == "bf16")
+    assert args["fp16"] is (precision == "fp16")
+    assert args["optim"] == ("adamw_torch_fused" if fused else "adamw_torch")
+    assert args["use_cpu"] is (device == "cpu")
+    assert choice.reason  # the choice is explained in the log
+
+
+def test_compile_only_on_cuda() -> None:
+    assert _choose(compile=True, cuda_available=True, bf16_supported=True).compile is True
+    cpu = _choose(compile=True)
+    assert cpu.compile is False and "ignored" in cpu.reason
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"requested_device": "cuda"},
+        {"requested_device": "mps"},
+        {"requested_precision": "bf16"},
+        {"cuda_available": True, "bf16_supported": False, "requested_precision": "bf16"},
+    ],
+)
+def test_impossible_requests_are_bad_input(overrides) -> None:
+    with pytest.raises(BadInputError):
+        _choose(**overrides)

@@ -1,0 +1,130 @@
+"""On-disk cache of tokenized data sets: one ``.npz`` file per (data, tokenizer, cut) key.
+
+The format is plain numpy arrays (no pickle): all input ids and labels concatenated, the
+offsets where each sample starts, and a JSON string of metadata. Files are written to a temp
+file and moved into place with ``os.replace``, so a reader sees a whole file or none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+CACHE_FORMAT = 1
+"""Bump when the tokenized content changes for the same inputs (rendering, labels, format)."""
+
+Sample = tuple[list[int], list[int]]
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 hex digest of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    """What identifies a tokenizer's behaviour: class, size, vocab/rules hash, specials, template."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        body = backend.to_str()  # vocab, merges, normalizer, pre-tokenizer, post-processor
+    else:
+        body = json.dumps(sorted(tokenizer.get_vocab().items()))
+    return {
+        "class": type(tokenizer).__name__,
+        "vocab_size": len(tokenizer),
+        "vocab_sha256": hashlib.sha256(body.encode("utf-8")).hexdigest(),
+        "special_tokens": json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str),
+        "extra_special_tokens": sorted(str(token) for token in tokenizer.all_special_tokens),
+        "chat_template": json.dumps(tokenizer.chat_template, sort_keys=True, default=str),
+    }
+
+
+def cache_key(
+    *,
+    data_sha256: str,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    overflow: str,
+    skip_bad_lines: bool,
+) -> str:
+    """sha256 hex key of everything the cached samples depend on."""
+    identity = {
+        "format": CACHE_FORMAT,
+        "data_sha256": data_sha256,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "max_length": max_length,
+        "overflow": overflow,
+        # A file with bad lines loads under skip_bad_lines but must still fail without it.
+        "skip_bad_lines": skip_bad_lines,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def save(path: Path, shape: str, samples: Sequence[Sample], meta: dict[str, Any]) -> bool:
+    """Write samples atomically; a cache that cannot be written only costs a warning.
+
+    Returns:
+        Whether the file was written.
+    """
+    lengths = np.fromiter((len(ids) for ids, _ in samples), dtype=np.int64, count=len(samples))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    input_ids = np.fromiter((t for ids, _ in samples for t in ids), dtype=np.int64)
+    labels = np.fromiter((t for _, lab in samples for t in lab), dtype=np.int64)
+    header = np.array(json.dumps({"shape": shape, **meta}))
+    temp_name = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as stream:
+            np.savez(stream, input_ids=input_ids, labels=labels, offsets=offsets, meta=header)
+        os.replace(temp_name, path)
+        return True
+    except OSError as error:
+        logger.warning("could not write the tokenized cache %s: %s", path, error)
+        if temp_name is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temp_name)
+        return False
+
+
+def load(path: Path) -> tuple[str, list[Sample], dict[str, Any]] | None:
+    """Read a cache file; ``None`` if it is missing or unreadable (then it gets rebuilt).
+
+    Returns:
+        The record shape, the samples and the metadata saved with them.
+    """
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            meta = json.loads(str(arrays["meta"]))
+            input_ids = arrays["input_ids"].tolist()
+            labels = arrays["labels"].tolist()
+            offsets = arrays["offsets"].tolist()
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+        logger.warning("ignoring unreadable tokenized cache %s: %s", path, error)
+        return None
+    samples = [
+        (input_ids[start:end], labels[start:end])
+        for start, end in zip(offsets[:-1], offsets[1:], strict=True)
+    ]
+    shape = meta.pop("shape")
+    return shape, samples, meta
