@@ -11,7 +11,7 @@ from typing import Any
 
 import optuna
 
-from hpo.tracking import Tracker, TrialMetrics
+from hpo.tracking import RunRef, Tracker, TrialMetrics
 from search_spaces import SearchSpace, sample
 from trainers.callbacks import EvalInfo, TrainingCallback
 from trainers.errors import BadInputError, TrainingFailed
@@ -120,7 +120,21 @@ class Objective:
         run_id = ctx.tracker.start_trial(
             ctx.parent_run_id, config.study_name, trial.number, {**params, **derived}
         )
-        trial.set_user_attr("mlflow_run_id", run_id)
+        try:
+            return self._run(trial, params, derived, run_id)
+        finally:
+            # The run is created in the background; by now its id is there.
+            trial.set_user_attr("mlflow_run_id", run_id.result())
+
+    def _run(
+        self,
+        trial: optuna.Trial,
+        params: dict[str, Any],
+        derived: dict[str, Any],
+        run_id: RunRef,
+    ) -> float:
+        ctx = self.context
+        config = ctx.config
 
         verdict = ctx.estimator.check(trial, params, derived) if ctx.estimator else None
         if verdict is not None and not verdict.feasible:

@@ -65,7 +65,6 @@ def prepare(config: StudyConfig) -> Prepared:
     Bad input stops here, before a study or an MLflow run exists.
     """
     from trainers.data import DataSpec, demo_data_path, load_tokenized
-
     from trainers.run import _load_tokenizer
     from trainers.tiny import default_tiny_model
 
@@ -180,6 +179,7 @@ def run_study(
             )
     finally:
         bar.close()
+        tracker.flush()
 
     counts = tracker.update_parent(parent, study)
     preset_path: str | None = None

@@ -21,6 +21,10 @@ from optuna.search_space import intersection_search_space
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+# skopt 0.10's regressor check rejects these under scikit-learn's estimator tags (seen with
+# scikit-learn 1.9); GP, RF and ET work.
+_BROKEN_ESTIMATORS = ("GBRT", "dummy")
+
 
 class SkoptSampler(BaseSampler):
     """Bayesian optimisation with scikit-optimize (Gaussian process by default).
@@ -31,16 +35,19 @@ class SkoptSampler(BaseSampler):
     intermediate value; failed trials are skipped. Parameters outside that shared space
     (conditional ones) are drawn by a :class:`~optuna.samplers.RandomSampler`.
 
-    References: scikit-optimize, T. Head, M. Kumar, H. Nahrstaedt, G. Louppe and
-    I. Shcherbatyi, https://github.com/scikit-optimize/scikit-optimize (Zenodo,
-    doi:10.5281/zenodo.1157319).
+    References:
+        T. Head, M. Kumar, H. Nahrstaedt, G. Louppe, I. Shcherbatyi et al.,
+        scikit-optimize v0.10.2 (2024), https://doi.org/10.5281/zenodo.11478072 .
+        J. Snoek, H. Larochelle, R. P. Adams, "Practical Bayesian Optimization of Machine
+        Learning Algorithms", NeurIPS 2012 (the GP approach it implements).
 
     Args:
         n_startup_trials: Observations needed before the model is used; until then every
             parameter is drawn at random.
         seed: Seed for the random draws and for each ``skopt.Optimizer``.
         skopt_kwargs: Keyword arguments for ``skopt.Optimizer`` (default
-            ``base_estimator="GP"``); ``dimensions`` and ``random_state`` are set here.
+            ``base_estimator="GP"``; ``"RF"`` and ``"ET"`` work too); ``dimensions`` and
+            ``random_state`` are set here.
     """
 
     def __init__(
@@ -53,13 +60,15 @@ class SkoptSampler(BaseSampler):
         if n_startup_trials < 1:
             raise ValueError(f"n_startup_trials must be >= 1, but got {n_startup_trials=}")
         self._n_startup_trials = n_startup_trials
-        self._seed = seed
         self._rng = np.random.RandomState(seed)
         self._random_sampler = RandomSampler(seed=seed)
         # n_initial_points=0: our own start-up phase replaces skopt's.
         self._skopt_kwargs = {"base_estimator": "GP", "n_initial_points": 0, **(skopt_kwargs or {})}
         for reserved in ("dimensions", "random_state"):
             self._skopt_kwargs.pop(reserved, None)
+        estimator = self._skopt_kwargs["base_estimator"]
+        if estimator in _BROKEN_ESTIMATORS:
+            raise ValueError(f"skopt 0.10 fails with this scikit-learn for {estimator=}")
 
     def reseed_rng(self) -> None:
         """Reseeds the random draws (Optuna calls this in each worker process)."""

@@ -1,14 +1,19 @@
 """MLflow tracking of a study: one parent run per study, one nested run per trial.
 
 Per-step values are buffered and sent with `log_batch` (at most 1000 metrics a call), so a
-trial costs a handful of round trips however long it trains. Every worker of a study finds
-the same parent run through the study's user attribute `mlflow_parent_run_id`.
+trial costs a handful of store calls however long it trains. Those calls run in order on
+one background thread: the training loop only enqueues them. (MLflow's own asynchronous
+mode covers `log_batch` only; creating and closing runs would still block, and its queue
+thread then competes with them for SQLite's write lock.) `Tracker.flush()` waits for all
+of it; the study calls it before it reports.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +23,7 @@ from trainers.callbacks import EvalInfo, StepInfo, TrainingCallback
 from trainers.errors import BadInputError
 from trainers.result import TrainResult
 
+log = logging.getLogger(__name__)
 PARENT_ATTR = "mlflow_parent_run_id"
 EXPERIMENT_ATTR = "mlflow_experiment_id"
 MAX_METRICS_PER_CALL = 1000
@@ -25,6 +31,8 @@ MAX_PARAMS_PER_CALL = 100
 MAX_TAGS_PER_CALL = 100
 # MLflow run status for each trial state: the runs table shows it in its status column.
 STATUS = {"complete": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}
+
+RunRef = Future  # a run id that the background writer fills in
 
 
 def _now_ms() -> int:
@@ -34,9 +42,9 @@ def _now_ms() -> int:
 class TrialMetrics(TrainingCallback):
     """Buffers a trial's per-step metric histories and sends them in batches."""
 
-    def __init__(self, tracker: Tracker, run_id: str, flush_seconds: float = 30.0) -> None:
+    def __init__(self, tracker: Tracker, run: RunRef, flush_seconds: float = 30.0) -> None:
         self.tracker = tracker
-        self.run_id = run_id
+        self.run = run
         self.flush_seconds = flush_seconds
         self.buffer: list[Any] = []
         self.last_flush = time.monotonic()
@@ -64,7 +72,8 @@ class TrialMetrics(TrainingCallback):
         self.flush()
 
     def flush(self) -> None:
-        self.tracker.log_batch(self.run_id, metrics=self.buffer)
+        if self.buffer:
+            self.tracker.log_batch(self.run, metrics=self.buffer)
         self.buffer = []
         self.last_flush = time.monotonic()
 
@@ -82,6 +91,8 @@ class Tracker:
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=tracking_uri)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpo-mlflow")
+        self._pending: list[Future[Any]] = []
         try:
             experiment = self.client.get_experiment_by_name(experiment_name)
         except Exception as exc:
@@ -101,29 +112,51 @@ class Tracker:
         else:
             self.experiment_id = experiment.experiment_id
 
-    # -- low level -------------------------------------------------------------------------
+    # -- the background writer ---------------------------------------------------------------
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        self._pending = [f for f in self._pending if not f.done() or f.exception()]
+        future = self._writer.submit(fn, *args)
+        self._pending.append(future)
+        return future
+
+    def flush(self) -> None:
+        """Wait until everything queued is in the store; raise the first failure."""
+        pending, self._pending = self._pending, []
+        errors = [f.exception() for f in pending if f.exception() is not None]
+        if errors:
+            raise errors[0]  # type: ignore[misc]
+
     def log_batch(
         self,
-        run_id: str,
+        run: str | RunRef,
         *,
         metrics: Iterable[Any] = (),
         params: Mapping[str, Any] | None = None,
         tags: Mapping[str, Any] | None = None,
     ) -> None:
-        """Send metrics, params and tags in as few calls as MLflow's limits allow."""
+        """Queue metrics, params and tags, sent in as few calls as MLflow's limits allow."""
+        self._submit(self._log_batch_now, run, list(metrics), dict(params or {}), dict(tags or {}))
+
+    def _log_batch_now(
+        self,
+        run: str | RunRef,
+        metrics: list[Any],
+        params: dict[str, Any],
+        tags: dict[str, Any],
+    ) -> None:
         from mlflow.entities import Param, RunTag
 
-        metric_list = list(metrics)
-        param_list = [Param(k, _param_value(v)) for k, v in (params or {}).items()]
-        tag_list = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
-        while metric_list or param_list or tag_list:
+        run_id = run.result() if isinstance(run, Future) else run
+        param_list = [Param(k, _param_value(v)) for k, v in params.items()]
+        tag_list = [RunTag(k, str(v)) for k, v in tags.items()]
+        while metrics or param_list or tag_list:
             self.client.log_batch(
                 run_id,
-                metrics=metric_list[:MAX_METRICS_PER_CALL],
+                metrics=metrics[:MAX_METRICS_PER_CALL],
                 params=param_list[:MAX_PARAMS_PER_CALL],
                 tags=tag_list[:MAX_TAGS_PER_CALL],
             )
-            metric_list = metric_list[MAX_METRICS_PER_CALL:]
+            metrics = metrics[MAX_METRICS_PER_CALL:]
             param_list = param_list[MAX_PARAMS_PER_CALL:]
             tag_list = tag_list[MAX_TAGS_PER_CALL:]
 
@@ -156,16 +189,16 @@ class Tracker:
         """Best value so far and counts per state, computed from the study itself."""
         from mlflow.entities import Metric
 
-        counts = state_counts(study)
-        finished = sum(counts.values())
-        metrics = [Metric(f"n_{k}", float(v), _now_ms(), finished) for k, v in counts.items()]
+        trials = study.get_trials(deepcopy=False, states=tuple(_STATE_NAMES))
+        counts = _count(trials)
+        finished = len(trials)
+        now = _now_ms()
+        metrics = [Metric(f"n_{k}", float(v), now, finished) for k, v in counts.items()]
         tags: dict[str, Any] = {}
-        try:
-            best = study.best_trial
-        except ValueError:
-            best = None
-        if best is not None and best.value is not None:
-            metrics.append(Metric("best_value", float(best.value), _now_ms(), finished))
+        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+        if complete:
+            best = min(complete, key=lambda t: float(t.value))  # type: ignore[arg-type]
+            metrics.append(Metric("best_value", float(best.value), now, finished))  # type: ignore[arg-type]
             tags["best_trial"] = best.number
         self.log_batch(parent_run_id, metrics=metrics, tags=tags)
         return counts
@@ -173,24 +206,28 @@ class Tracker:
     # -- trials ------------------------------------------------------------------------------
     def start_trial(
         self, parent_run_id: str, study_name: str, trial_number: int, params: Mapping[str, Any]
-    ) -> str:
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=f"trial-{trial_number:03d}",
-            tags={
-                "mlflow.parentRunId": parent_run_id,
-                "hpo.study_name": study_name,
-                "hpo.trial_number": str(trial_number),
-                "state": "running",
-            },
-        )
-        run_id = str(run.info.run_id)
-        self.log_batch(run_id, params={"trial_number": trial_number, **params})
-        return run_id
+    ) -> RunRef:
+        """Queue the trial's nested run; the returned future holds its run id."""
+        tags = {
+            "mlflow.parentRunId": parent_run_id,
+            "hpo.study_name": study_name,
+            "hpo.trial_number": str(trial_number),
+            "state": "running",
+        }
+
+        def create() -> str:
+            run = self.client.create_run(
+                self.experiment_id, run_name=f"trial-{trial_number:03d}", tags=tags
+            )
+            return str(run.info.run_id)
+
+        run = self._submit(create)
+        self.log_batch(run, params={"trial_number": trial_number, **params})
+        return run
 
     def end_trial(
         self,
-        run_id: str,
+        run: str | RunRef,
         state: str,
         *,
         metrics: Mapping[str, float] | None = None,
@@ -199,27 +236,39 @@ class Tracker:
         from mlflow.entities import Metric
 
         final = [Metric(k, float(v), _now_ms(), 0) for k, v in (metrics or {}).items()]
-        self.log_batch(run_id, metrics=final, tags={"state": state, **(tags or {})})
-        self.client.set_terminated(run_id, status=STATUS[state])
+        self.log_batch(run, metrics=final, tags={"state": state, **(tags or {})})
+
+        def close() -> None:
+            run_id = run.result() if isinstance(run, Future) else run
+            self.client.set_terminated(run_id, status=STATUS[state])
+
+        self._submit(close)
 
     def log_artifact(self, run_id: str, path: str | Path) -> None:
+        self.flush()
         self.client.log_artifact(run_id, str(path))
 
     def finish_parent(self, parent_run_id: str) -> None:
+        self.flush()
         self.client.set_terminated(parent_run_id, status="FINISHED")
 
 
-def state_counts(study: optuna.Study) -> dict[str, int]:
-    from optuna.trial import TrialState
+_STATE_NAMES = {
+    optuna.trial.TrialState.COMPLETE: "complete",
+    optuna.trial.TrialState.PRUNED: "pruned",
+    optuna.trial.TrialState.FAIL: "failed",
+}
 
-    names = {
-        TrialState.COMPLETE: "complete",
-        TrialState.PRUNED: "pruned",
-        TrialState.FAIL: "failed",
-    }
-    counts = dict.fromkeys(names.values(), 0)
-    for trial in study.get_trials(deepcopy=False, states=tuple(names)):
-        counts[names[trial.state]] += 1
+
+def state_counts(study: optuna.Study) -> dict[str, int]:
+    """Finished trials per state: complete, pruned, failed."""
+    return _count(study.get_trials(deepcopy=False, states=tuple(_STATE_NAMES)))
+
+
+def _count(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
+    counts = dict.fromkeys(_STATE_NAMES.values(), 0)
+    for trial in trials:
+        counts[_STATE_NAMES[trial.state]] += 1
     return counts
 
 

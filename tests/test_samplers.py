@@ -6,6 +6,7 @@ import importlib.util
 import math
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Literal
 
 import optuna
 import pytest
@@ -64,7 +65,7 @@ def _run(
     objective: Callable[[optuna.Trial], float],
     n_trials: int,
     *,
-    direction: str = "minimize",
+    direction: Literal["minimize", "maximize"] = "minimize",
     startup: int = STARTUP,
 ) -> optuna.Study:
     sampler = make_sampler(name, seed=7, n_startup_trials=startup)

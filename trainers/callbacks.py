@@ -2,7 +2,8 @@
 
 `trainers` knows nothing of Optuna or MLflow: the study attaches its pruning and tracking
 through these small objects. Any hook may return True to ask the run to stop cleanly
-(the run then returns its result with `stop_reason` set).
+(the run then returns its result with `stop_reason` set; a run that saves checkpoints saves
+one first, so it can be resumed).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trainers.result import TrainResult
+    from trainers.window import Forecast
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,10 @@ class RunInfo:
     total_parameters: int
     device: str
     precision: str
+    start_step: int = 0  # the step a resumed run continues from
+    eval_interval: int = 0
+    checkpoint_interval: int = 0
+    checkpoint_minutes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,10 @@ class TrainingCallback:
         return None
 
     def on_checkpoint(self, step: int, path: str, seconds: float) -> bool | None:
+        return None
+
+    def on_forecast(self, forecast: Forecast) -> None:
+        """Every few steps: elapsed, predicted remaining time and the window check."""
         return None
 
     def on_train_end(self, result: TrainResult) -> None:

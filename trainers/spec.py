@@ -54,6 +54,47 @@ class LoraSpec:
 
 
 @dataclass(frozen=True)
+class RecoverySpec:
+    """What a run does when it runs out of memory or its loss blows up (off: it fails)."""
+
+    enabled: bool = field(
+        default=False,
+        metadata={"help": "Recover (halve the micro-batch, roll back) instead of failing."},
+    )
+    max_rollbacks: int = field(
+        default=3, metadata={"help": "Rollbacks after NaN/inf or divergence before giving up."}
+    )
+    lr_factor: float = field(
+        default=0.5, metadata={"help": "Learning-rate multiplier applied at each rollback."}
+    )
+    divergence_ratio: float = field(
+        default=1.5,
+        metadata={"help": "A validation loss above ratio x its running minimum is diverging."},
+    )
+    divergence_evals: int = field(
+        default=3, metadata={"help": "Consecutive diverging evaluations that trigger a rollback."}
+    )
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.max_rollbacks, int) and self.max_rollbacks >= 0,
+            f"recovery.max_rollbacks must be an integer >= 0, but got {self.max_rollbacks=}",
+        )
+        _require(
+            0.0 < self.lr_factor < 1.0,
+            f"recovery.lr_factor must be in (0, 1), but got {self.lr_factor=}",
+        )
+        _require(
+            self.divergence_ratio > 1.0,
+            f"recovery.divergence_ratio must be > 1, but got {self.divergence_ratio=}",
+        )
+        _require(
+            isinstance(self.divergence_evals, int) and self.divergence_evals >= 1,
+            f"recovery.divergence_evals must be an integer >= 1, but got {self.divergence_evals=}",
+        )
+
+
+@dataclass(frozen=True)
 class TrainSpec:
     """Everything one training run needs. Validated on construction."""
 
@@ -82,6 +123,13 @@ class TrainSpec:
     checkpoint_interval: int = field(
         default=0, metadata={"help": "Optimizer steps between checkpoints (0: none)."}
     )
+    checkpoint_minutes: float = field(
+        default=0.0, metadata={"help": "Minutes between checkpoints (0: by steps only)."}
+    )
+    keep_checkpoints: int = field(
+        default=2, metadata={"help": "Latest checkpoints kept (the best one is kept as well)."}
+    )
+    recovery: RecoverySpec = field(default_factory=RecoverySpec)
     precision: str = "auto"
     device: str = "auto"
     gradient_checkpointing: bool = False
@@ -92,7 +140,15 @@ class TrainSpec:
     def __post_init__(self) -> None:
         if isinstance(self.lora, dict):
             object.__setattr__(self, "lora", lora_from_dict(self.lora))
-        positive = ("micro_batch_size", "gradient_accumulation_steps", "max_length", "eval_samples")
+        if isinstance(self.recovery, dict):
+            object.__setattr__(self, "recovery", recovery_from_dict(self.recovery))
+        positive = (
+            "micro_batch_size",
+            "gradient_accumulation_steps",
+            "max_length",
+            "eval_samples",
+            "keep_checkpoints",
+        )
         for name in positive:
             value = getattr(self, name)
             _require(
@@ -105,6 +161,10 @@ class TrainSpec:
                 isinstance(value, int) and value >= 0,
                 f"{name} must be an integer >= 0, but got {name}={value!r}",
             )
+        _require(
+            self.checkpoint_minutes >= 0,
+            f"checkpoint_minutes must be >= 0, but got {self.checkpoint_minutes=}",
+        )
         _require(
             self.max_steps is None or (isinstance(self.max_steps, int) and self.max_steps >= 1),
             f"max_steps must be >= 1, but got {self.max_steps=}",
@@ -131,6 +191,11 @@ class TrainSpec:
     @property
     def effective_batch_size(self) -> int:
         return self.micro_batch_size * self.gradient_accumulation_steps
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether the run saves checkpoints (by steps or by minutes)."""
+        return self.checkpoint_interval > 0 or self.checkpoint_minutes > 0
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -160,6 +225,13 @@ def lora_from_dict(values: dict[str, Any]) -> LoraSpec:
     unknown = sorted(set(values) - known)
     _require(not unknown, f"unknown lora field(s): {', '.join(unknown)}")
     return LoraSpec(**values)
+
+
+def recovery_from_dict(values: dict[str, Any]) -> RecoverySpec:
+    known = {f.name for f in dataclasses.fields(RecoverySpec)}
+    unknown = sorted(set(values) - known)
+    _require(not unknown, f"unknown recovery field(s): {', '.join(unknown)}")
+    return RecoverySpec(**values)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

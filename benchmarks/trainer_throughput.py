@@ -1,0 +1,145 @@
+"""tokens/s of `trainers.run.train` against a bare PyTorch loop, side by side.
+
+Same tiny model, data, micro-batch, accumulation, precision, optimizer (AdamW), gradient
+clipping and linear schedule. The two alternate within one process run; tokens/s counts the
+padded tokens of the optimizer steps after warm-up over their wall time.
+
+    python benchmarks/trainer_throughput.py [--json FILE] [--repeats 3] [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import machine, median, table, write_json  # noqa: E402
+from trainers.data import DataSpec, load_tokenized  # noqa: E402
+from trainers.lora import apply_lora, load_base_model  # noqa: E402
+from trainers.paths import demo_data_path  # noqa: E402
+from trainers.run import PadCollator, _load_tokenizer, train  # noqa: E402
+from trainers.spec import LoraSpec, TrainSpec  # noqa: E402
+from trainers.tiny import default_tiny_model  # noqa: E402
+
+WARMUP_STEPS = 3
+
+
+def framework_tokens_per_second(spec: TrainSpec) -> float:
+    result = train(spec)
+    ga = spec.gradient_accumulation_steps
+    tokens = [sum(result.micro_step_tokens[i * ga : (i + 1) * ga]) for i in range(result.optimizer_steps)]
+    return sum(tokens[WARMUP_STEPS:]) / sum(result.step_seconds[WARMUP_STEPS:])
+
+
+def bare_tokens_per_second(spec: TrainSpec) -> float:
+    """The same training written as the plainest PyTorch loop."""
+    from transformers import get_linear_schedule_with_warmup, set_seed
+
+    set_seed(spec.seed)
+    tokenizer = _load_tokenizer(spec.model)
+    data = load_tokenized(
+        DataSpec(path=spec.data, max_length=spec.max_length, seed=spec.seed, cache_dir=spec.cache_dir),
+        tokenizer,
+    )
+    model, _ = apply_lora(load_base_model(spec.model), spec.lora)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=spec.weight_decay)
+    steps = int(spec.max_steps or 1)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, steps)
+    loader = torch.utils.data.DataLoader(
+        data.train,  # type: ignore[arg-type]
+        batch_size=spec.micro_batch_size,
+        shuffle=True,
+        collate_fn=PadCollator(int(tokenizer.pad_token_id)),
+        generator=torch.Generator().manual_seed(spec.seed),
+    )
+    batches = iter(loader)
+    step_tokens: list[int] = []
+    step_seconds: list[float] = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        tokens = 0
+        for _ in range(spec.gradient_accumulation_steps):
+            try:
+                batch = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                batch = next(batches)
+            loss = model(**batch).loss / spec.gradient_accumulation_steps
+            loss.backward()
+            tokens += int(batch["input_ids"].numel())
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step_seconds.append(time.perf_counter() - start)
+        step_tokens.append(tokens)
+    return sum(step_tokens[WARMUP_STEPS:]) / sum(step_seconds[WARMUP_STEPS:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--accumulation", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
+    spec = TrainSpec(
+        model=str(default_tiny_model()),
+        data=str(demo_data_path("prompt_completion")),
+        output_dir=str(work / "out"),
+        lora=LoraSpec(r=16, alpha=32, dropout=0.0),
+        micro_batch_size=args.micro_batch_size,
+        gradient_accumulation_steps=args.accumulation,
+        max_steps=args.steps,
+        eval_interval=0,
+        eval_samples=1,
+        max_length=128,
+        cache_dir=str(work / "cache"),
+    )
+    rows = []
+    framework: list[float] = []
+    bare: list[float] = []
+    for repeat in range(args.repeats):
+        # Alternate the order so drift on a shared machine hits both sides alike.
+        if repeat % 2 == 0:
+            f, b = framework_tokens_per_second(spec), bare_tokens_per_second(spec)
+        else:
+            b, f = bare_tokens_per_second(spec), framework_tokens_per_second(spec)
+        framework.append(f)
+        bare.append(b)
+        rows.append([repeat + 1, f, b, f / b])
+    ratios = [r[3] for r in rows]
+    rows.append(["median", median(framework), median(bare), median(ratios)])
+    print(table(["repeat", "trainers.train tok/s", "bare loop tok/s", "ratio"], rows))
+    ratio = median(ratios)
+    print(f"ratio (framework / bare, median of per-repeat ratios): {ratio:.3f}  target >= 0.90")
+    write_json(
+        args.json,
+        {
+            "ratio": ratio,
+            "ratios": ratios,
+            "framework_tokens_per_second": framework,
+            "bare_tokens_per_second": bare,
+            "steps": args.steps,
+            "warmup_steps_discarded": WARMUP_STEPS,
+            "micro_batch_size": args.micro_batch_size,
+            "gradient_accumulation_steps": args.accumulation,
+            "machine": machine(),
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
