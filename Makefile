@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 # torch's CPU wheel may lie on disk; pip then takes it instead of a multi-GB CUDA build.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: setup demo test lint typecheck pytest bench clean
+.PHONY: setup services demo test lint typecheck pytest bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -23,7 +23,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-pytest: $(STAMP)
+# PostgreSQL binaries for the multi-worker tests (the tests start their own server).
+services:
+	@bash scripts/ensure-postgres.sh
+
+pytest: $(STAMP) services
 	$(PY) -m pytest
 
 test: lint typecheck pytest

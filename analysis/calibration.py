@@ -66,8 +66,12 @@ class RunMeasurements:
         trainable_parameters: Trainable parameters of the run.
         gradient_checkpointing: Whether activations were recomputed.
         max_length: Truncation length.
-        warmup_steps: Leading micro-steps that are warm-up and not fitted; when > 0 the
-            first optimizer step is left out too (0 = already cleaned by `capped`).
+        warmup_steps: Leading micro-steps that are warm-up: they calibrate the warm-up cost,
+            not the step rates; when > 0 the first optimizer step is warm-up too.
+        loop_seconds: Training time outside the timed micro- and optimizer steps (fetching
+            and collating batches, the loop's bookkeeping), over the whole run.
+        loop_micro_steps: Micro-steps of the whole run that `loop_seconds` covers.
+        eval_samples: Samples per evaluation (0 = unknown).
     """
 
     micro_step_seconds: tuple[float, ...]
@@ -85,6 +89,9 @@ class RunMeasurements:
     gradient_checkpointing: bool
     max_length: int
     warmup_steps: int = WARMUP_MICRO_STEPS
+    loop_seconds: float = 0.0
+    loop_micro_steps: int = 0
+    eval_samples: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.micro_step_seconds)
@@ -118,12 +125,15 @@ class RunMeasurements:
 
         try:
             evals = list(get("eval_records", []))
+            micro = tuple(float(x) for x in get("micro_step_seconds"))
+            optimizer = tuple(float(x) for x in get("optimizer_step_seconds", []))
+            loop, loop_steps = _loop_time(data, micro, optimizer)
             return cls(
-                micro_step_seconds=tuple(float(x) for x in get("micro_step_seconds")),
+                micro_step_seconds=micro,
                 micro_step_tokens=tuple(int(x) for x in get("micro_step_tokens")),
                 micro_step_seq_len=tuple(int(x) for x in get("micro_step_seq_len")),
                 micro_batch_size=int(get("micro_batch_size")),
-                optimizer_step_seconds=tuple(float(x) for x in get("optimizer_step_seconds", [])),
+                optimizer_step_seconds=optimizer,
                 eval_seconds=tuple(float(e["seconds"]) for e in evals),
                 eval_tokens=tuple(int(e["tokens"]) for e in evals),
                 checkpoint_seconds=tuple(float(x) for x in get("checkpoint_seconds", [])),
@@ -134,6 +144,9 @@ class RunMeasurements:
                 gradient_checkpointing=bool(get("gradient_checkpointing", False)),
                 max_length=int(get("max_length")),
                 warmup_steps=int(data.get("warmup_steps", WARMUP_MICRO_STEPS)),
+                loop_seconds=loop,
+                loop_micro_steps=loop_steps,
+                eval_samples=_eval_samples(data, config, evals),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, BadInputError):
@@ -150,24 +163,60 @@ class RunMeasurements:
         del data["eval_seconds"], data["eval_tokens"]
         return data
 
+    @property
+    def optimizer_warmup_steps(self) -> int:
+        """Leading optimizer steps that are warm-up: the first one allocates AdamW's state."""
+        return 1 if self.warmup_steps and self.optimizer_step_seconds else 0
+
+    @property
+    def eval_batches(self) -> int:
+        """Forward calls per evaluation (the trainer evaluates in micro-batches)."""
+        return math.ceil(self.eval_samples / self.micro_batch_size)
+
     def capped(self, max_micro_steps: int = MAX_STORED_MICRO_STEPS) -> RunMeasurements:
-        """Drop warm-up steps and keep at most `max_micro_steps` evenly spaced micro-steps.
+        """Keep the warm-up steps and at most `max_micro_steps` evenly spaced steady ones.
 
         Even spacing keeps stalls in proportion, so the spread fitted later is unchanged.
+        Capping twice changes nothing.
         """
-        keep = _even(len(self.micro_step_seconds) - self.warmup_steps, max_micro_steps)
-        start = self.warmup_steps
-        # The first optimizer step allocates the AdamW state; warm-up counts it out too.
-        opt = self.optimizer_step_seconds[1 if self.warmup_steps else 0 :]
-        opt_keep = _even(len(opt), max_micro_steps)
+        w = min(self.warmup_steps, len(self.micro_step_seconds))
+        keep = [*range(w), *(w + i for i in _even(len(self.micro_step_seconds) - w,
+                                                  max_micro_steps))]
+        o = self.optimizer_warmup_steps
+        opt_keep = [*range(o), *(o + i for i in _even(len(self.optimizer_step_seconds) - o,
+                                                      max_micro_steps))]
         return dataclasses.replace(
             self,
-            micro_step_seconds=tuple(self.micro_step_seconds[start + i] for i in keep),
-            micro_step_tokens=tuple(self.micro_step_tokens[start + i] for i in keep),
-            micro_step_seq_len=tuple(self.micro_step_seq_len[start + i] for i in keep),
-            optimizer_step_seconds=tuple(opt[i] for i in opt_keep),
-            warmup_steps=0,
+            micro_step_seconds=tuple(self.micro_step_seconds[i] for i in keep),
+            micro_step_tokens=tuple(self.micro_step_tokens[i] for i in keep),
+            micro_step_seq_len=tuple(self.micro_step_seq_len[i] for i in keep),
+            optimizer_step_seconds=tuple(self.optimizer_step_seconds[i] for i in opt_keep),
         )
+
+
+def _loop_time(
+    data: Mapping[str, Any], micro: Sequence[float], optimizer: Sequence[float]
+) -> tuple[float, int]:
+    """Loop time outside the timed steps: stored as such, or derived from the trainer's timings."""
+    if "loop_seconds" in data:
+        return float(data["loop_seconds"]), int(data.get("loop_micro_steps", 0))
+    timings = data.get("timings") or {}
+    if "train" in timings and micro:
+        return float(timings["train"]) - sum(micro) - sum(optimizer), len(micro)
+    return 0.0, 0
+
+
+def _eval_samples(
+    data: Mapping[str, Any], config: Mapping[str, Any], evals: Sequence[Mapping[str, Any]]
+) -> int:
+    """Samples per evaluation: recorded, or estimated from the tokens and the mean length."""
+    for source in (data, config):
+        if source.get("eval_samples"):
+            return int(source["eval_samples"])
+    mean = float((data.get("dataset") or {}).get("tokens_mean") or 0.0)
+    if evals and mean > 0:
+        return max(1, round(float(evals[0]["tokens"]) / mean))
+    return 0
 
 
 def _even(n: int, limit: int) -> list[int]:
@@ -353,19 +402,20 @@ def fit(
         x, y, np.array([p.micro_fixed_seconds, p.micro_seconds_per_flop,
                         p.micro_seconds_per_attention_flop])
     )
-    opt_x, opt_y = _stack([_pairs(r.optimizer_step_seconds, r.trainable_parameters)
-                           for r in stored], 2)
+    opt_x, opt_y = _stack([_pairs(r.optimizer_step_seconds[r.optimizer_warmup_steps:],
+                                  r.trainable_parameters) for r in stored], 2)
     optimizer, _ = _robust_positive_fit(
         opt_x, opt_y, np.array([p.optimizer_fixed_seconds, p.optimizer_seconds_per_parameter])
     )
     ev_x, ev_y = _stack([
         (np.column_stack([np.ones(len(r.eval_tokens)),
+                          np.full(len(r.eval_tokens), float(r.eval_batches)),
                           2.0 * n_params * np.asarray(r.eval_tokens, dtype=np.float64)]),
          np.asarray(r.eval_seconds, dtype=np.float64))
         for r in stored
-    ], 2)
-    evals, _ = _robust_positive_fit(ev_x, ev_y, np.array([p.eval_fixed_seconds,
-                                                          p.eval_seconds_per_flop]))
+    ], 3)
+    evals, _ = _robust_positive_fit(ev_x, ev_y, np.array([
+        p.eval_fixed_seconds, p.eval_seconds_per_batch, p.eval_seconds_per_flop]))
     ck_x, ck_y = _stack([_pairs(r.checkpoint_seconds, r.trainable_parameters) for r in stored], 2)
     checkpoint, _ = _robust_positive_fit(
         ck_x, ck_y, np.array([p.checkpoint_fixed_seconds, p.checkpoint_seconds_per_parameter])
@@ -378,6 +428,8 @@ def fit(
     memory, n_memory = _fit_memory(stored, model, hardware, prior)
 
     spread = _spread(res, [len(rows[1]) for rows in micro_rows], prior)
+    loops = [r.loop_seconds / r.loop_micro_steps for r in stored if r.loop_micro_steps > 0]
+    loop = max(float(np.median(loops)), 0.0) if loops else prior.loop_seconds_per_micro_step
     coefficients = dataclasses.replace(
         prior,
         micro_fixed_seconds=float(micro[0]),
@@ -386,7 +438,8 @@ def fit(
         optimizer_fixed_seconds=float(optimizer[0]),
         optimizer_seconds_per_parameter=float(optimizer[1]),
         eval_fixed_seconds=float(evals[0]),
-        eval_seconds_per_flop=float(evals[1]),
+        eval_seconds_per_batch=float(evals[1]),
+        eval_seconds_per_flop=float(evals[2]),
         checkpoint_fixed_seconds=float(checkpoint[0]),
         checkpoint_seconds_per_parameter=float(checkpoint[1]),
         startup_fixed_seconds=float(startup[0]),
@@ -397,7 +450,14 @@ def fit(
         step_noise_sd=spread[1],
         systematic_log_p10=spread[2],
         systematic_log_p90=spread[3],
+        loop_seconds_per_micro_step=loop,
     )
+    warmups = [_warmup_extra(r, model, coefficients) for r in stored
+               if r.warmup_steps and len(r.micro_step_seconds) > r.warmup_steps]
+    if warmups:
+        coefficients = dataclasses.replace(
+            coefficients, warmup_seconds=max(float(np.median(warmups)), 0.0)
+        )
     counts = {
         "runs": len(stored),
         "micro_step": int(np.isfinite(res).sum()),
@@ -406,6 +466,8 @@ def fit(
         "checkpoint": int(ck_y.size),
         "startup": int(st_y.size),
         "memory": n_memory,
+        "loop": len(loops),
+        "warmup": len(warmups),
     }
     content = json.dumps(
         [fingerprint(hardware, model), coefficients.to_dict(), [r.to_dict() for r in stored]],
@@ -425,6 +487,21 @@ def fit(
         calibration_id=calibration_id,
         runs=stored,
     )
+
+
+def _warmup_extra(run: RunMeasurements, model: ModelProfile, c: Coefficients) -> float:
+    """Seconds the warm-up steps of `run` took beyond what steady steps would have."""
+    w = run.warmup_steps
+    features, _ = _micro_rows(dataclasses.replace(run, warmup_steps=0), model)
+    rates = np.array([c.micro_fixed_seconds, c.micro_seconds_per_flop,
+                      c.micro_seconds_per_attention_flop])
+    steady = float((features[:w] @ rates).sum()) * c.step_mean_ratio
+    extra = float(sum(run.micro_step_seconds[:w])) - steady
+    if run.optimizer_warmup_steps:
+        optimizer = c.optimizer_fixed_seconds + c.optimizer_seconds_per_parameter * (
+            run.trainable_parameters)
+        extra += run.optimizer_step_seconds[0] - optimizer
+    return extra
 
 
 def _fit_memory(

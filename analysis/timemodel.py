@@ -227,6 +227,9 @@ class Coefficients:
     data_seconds_per_token: float
     memory_fixed_bytes: float
     activation_memory_scale: float = 1.0
+    eval_seconds_per_batch: float = 0.005  # one forward call's overhead during evaluation
+    loop_seconds_per_micro_step: float = 0.0  # fetch + collate + loop bookkeeping per micro-step
+    warmup_seconds: float = 0.0  # extra time of a run's first steps (allocator, lazy init)
     step_mean_ratio: float = 1.0  # mean / typical micro-step time (stalls, outliers)
     step_noise_sd: float = 0.0  # relative sd of one micro-step around the mean
     systematic_log_p10: float = _PRIOR_LOG_P10  # quantiles of log(actual / predicted) total
@@ -314,6 +317,9 @@ def prior_coefficients(
         startup_seconds_per_parameter=4 / 300e6,
         data_seconds_per_token=1e-6,  # one tokenisation pass of a fast tokenizer
         memory_fixed_bytes=512 * 2**20 if on_cpu else 256 * 2**20,
+        eval_seconds_per_batch=0.005 if on_cpu else 0.01,
+        loop_seconds_per_micro_step=0.001 if on_cpu else 0.002,
+        warmup_seconds=0.5 if on_cpu else 2.0,  # GPUs: CUDA context and kernel selection
         source=f"prior:{hardware.device_kind}:{hardware.device_name}",
     )
 
@@ -470,6 +476,10 @@ class Estimate:
         return asdict(self)
 
 
+def _occurrences(steps: int, interval: int) -> int:
+    return math.ceil(steps / interval) if interval > 0 else 0
+
+
 def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     """Predict the full run described by `plan`."""
     c, model = coefficients, plan.model
@@ -488,19 +498,25 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
         * attention_flops(model, square, plan.gradient_checkpointing)
     ) * c.step_mean_ratio
     optimizer = c.optimizer_fixed_seconds + c.optimizer_seconds_per_parameter * trainable
-    train = micro_steps * micro + steps * optimizer
+    train = micro_steps * (micro + c.loop_seconds_per_micro_step) + steps * optimizer
 
-    n_evals = steps // plan.eval_interval_steps if plan.eval_interval_steps else 0
+    # The Trainer evaluates and saves at every multiple of the interval and once more at the
+    # last step when that is not a multiple: ceil(steps / interval) of each.
+    n_evals = _occurrences(steps, plan.eval_interval_steps)
     # The trainer records unpadded eval tokens, so the fitted rate already includes padding.
     eval_tokens = plan.eval_samples * float(lengths.mean())
-    one_eval = c.eval_fixed_seconds + c.eval_seconds_per_flop * 2.0 * model.total_parameters * (
-        eval_tokens
+    eval_batches = math.ceil(plan.eval_samples / batch)
+    one_eval = (
+        c.eval_fixed_seconds
+        + c.eval_seconds_per_batch * eval_batches
+        + c.eval_seconds_per_flop * 2.0 * model.total_parameters * eval_tokens
     )
-    n_ckpt = steps // plan.checkpoint_interval_steps if plan.checkpoint_interval_steps else 0
+    n_ckpt = _occurrences(steps, plan.checkpoint_interval_steps)
     one_ckpt = c.checkpoint_fixed_seconds + c.checkpoint_seconds_per_parameter * trainable
     breakdown = {
         "startup": c.startup_fixed_seconds + c.startup_seconds_per_parameter * model.total_parameters,
         "data_loading": c.data_seconds_per_token * float(lengths.sum()),
+        "warmup": c.warmup_seconds,
         "train": train,
         "eval": n_evals * one_eval,
         "checkpoint": n_ckpt * one_ckpt,

@@ -112,6 +112,15 @@ class StudyConfig:
     storage: str | None = field(
         default=None, metadata={"help": "Optuna storage URL; none: SQLite in work_dir."}
     )
+    heartbeat_seconds: int = field(
+        default=30,
+        metadata={
+            "help": "Worker heartbeat (server storages): a silent worker's trial is retried."
+        },
+    )
+    grace_seconds: int = field(
+        default=120, metadata={"help": "Silence after which a worker counts as dead."}
+    )
     study_name: str = "hpo-demo"
     work_dir: str = "hpo-runs"
     tracking_uri: str | None = None
@@ -141,6 +150,14 @@ class StudyConfig:
         _require(
             isinstance(self.full_checkpoint_interval, int) and self.full_checkpoint_interval >= 0,
             f"full_checkpoint_interval must be an integer >= 0, but got {self.full_checkpoint_interval=}",
+        )
+        _require(
+            isinstance(self.heartbeat_seconds, int) and self.heartbeat_seconds >= 1,
+            f"heartbeat_seconds must be an integer >= 1, but got {self.heartbeat_seconds=}",
+        )
+        _require(
+            isinstance(self.grace_seconds, int) and self.grace_seconds > self.heartbeat_seconds,
+            f"grace_seconds must be longer than heartbeat_seconds, but got {self.grace_seconds=}",
         )
         _require(self.epochs > 0, f"epochs must be > 0, but got {self.epochs=}")
         _require(

@@ -11,6 +11,7 @@ from typing import Any
 import optuna
 
 from hpo.config import StudyConfig
+from hpo.estimator import budget_estimator_factory
 from hpo.export import CONFIG_ATTR, DATA_ATTR, MODEL_ATTR, export_study
 from hpo.objective import Objective, StudyContext
 from hpo.progress import StudyProgress
@@ -69,11 +70,11 @@ def prepare(config: StudyConfig) -> Prepared:
     from trainers.tiny import default_tiny_model
 
     space = load_space(config.space)
-    allowed = config.profiles or tuple(space.profiles)
-    unknown = [p for p in allowed if p not in space.profiles]
+    allowed = config.profiles or tuple(space.profile_names)
+    unknown = [p for p in allowed if p not in space.profile_names]
     if unknown:
         raise BadInputError(
-            f"profiles: unknown profile(s) {', '.join(unknown)}; known: {', '.join(space.profiles)}"
+            f"profiles: unknown profile(s) {', '.join(unknown)}; known: {', '.join(space.profile_names)}"
         )
     work = Path(config.work_dir).resolve()
     model_path = config.model or str(default_tiny_model(work / "models"))
@@ -104,7 +105,11 @@ def prepare(config: StudyConfig) -> Prepared:
 
 
 def open_study(config: StudyConfig, prepared: Prepared) -> optuna.Study:
-    storage = make_storage(config.storage_url)
+    storage = make_storage(
+        config.storage_url,
+        heartbeat_seconds=config.heartbeat_seconds,
+        grace_seconds=config.grace_seconds,
+    )
     study = optuna.create_study(
         study_name=config.study_name,
         storage=storage,
@@ -137,6 +142,8 @@ def run_study(
     started = time.perf_counter()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     prepared = prepare(config)
+    if estimator_factory is None:  # the time model; stops here when nothing fits the budget
+        estimator_factory = budget_estimator_factory(config, prepared)
     study = open_study(config, prepared)
     tracker = Tracker(
         _tracking_uri(config),
@@ -181,6 +188,7 @@ def run_study(
         bar.close()
         tracker.flush()
 
+    tracker.reconcile(parent, study)
     counts = tracker.update_parent(parent, study)
     preset_path: str | None = None
     best_value: float | None = None

@@ -13,9 +13,6 @@ from trainers.errors import BadInputError
 
 # The password runs to the last "@" of the authority part (it may itself contain "@").
 _PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@]*:)(?P<secret>[^/]*)(?P<tail>@)")
-# A worker whose heartbeat stops for this long is taken as dead; its trial is failed and re-queued.
-HEARTBEAT_SECONDS = 30
-GRACE_SECONDS = 120
 
 
 def redact(url: str) -> str:
@@ -23,11 +20,14 @@ def redact(url: str) -> str:
     return _PASSWORD.sub(lambda m: f"{m['head']}***{m['tail']}", url)
 
 
-def make_storage(url: str) -> optuna.storages.BaseStorage:
+def make_storage(
+    url: str, *, heartbeat_seconds: int = 30, grace_seconds: int = 120
+) -> optuna.storages.BaseStorage:
     """Open the storage behind `url` and check it answers.
 
-    SQLite (one worker), PostgreSQL/MySQL (many workers, with heartbeats so a dead
-    worker's trial is failed and retried), or `journal:PATH` (a journal file).
+    SQLite (one worker), PostgreSQL/MySQL (many workers, with heartbeats: a worker silent
+    for `grace_seconds` is taken as dead, its trial failed and queued again), or
+    `journal:PATH` (a journal file).
 
     Raises:
         BadInputError: the URL is malformed or its server cannot be reached.
@@ -44,8 +44,8 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2)
         kwargs = {
-            "heartbeat_interval": HEARTBEAT_SECONDS,
-            "grace_period": GRACE_SECONDS,
+            "heartbeat_interval": heartbeat_seconds,
+            "grace_period": grace_seconds,
             "heartbeat_stale_trial_callback": retry,
             "engine_kwargs": {"pool_pre_ping": True, "connect_args": _connect_args(url)},
         }

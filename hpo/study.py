@@ -35,6 +35,8 @@ _FLAGS: dict[str, tuple[Any, str]] = {
     "seed": (int, "random seed"),
     "storage": (str, "Optuna storage URL (default: SQLite in the work dir)"),
     "study_name": (str, "study name (same name + storage = resume)"),
+    "heartbeat_seconds": (int, "worker heartbeat on server storages (default 30)"),
+    "grace_seconds": (int, "silence after which a worker is taken as dead (default 120)"),
     "work_dir": (str, "where databases, caches and presets go (default ./hpo-runs)"),
     "tracking_uri": (str, "MLflow tracking URI (default from mlflow.yaml)"),
     "experiment_name": (str, "MLflow experiment (default from mlflow.yaml)"),

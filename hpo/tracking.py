@@ -162,21 +162,61 @@ class Tracker:
 
     # -- the study's parent run --------------------------------------------------------------
     def ensure_parent(self, study: optuna.Study, params: Mapping[str, Any]) -> str:
-        """The study's parent run: reused when the study already has one (resume, workers)."""
+        """The study's parent run, shared by every worker and every resumed run.
+
+        Workers starting at the same moment may each create one; all of them then adopt the
+        oldest parent run of the study (ties broken by run id) and the others are deleted,
+        so the study keeps exactly one.
+        """
         run_id = study.user_attrs.get(PARENT_ATTR)
         if run_id and self._run_exists(run_id):
             self.client.update_run(run_id, status="RUNNING")
             return str(run_id)
-        run = self.client.create_run(
+        mine = self.client.create_run(
             self.experiment_id,
             run_name=study.study_name,
             tags={"hpo.study_name": study.study_name, "hpo.role": "study"},
+        ).info.run_id
+        candidates = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`hpo.study_name` = '{study.study_name}' and tags.`hpo.role` = 'study'",
+            max_results=100,
         )
-        run_id = run.info.run_id
-        study.set_user_attr(PARENT_ATTR, run_id)
+        winner = min(candidates, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id
+        if winner != mine:
+            self.client.delete_run(mine)
+        else:
+            self.log_batch(mine, params=params)
+        study.set_user_attr(PARENT_ATTR, winner)
         study.set_user_attr(EXPERIMENT_ATTR, self.experiment_id)
-        self.log_batch(run_id, params=params)
-        return str(run_id)
+        return str(winner)
+
+    def reconcile(self, parent_run_id: str, study: optuna.Study) -> int:
+        """Close trial runs left open by a worker that died or was interrupted.
+
+        Optuna is the record of what happened (with heartbeats, a dead worker's trial is
+        failed and retried); its state is copied onto the run. Returns how many were closed.
+        """
+        self.flush()
+        open_runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.state = 'running'",
+            max_results=1000,
+        )
+        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        closed = 0
+        for run in open_runs:
+            trial = trials.get(int(run.data.tags.get("hpo.trial_number", -1)))
+            if trial is None or trial.state not in _STATE_NAMES:
+                continue  # still running in some worker
+            state = _STATE_NAMES[trial.state]
+            reason = (
+                trial.user_attrs.get("state_reason") or "the worker stopped before recording it"
+            )
+            self.end_trial(run.info.run_id, state, tags={"reason": reason})
+            closed += 1
+        self.flush()
+        return closed
 
     def _run_exists(self, run_id: str) -> bool:
         try:

@@ -188,7 +188,8 @@ def test_fit_recovers_coefficients(outliers: float) -> None:
         assert checkpoint_seconds(got, rank) == pytest.approx(
             checkpoint_seconds(TRUTH, rank), rel=0.03
         )
-    assert got.activation_memory_scale == pytest.approx(0.7, rel=0.01)
+    # The weak pull of the fixed part to its prior leaves ~1 % on the scale.
+    assert got.activation_memory_scale == pytest.approx(0.7, rel=0.015)
     assert got.memory_fixed_bytes == pytest.approx(600e6, rel=0.02)
     # Stalls are real time: the mean step is ~1 + 0.1 * 2 times the typical one.
     assert got.step_mean_ratio == pytest.approx(1.0 + 2 * outliers, abs=0.05)
@@ -215,7 +216,9 @@ def test_calibrated_prediction_matches_truth() -> None:
         eval_samples=100,
         checkpoint_interval_steps=50,
     )
-    truth, got = predict(plan, TRUTH), predict(plan, cal.coefficients)
+    # The synthetic warm-up (10x steps) is not TRUTH's; it has its own test.
+    warm = dataclasses.replace(TRUTH, warmup_seconds=cal.coefficients.warmup_seconds)
+    truth, got = predict(plan, warm), predict(plan, cal.coefficients)
     for part in ("train", "eval", "checkpoint", "startup"):
         assert got.breakdown[part] == pytest.approx(truth.breakdown[part], rel=0.05), part
     assert got.seconds_p10 < truth.seconds_p50 < got.seconds_p90
@@ -239,9 +242,18 @@ def test_warmup_dropped_and_measurements_capped() -> None:
     run = synthetic_run(np.random.default_rng(1), 2, 8, False, steps=500)
     cal = fit([run], MODEL, CPU, prior=PRIOR)
     stored = cal.runs[0]
-    assert len(stored.micro_step_seconds) == 200 and stored.warmup_steps == 0
-    assert max(stored.micro_step_seconds) < 5 * np.median(stored.micro_step_seconds)
+    # The warm-up steps are kept (they calibrate the warm-up cost) but not fitted as steps.
+    assert len(stored.micro_step_seconds) == 3 + 200 and stored.warmup_steps == 3
+    steady = stored.micro_step_seconds[3:]
+    assert max(steady) < 5 * np.median(steady)
     assert cal.n_measurements["micro_step"] == 200
+    assert stored.capped() == stored
+    # Warm-up: 3 steps at 10x (9 steps' worth beyond steady time) and a 0.5 s first
+    # optimizer step instead of a ~0.04 s one.
+    params = 8 * MODEL.lora_parameters_per_rank
+    extra = 9 * sum(micro_seconds(TRUTH, 2, s, params) for s in run.micro_step_seq_len[:3])
+    extra += 0.5 - (TRUTH.optimizer_fixed_seconds + TRUTH.optimizer_seconds_per_parameter * params)
+    assert cal.coefficients.warmup_seconds == pytest.approx(extra, rel=0.1)
 
 
 def test_update_accumulates_runs() -> None:

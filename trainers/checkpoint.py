@@ -17,8 +17,8 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,10 @@ def new_staging(output_dir: str | Path, step: int) -> Path:
     """A fresh hidden folder in `output_dir` to write the checkpoint of `step` into."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{step}-", dir=out))
+    # mkdir (not mkdtemp) so the folder gets the usual permissions from the umask.
+    staging = out / f"{_STAGING_PREFIX}{step}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    return staging
 
 
 def commit(staging: Path, output_dir: str | Path, step: int, run_state: dict[str, Any]) -> Path:

@@ -52,6 +52,15 @@ class TrainResult:
     final_eval_loss: float | None = None
     stop_reason: str | None = None
     dataset: dict[str, Any] = field(default_factory=dict)
+    # finished | stopped_by_window | stopped (a callback asked) | gave_up
+    status: str = "finished"
+    resumed_from_step: int | None = None
+    final_step: int = 0
+    recoveries: list[str] = field(default_factory=list)  # one reason per recovery
+    checkpoint_dir: str | None = None  # the newest checkpoint this run saved
+    predicted_seconds: float | None = None  # the preset's full-run estimate (p50), when given
+    # This run's wall time plus that of the runs it resumed from (as of their checkpoint).
+    cumulative_wall_seconds: float = 0.0
 
     @property
     def median_step_seconds(self) -> float:

@@ -1,225 +1,72 @@
-"""One training run: data, model + LoRA, transformers' Trainer, measurements.
+"""One training run: data, model + LoRA, transformers' Trainer, measurements, recovery.
 
-The Trainer does the loop; a thin subclass times each micro-step (forward + backward) and
-each evaluation, and a bridge callback turns Trainer events into the plain callbacks of
-`trainers.callbacks`, samples memory and honours stop requests.
+The Trainer does the loop (`trainers.measured` times it and bridges its events to plain
+callbacks). This module sets the run up, resumes it from a verified checkpoint, and, when
+recovery is on, restarts it after out-of-memory errors or a diverging loss
+(`trainers.recovery` decides how).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
-import math
 import time
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from trainers.callbacks import EvalInfo, RunInfo, StepInfo, TrainingCallback
-from trainers.data import DataSpec, Example, load_tokenized
-from trainers.errors import BadInputError, TrainingFailed
+from trainers import checkpoint
+from trainers.callbacks import RunInfo, TrainingCallback
+from trainers.data import DataSpec, load_tokenized
+from trainers.errors import BadInputError, Diverged, GaveUp, TrainingFailed
 from trainers.lora import apply_lora, load_base_model
+from trainers.measured import Bridge, Clock, Recorder, now_iso, rss_bytes
+from trainers.recovery import DivergenceMonitor, RecoveryState
 from trainers.result import TrainResult
-from trainers.runtime import RuntimeChoice, detect_runtime
+from trainers.runtime import detect_runtime
 from trainers.spec import TrainSpec
+from trainers.trainer_setup import PadCollator, build_trainer
+from trainers.window import WindowGuard
+
+__all__ = ["PadCollator", "train"]  # PadCollator: imported from here by the benchmarks
 
 log = logging.getLogger(__name__)
 
 
-class _ListDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __init__(self, examples: Sequence[Example]) -> None:
-        self.examples = list(examples)
-
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    def __getitem__(self, index: int) -> Example:
-        return self.examples[index]
-
-
-class PadCollator:
-    """Pads a micro-batch to its longest sample (dynamic padding)."""
-
-    def __init__(self, pad_token_id: int) -> None:
-        self.pad_token_id = pad_token_id
-
-    def __call__(self, batch: Sequence[Example]) -> dict[str, torch.Tensor]:
-        width = max(len(e.input_ids) for e in batch)
-        ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, example in enumerate(batch):
-            n = len(example.input_ids)
-            ids[row, :n] = torch.tensor(example.input_ids, dtype=torch.long)
-            labels[row, :n] = torch.tensor(example.labels, dtype=torch.long)
-            mask[row, :n] = 1
-        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
-
-
-class _Clock:
-    """Wall clock that waits for queued GPU work, so timings are real on CUDA."""
-
-    def __init__(self, device: str) -> None:
-        self.cuda = device == "cuda"
-
-    def now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-
-class _Recorder:
-    """Collects measurements while the Trainer runs."""
-
-    def __init__(self, result: TrainResult, clock: _Clock) -> None:
-        self.result = result
-        self.clock = clock
-        self.step_loss = torch.zeros(())
-        self.step_tokens = 0
-        self.last_micro_end = 0.0
-        self.mark = 0.0  # end of the last step, evaluation or save
-        self.pending_overhead = 0.0  # eval/save seconds inside the current step interval
-        self.peak_rss = 0
-
-
-class _MeasuredTrainer(Trainer):
-    recorder: _Recorder
-
-    def training_step(
-        self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
-    ) -> torch.Tensor:
-        rec = self.recorder
-        start = rec.clock.now()
-        ids = inputs["input_ids"]
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        end = rec.clock.now()
-        rec.result.micro_step_seconds.append(end - start)
-        rec.result.micro_step_tokens.append(int(ids.numel()))
-        rec.result.micro_step_seq_len.append(int(ids.shape[1]))
-        rec.step_tokens += int(ids.numel())
-        # Trainer scales each micro-step loss so that their sum is the optimizer-step loss.
-        rec.step_loss = rec.step_loss + loss.detach().float().cpu()
-        rec.last_micro_end = end
-        return loss
-
-    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        rec = self.recorder
-        start = rec.clock.now()
-        metrics = super().evaluate(*args, **kwargs)
-        end = rec.clock.now()
-        seconds = end - start
-        step = self.state.global_step
-        loss = float(metrics["eval_loss"])
-        n_tokens = sum(len(e.input_ids) for e in self.eval_dataset)  # type: ignore[union-attr, arg-type]
-        rec.result.eval_losses.append([step, loss])
-        rec.result.eval_records.append(
-            {"step": step, "loss": loss, "seconds": seconds, "tokens": n_tokens}
-        )
-        rec.pending_overhead += seconds
-        rec.mark = end
-        bridge = next(c for c in self.callback_handler.callbacks if isinstance(c, _Bridge))
-        bridge.fan_out("on_eval", EvalInfo(step=step, loss=loss, seconds=seconds), self.control)
-        return metrics
-
-
-class _Bridge(TrainerCallback):
-    """Trainer events -> plain callbacks, memory sampling, stop requests."""
-
-    def __init__(
-        self, recorder: _Recorder, callbacks: Sequence[TrainingCallback], wall_start: float
-    ) -> None:
-        self.rec = recorder
-        self.callbacks = list(callbacks)
-        self.wall_start = wall_start
-        self.train_begin = 0.0
-
-    def fan_out(self, hook: str, payload: Any, control: Any) -> None:
-        for callback in self.callbacks:
-            if getattr(callback, hook)(payload):
-                control.should_training_stop = True
-                if self.rec.result.stop_reason is None:
-                    self.rec.result.stop_reason = f"{type(callback).__name__}.{hook}"
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        res = self.rec.result
-        res.total_steps = int(state.max_steps)
-        self.train_begin = self.rec.clock.now()
-        self.rec.mark = self.train_begin
-        info = RunInfo(
-            total_steps=res.total_steps,
-            trainable_parameters=res.trainable_parameters,
-            total_parameters=res.total_parameters,
-            device=res.device,
-            precision=res.precision,
-        )
-        self.fan_out("on_train_begin", info, control)
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        rec, res = self.rec, self.rec.result
-        now = rec.clock.now()
-        step = int(state.global_step)
-        loss = float(rec.step_loss)
-        if not math.isfinite(loss):
-            raise TrainingFailed(f"training loss became {loss} at step {step}")
-        res.optimizer_step_seconds.append(now - rec.last_micro_end)
-        step_seconds = now - rec.mark - rec.pending_overhead
-        rec.pending_overhead = 0.0
-        res.step_seconds.append(step_seconds)
-        res.train_losses.append([step, loss])
-        res.tokens_seen += rec.step_tokens
-        tokens, rec.step_tokens = rec.step_tokens, 0
-        rec.step_loss = torch.zeros(())
-        rec.mark = now
-        if res.device != "cuda":
-            rec.peak_rss = max(rec.peak_rss, _rss_bytes())
-        lr = float(kwargs["lr_scheduler"].get_last_lr()[0]) if kwargs.get("lr_scheduler") else 0.0
-        info = StepInfo(
-            step=step,
-            total_steps=res.total_steps,
-            loss=loss,
-            learning_rate=lr,
-            seconds=step_seconds,
-            tokens=tokens,
-            elapsed_seconds=now - self.wall_start,
-        )
-        self.fan_out("on_step", info, control)
-
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        now = self.rec.clock.now()
-        seconds = now - self.rec.mark
-        self.rec.result.checkpoint_seconds.append(seconds)
-        self.rec.pending_overhead += seconds
-        self.rec.mark = now
-        path = f"{args.output_dir}/checkpoint-{state.global_step}"
-        for callback in self.callbacks:
-            if callback.on_checkpoint(int(state.global_step), path, seconds):
-                control.should_training_stop = True
-
-
-def _rss_bytes() -> int:
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
-
-
-def train(spec: TrainSpec, callbacks: Sequence[TrainingCallback] = ()) -> TrainResult:
+def train(
+    spec: TrainSpec,
+    callbacks: Sequence[TrainingCallback] = (),
+    *,
+    resume: bool = False,
+    window: WindowGuard | None = None,
+) -> TrainResult:
     """Run one LoRA training described by `spec`.
 
+    Args:
+        spec: The run.
+        callbacks: Plain callbacks; any hook may return True to stop the run.
+        resume: Continue from the newest valid checkpoint in `spec.output_dir`.
+        window: Forecasts the end after every step and stops the run (with a checkpoint)
+            before its window closes; forecasts are logged and sent to `on_forecast`.
+
     Raises:
-        BadInputError: the model, data or a setting is unusable.
-        TrainingFailed: the loss became NaN/inf or the device ran out of memory.
+        BadInputError: The model, data or a setting is unusable; `resume` without a valid
+            checkpoint; a fresh run into a folder that holds checkpoints.
+        TrainingFailed: The loss became NaN/inf or the device ran out of memory (recovery
+            off), or recovery gave up (`GaveUp`, carrying the partial result).
     """
     from transformers import set_seed
     from transformers.utils import logging as hf_logging
 
     wall_start = time.perf_counter()
+    resume_dir = _starting_checkpoint(spec, resume)
+    saved = checkpoint.read_run_state(resume_dir) if resume_dir else {}
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # "Loading weights" bars, once per trial
     runtime = detect_runtime(spec.device, spec.precision, spec.compile)
-    log.info("runtime: %s", runtime.reason)
     set_seed(spec.seed)
 
     tokenizer = _load_tokenizer(spec.model)
@@ -239,10 +86,15 @@ def train(spec: TrainSpec, callbacks: Sequence[TrainingCallback] = ()) -> TrainR
         warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
         base = load_base_model(spec.model)
         model, info = apply_lora(base, spec.lora)
+    # Logged once the inputs are known good, so a bad-input error stays the only line.
+    log.info("runtime: %s", runtime.reason)
     if runtime.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
-    clock = _Clock(runtime.device)
+    clock = Clock(runtime.device)
+    recovery = RecoveryState.from_dict(saved) if saved else RecoveryState.from_spec(spec)
+    if saved:
+        log.info("resuming from %s (step %d)", resume_dir, saved["step"])
     result = TrainResult(
         device=runtime.device,
         precision=runtime.precision,
@@ -254,44 +106,169 @@ def train(spec: TrainSpec, callbacks: Sequence[TrainingCallback] = ()) -> TrainR
         n_layers=info.n_layers,
         hidden_size=info.hidden_size,
         vocab_size=info.vocab_size,
-        micro_batch_size=spec.micro_batch_size,
-        gradient_accumulation_steps=spec.gradient_accumulation_steps,
+        micro_batch_size=recovery.micro_batch_size,
+        gradient_accumulation_steps=recovery.gradient_accumulation_steps,
         max_length=spec.max_length,
         lora_r=spec.lora.r,
         gradient_checkpointing=spec.gradient_checkpointing,
         dataset={k: v for k, v in data.stats.to_dict().items() if k != "lengths"},
+        resumed_from_step=saved.get("step"),
+        recoveries=recovery.recoveries,
+        checkpoint_dir=str(resume_dir) if resume_dir else None,
     )
-    recorder = _Recorder(result, clock)
-    bridge = _Bridge(recorder, callbacks, wall_start)
-    trainer = _MeasuredTrainer(
-        model=model,
-        args=_training_arguments(spec, runtime),
-        train_dataset=_ListDataset(data.train),
-        eval_dataset=_ListDataset(data.validation[: spec.eval_samples]),
-        data_collator=PadCollator(int(tokenizer.pad_token_id)),
-        callbacks=[bridge],
+    previous_wall = float(saved.get("cumulative_wall_seconds", 0.0))
+
+    def run_state(step: int) -> dict[str, Any]:
+        last_eval = result.eval_losses[-1] if result.eval_losses else None
+        return {
+            "step": step,
+            **recovery.to_dict(),
+            "train_loss": result.train_losses[-1][1] if result.train_losses else None,
+            "val_loss": last_eval[1] if last_eval and last_eval[0] == step else None,
+            "last_val_loss": list(last_eval) if last_eval else None,
+            "cumulative_wall_seconds": previous_wall + clock.now() - wall_start,
+            "saved_at": now_iso(),
+        }
+
+    def run_info(total_steps: int, start_step: int) -> RunInfo:
+        return RunInfo(
+            total_steps=total_steps,
+            trainable_parameters=result.trainable_parameters,
+            total_parameters=result.total_parameters,
+            device=result.device,
+            precision=result.precision,
+            start_step=start_step,
+            eval_interval=spec.eval_interval,
+            checkpoint_interval=spec.checkpoint_interval,
+            checkpoint_minutes=spec.checkpoint_minutes,
+        )
+
+    recorder = Recorder(result, clock)
+    bridge = Bridge(
+        recorder,
+        callbacks,
+        window or WindowGuard(),
+        wall_start=wall_start,
+        run_info=run_info,
+        checkpointing=spec.checkpointing,
+        checkpoint_minutes=spec.checkpoint_minutes,
+        report_forecasts=window is not None,
     )
-    trainer.recorder = recorder
-    # The Trainer's own printer/progress output would interleave with ours.
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
+    divergence = (
+        DivergenceMonitor(spec.recovery.divergence_ratio, spec.recovery.divergence_evals)
+        if spec.recovery.enabled
+        else None
+    )
+    initial_adapter = _trainable_state(model) if spec.recovery.enabled else {}
+    saved_lr_scale = float(saved.get("lr_scale", 1.0))
 
-    try:
-        trainer.train()
-        last_eval = result.eval_losses[-1][0] if result.eval_losses else -1
-        if last_eval != trainer.state.global_step and result.stop_reason is None:
-            trainer.evaluate()
-    except torch.OutOfMemoryError as exc:
-        raise TrainingFailed(f"out of memory on {runtime.device}: {exc}") from exc
+    def close() -> TrainResult:
+        begin = bridge.train_begin or clock.now()
+        _finish(result, recorder, begin - wall_start, clock.now() - wall_start, previous_wall)
+        result.micro_batch_size = recovery.micro_batch_size
+        result.gradient_accumulation_steps = recovery.gradient_accumulation_steps
+        for callback in callbacks:
+            callback.on_train_end(result)
+        return result
 
-    wall_end = clock.now()
-    _finish(result, recorder, bridge.train_begin - wall_start, wall_end - wall_start)
-    for callback in callbacks:
-        callback.on_train_end(result)
-    return result
+    while True:
+        trainer = build_trainer(spec, recovery, runtime, model, data, tokenizer, bridge)
+        trainer.recorder = recorder
+        trainer.run_state = run_state
+        trainer.divergence = divergence
+        trainer.lr_ratio_on_load = recovery.lr_scale / saved_lr_scale
+        try:
+            trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
+            last_eval = result.eval_losses[-1][0] if result.eval_losses else -1
+            if last_eval != trainer.state.global_step and result.stop_reason is None:
+                trainer.evaluate()
+            break
+        except (torch.OutOfMemoryError, Diverged) as exc:
+            if not spec.recovery.enabled:
+                if isinstance(exc, Diverged):
+                    raise
+                raise TrainingFailed(f"out of memory on {runtime.device}: {exc}") from exc
+            try:
+                if isinstance(exc, Diverged):
+                    reason = recovery.after_divergence(str(exc), spec.recovery)
+                else:
+                    step = int(trainer.state.global_step)
+                    reason = recovery.after_out_of_memory(_first_line(exc), step)
+            except GaveUp as gave_up:
+                result.status, result.stop_reason = "gave_up", str(gave_up)
+                gave_up.result = close()
+                raise gave_up from exc
+            safe_step = exc.safe_step if isinstance(exc, Diverged) else None
+        del trainer
+        resume_dir, back_to, saved_lr_scale = _restart_point(
+            spec, model, initial_adapter, safe_step
+        )
+        result.train_losses[:] = [x for x in result.train_losses if x[0] <= back_to]
+        result.eval_losses[:] = [x for x in result.eval_losses if x[0] <= back_to]
+        if divergence is not None:
+            divergence.forget_after(back_to)
+        log.warning("recovery: %s; continuing from step %d", reason, back_to)
+        if runtime.device == "cuda":
+            torch.cuda.empty_cache()
+    return close()
 
 
-def _finish(result: TrainResult, recorder: _Recorder, startup: float, wall: float) -> None:
+def _starting_checkpoint(spec: TrainSpec, resume: bool) -> Path | None:
+    """The verified checkpoint a resumed run starts from; checks a fresh run's folder."""
+    out = Path(spec.output_dir)
+    if resume:
+        found = checkpoint.latest_valid(out)
+        if found is None:
+            raise BadInputError(f"cannot resume: no valid checkpoint in {out}")
+        checkpoint.clean_staging(out)
+        return found
+    existing = checkpoint.checkpoints(out)
+    if existing:
+        raise BadInputError(
+            f"{out} already holds checkpoints (newest: {existing[-1][1].name}); "
+            "resume them (--resume) or choose another output folder"
+        )
+    return None
+
+
+def _restart_point(
+    spec: TrainSpec, model: Any, initial_adapter: dict[str, torch.Tensor], safe_step: int | None
+) -> tuple[Path | None, int, float]:
+    """After a failure: where to continue (checkpoint, step, its learning-rate scale).
+
+    Without a checkpoint (at or before `safe_step`), the adapter weights and the seed are
+    reset and the run starts over: (None, 0, 1.0).
+    """
+    from transformers import set_seed
+
+    out = Path(spec.output_dir)
+    gc.collect()
+    found = checkpoint.latest_valid(out, at_most_step=safe_step)
+    state = checkpoint.read_run_state(found) if found else {"step": 0, "lr_scale": 1.0}
+    checkpoint.discard_after(out, int(state["step"]))  # the abandoned branch
+    if found is None:
+        # No checkpoint yet: start over from the initial adapter weights and seed.
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name in initial_adapter:
+                    param.copy_(initial_adapter[name])
+        set_seed(spec.seed)
+    return found, int(state["step"]), float(state["lr_scale"])
+
+
+def _trainable_state(model: Any) -> dict[str, torch.Tensor]:
+    """A copy of the trainable (adapter) weights; small for LoRA."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def _finish(
+    result: TrainResult, recorder: Recorder, startup: float, wall: float, previous_wall: float
+) -> None:
     result.optimizer_steps = len(result.step_seconds)
     result.startup_seconds = startup
     eval_seconds = sum(r["seconds"] for r in result.eval_records)
@@ -304,14 +281,17 @@ def _finish(result: TrainResult, recorder: _Recorder, startup: float, wall: floa
         "train": wall - startup - eval_seconds - checkpoint_seconds,
     }
     result.wall_seconds = wall
+    result.cumulative_wall_seconds = previous_wall + wall
     train_seconds = sum(result.step_seconds)
     result.tokens_per_second = result.tokens_seen / train_seconds if train_seconds > 0 else 0.0
     result.final_train_loss = result.train_losses[-1][1] if result.train_losses else None
     result.final_eval_loss = result.eval_losses[-1][1] if result.eval_losses else None
+    if result.status == "stopped" and result.final_step >= result.total_steps:
+        result.status = "finished"  # a stop request at the last step changes nothing
     if result.device == "cuda":
         result.peak_memory_bytes = int(torch.cuda.max_memory_allocated())
     else:
-        result.peak_memory_bytes = max(recorder.peak_rss, _rss_bytes())
+        result.peak_memory_bytes = max(recorder.peak_rss, rss_bytes())
 
 
 def _load_tokenizer(path: str) -> Any:
@@ -325,36 +305,3 @@ def _load_tokenizer(path: str) -> Any:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-def _training_arguments(spec: TrainSpec, runtime: RuntimeChoice) -> TrainingArguments:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return TrainingArguments(
-            output_dir=spec.output_dir,
-            per_device_train_batch_size=spec.micro_batch_size,
-            per_device_eval_batch_size=spec.micro_batch_size,
-            gradient_accumulation_steps=spec.gradient_accumulation_steps,
-            learning_rate=spec.learning_rate,
-            weight_decay=spec.weight_decay,
-            lr_scheduler_type=spec.scheduler,
-            warmup_steps=spec.warmup_ratio,
-            max_steps=spec.max_steps if spec.max_steps is not None else -1,
-            num_train_epochs=spec.epochs,
-            eval_strategy="steps" if spec.eval_interval > 0 else "no",
-            eval_steps=spec.eval_interval if spec.eval_interval > 0 else None,
-            save_strategy="steps" if spec.checkpoint_interval > 0 else "no",
-            save_steps=spec.checkpoint_interval if spec.checkpoint_interval > 0 else 500,
-            save_total_limit=2,
-            logging_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            seed=spec.seed,
-            gradient_checkpointing=spec.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False}
-            if spec.gradient_checkpointing
-            else None,
-            remove_unused_columns=False,
-            dataloader_num_workers=0,
-            **runtime.training_arguments(),
-        )

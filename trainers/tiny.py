@@ -144,6 +144,9 @@ def build_config(arch: str, size: str, tokenizer: PreTrainedTokenizerBase) -> Pr
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
         "tie_word_embeddings": True,
+        # The usual 0.02 suits widths in the thousands. At width 64 it bounds the logits to
+        # about +-1 through the frozen tied embeddings, and LoRA cannot lower the loss.
+        "initializer_range": dims.hidden_size**-0.5,
     }
     if arch == "gpt2":
         return GPT2Config(

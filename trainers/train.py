@@ -1,15 +1,38 @@
-"""`python -m trainers.train`: one LoRA training run from flags or a preset file."""
+"""`python -m trainers.train`: one LoRA training run from flags or a preset file.
+
+The full run of a study's preset: inside its time window (it stops with a checkpoint before
+the window closes and prints the command that resumes it), with checkpoints, recovery from
+out-of-memory errors and a diverging loss, a progress bar and, optionally, an MLflow run.
+Exit codes: 0 finished, 3 stopped by the window (resumable), 2 bad input, 1 gave up/crashed.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
+import time
 from typing import Any
 
-from trainers.cli import EXIT_OK, check_writable, run_cli, write_json
-from trainers.errors import BadInputError
+from trainers.cli import EXIT_FAILED, EXIT_OK, check_writable, run_cli, write_json
+from trainers.errors import BadInputError, GaveUp
+from trainers.preset import Preset
 from trainers.spec import TrainSpec
+from trainers.summary import predicted_seconds, resume_command, summary_lines
+from trainers.window import WindowGuard
+
+EXIT_STOPPED_BY_WINDOW = 3
+# Without a checkpoint setting in the preset or on the command line, the full run saves this
+# often: a long run without checkpoints cannot be resumed or rolled back.
+DEFAULT_CHECKPOINT_MINUTES = 30.0
+# Preset provenance -> tag of the full run's MLflow run (the names the study's runs use).
+_PROVENANCE_TAGS = {
+    "study": "hpo.study_name",
+    "trial": "hpo.trial_number",
+    "mlflow_parent_run_id": "hpo.parent_run_id",
+    "mlflow_run_id": "hpo.trial_run_id",
+}
 
 # Flag name -> TrainSpec field, for the flags that map one to one.
 _FIELD_FLAGS: dict[str, tuple[type, str]] = {
@@ -28,6 +51,8 @@ _FIELD_FLAGS: dict[str, tuple[type, str]] = {
     "eval_interval": (int, "optimizer steps between evaluations (0: at the end only)"),
     "eval_samples": (int, "validation samples per evaluation"),
     "checkpoint_interval": (int, "optimizer steps between checkpoints (0: none)"),
+    "checkpoint_minutes": (float, "minutes between checkpoints (default 30 when no interval)"),
+    "keep_checkpoints": (int, "newest checkpoints kept (the best one is kept as well)"),
     "precision": (str, "auto | fp32 | bf16 | fp16"),
     "device": (str, "auto | cpu | cuda | mps"),
     "seed": (int, "random seed"),
@@ -58,13 +83,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gradient-checkpointing", action="store_true", default=None)
     parser.add_argument("--compile", action="store_true", default=None, help="torch.compile")
     parser.add_argument("--skip-bad-lines", action="store_true", default=None)
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the newest valid checkpoint"
+    )
+    window = parser.add_argument_group("time window (defaults from the preset's estimate)")
+    window.add_argument("--window-hours", type=float, help="the run must end within this")
+    window.add_argument(
+        "--safety-margin-minutes", type=float, help="stop this long before the window ends"
+    )
+    window.add_argument(
+        "--report-every", type=int, default=0, help="steps between forecasts (0: every 1 %%)"
+    )
+    recovery = parser.add_argument_group("recovery (on by default)")
+    recovery.add_argument(
+        "--no-recovery", action="store_true", help="fail on out-of-memory and NaN instead"
+    )
+    recovery.add_argument("--max-rollbacks", type=int, help="rollbacks before giving up")
+    recovery.add_argument(
+        "--rollback-lr-factor", type=float, help="learning-rate multiplier per rollback"
+    )
+    tracking = parser.add_argument_group("MLflow (off unless a tracking URI is given)")
+    tracking.add_argument(
+        "--tracking-uri", help="e.g. sqlite:///hpo-runs/mlflow.db ('off': no tracking)"
+    )
+    tracking.add_argument("--experiment-name", default="hpo-lora", help="when not the study's")
     parser.add_argument("--json", help="write the run's measurements to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
-def spec_from_args(args: argparse.Namespace) -> tuple[TrainSpec, dict[str, Any]]:
-    """Merge flags over the preset (when given). Returns the spec and the preset's estimate."""
+def spec_from_args(args: argparse.Namespace) -> Preset:
+    """Merge flags over the preset (when given); without one, estimate and provenance are empty."""
     from dataclasses import asdict
 
     from trainers.preset import load_preset
@@ -84,42 +133,130 @@ def spec_from_args(args: argparse.Namespace) -> tuple[TrainSpec, dict[str, Any]]
         preset = load_preset(args.preset, **values)
         if lora:
             merged = {**asdict(preset.spec.lora), **lora}
-            spec = TrainSpec.from_dict({**preset.spec.to_dict(), "lora": merged})
-        else:
-            spec = preset.spec
-        return spec, preset.estimate
+            preset.spec = TrainSpec.from_dict({**preset.spec.to_dict(), "lora": merged})
+        return preset
     if not args.model or not args.data:
         raise BadInputError("give --preset FILE, or both --model and --data")
     given = {k: v for k, v in values.items() if v is not None}
     if lora:
         given["lora"] = lora
-    return TrainSpec.from_dict(given), {}
+    return Preset(spec=TrainSpec.from_dict(given))
+
+
+def full_run_spec(spec: TrainSpec, args: argparse.Namespace) -> TrainSpec:
+    """The CLI's defaults for a full run: checkpoints on, recovery on (unless told otherwise)."""
+    changes: dict[str, Any] = {}
+    if not spec.checkpointing:
+        changes["checkpoint_minutes"] = DEFAULT_CHECKPOINT_MINUTES
+    recovery: dict[str, Any] = {"enabled": not args.no_recovery}
+    if args.max_rollbacks is not None:
+        recovery["max_rollbacks"] = args.max_rollbacks
+    if args.rollback_lr_factor is not None:
+        recovery["lr_factor"] = args.rollback_lr_factor
+    values = {**dataclasses.asdict(spec.recovery), **recovery}
+    return TrainSpec.from_dict({**spec.to_dict(), **changes, "recovery": values})
+
+
+def window_guard(
+    args: argparse.Namespace, estimate: dict[str, Any], started_at: float
+) -> WindowGuard:
+    """The window and margin from the flags, else from the preset's estimate."""
+    hours = args.window_hours if args.window_hours is not None else estimate.get("window_hours")
+    minutes = args.safety_margin_minutes
+    if minutes is None:
+        minutes = estimate.get("safety_margin_minutes", 0.0) if hours is not None else 0.0
+    if hours is not None and not float(hours) > 0:
+        raise BadInputError(f"window hours must be > 0, but got window_hours={hours!r}")
+    if not float(minutes) >= 0:
+        raise BadInputError(
+            f"safety margin must be >= 0, but got safety_margin_minutes={minutes!r}"
+        )
+    if hours is not None and float(minutes) * 60 >= float(hours) * 3600:
+        raise BadInputError(
+            f"the safety margin ({minutes} min) must be shorter than the window ({hours} h)"
+        )
+    if args.report_every < 0:
+        raise BadInputError(f"report_every must be >= 0, but got {args.report_every=}")
+    return WindowGuard(
+        window_seconds=float(hours) * 3600 if hours is not None else None,
+        margin_seconds=float(minutes) * 60,
+        report_every=args.report_every,
+        started_at=started_at,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    started_at = time.monotonic()  # the window opens when the command starts
+    raw_argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(raw_argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    spec, _estimate = spec_from_args(args)
+    preset = spec_from_args(args)
+    spec = full_run_spec(preset.spec, args)
+    guard = window_guard(args, preset.estimate, started_at)
+    predicted = predicted_seconds(preset.estimate)
     if args.json:
         check_writable(args.json)
+
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     from trainers.progress import TqdmProgress
     from trainers.run import train
 
-    callbacks = [] if args.quiet else [TqdmProgress(file=sys.stderr)]
-    result = train(spec, callbacks)
-    summary = (
-        f"{result.optimizer_steps} steps in {result.wall_seconds:.1f} s "
-        f"({result.tokens_per_second:,.0f} tokens/s on {result.device}/{result.precision}); "
-        f"final train loss {result.final_train_loss:.4f}"
-    )
-    if result.eval_losses:
-        first, last = result.eval_losses[0][1], result.eval_losses[-1][1]
-        summary += f"; validation loss {first:.4f} -> {last:.4f}"
-    print(summary)
+    callbacks: list[Any] = [] if args.quiet else [TqdmProgress(file=sys.stderr)]
+    tracker = _tracker(args, preset, spec, predicted)
+    if tracker is not None:
+        callbacks.append(tracker)
+    failure: str | None = None
+    try:
+        with logging_redirect_tqdm():
+            result = train(spec, callbacks, resume=args.resume, window=guard)
+    except GaveUp as exc:
+        if exc.result is None:
+            raise
+        result, failure = exc.result, str(exc)
+    finally:
+        if tracker is not None and not tracker.ended:
+            tracker.end("FAILED")
+    result.predicted_seconds = predicted
+    for line in summary_lines(result, guard):
+        print(line)
     if args.json:
         write_json(args.json, result.to_dict())
+    if failure is not None:
+        print(f"failed: {failure}", file=sys.stderr)
+        return EXIT_FAILED
+    if result.status == "stopped_by_window":
+        print("resume with:\n  " + resume_command(raw_argv))
+        return EXIT_STOPPED_BY_WINDOW
     return EXIT_OK
+
+
+def _tracker(
+    args: argparse.Namespace, preset: Preset, spec: TrainSpec, predicted: float | None
+) -> Any:
+    """The MLflow run of this training, or None when tracking is off."""
+    uri = args.tracking_uri or preset.provenance.get("tracking_uri")
+    if not uri or uri == "off":
+        return None
+    from trainers.tracking import MlflowRun
+
+    provenance = preset.provenance
+    tags = {"hpo.role": "full_training"}
+    for key, tag in _PROVENANCE_TAGS.items():
+        if provenance.get(key) is not None:
+            tags[tag] = str(provenance[key])
+    params = {k: v for k, v in spec.to_dict().items() if k not in ("lora", "recovery")}
+    params.update({f"lora_{k}": v for k, v in spec.to_dict()["lora"].items()})
+    params["effective_batch_size"] = spec.effective_batch_size
+    return MlflowRun(
+        uri,
+        experiment_name=args.experiment_name,
+        run_name=f"full-{provenance.get('study', 'run')}",
+        params=params,
+        tags=tags,
+        parent_run_id=provenance.get("mlflow_parent_run_id"),
+        predicted_seconds=predicted,
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+"""Describe this machine and a model for the time model, cheaply and the same way everywhere.
+
+The study's estimator and `python -m analysis.calibrate` must compute the same fingerprint
+for the same hardware + model, or a calibration would never be found again; both use these
+functions.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from analysis.timemodel import HardwareInfo, ModelProfile
+from trainers.errors import BadInputError
+
+
+def this_machine(device: str = "auto", precision: str = "auto") -> HardwareInfo:
+    """The device a run with these settings would train on (what `trainers.run` picks).
+
+    Raises:
+        BadInputError: A device or precision this machine cannot provide.
+    """
+    from trainers.runtime import detect_runtime
+
+    runtime = detect_runtime(device, precision, False)
+    if runtime.device == "cpu":
+        return HardwareInfo.this_cpu(precision=runtime.precision)
+    host = HardwareInfo.this_cpu()
+    if runtime.device == "cuda":
+        import torch
+
+        memory = int(torch.cuda.get_device_properties(0).total_memory)
+        return HardwareInfo(
+            "cuda", runtime.device_name, memory, os.cpu_count() or 1, runtime.precision
+        )
+    # MPS shares the host's memory.
+    return HardwareInfo("mps", "Apple MPS", host.memory_bytes, host.cpu_cores, runtime.precision)
+
+
+def model_profile(model_path: str | Path) -> ModelProfile:
+    """Profile a local causal LM without loading its weights.
+
+    The model is built on PyTorch's meta device (shapes only, no memory) and wrapped with
+    rank-1 LoRA adapters on the targets training uses, which counts the adapters' in + out
+    features per rank.
+
+    Raises:
+        BadInputError: Not a model folder transformers can read.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainers.lora import apply_lora
+    from trainers.spec import LoraSpec
+
+    path = Path(model_path)
+    if not path.is_dir():
+        raise BadInputError(f"model folder not found: {model_path}")
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model = AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError) as exc:
+        raise BadInputError(f"cannot read a causal LM config from {model_path}: {exc}") from exc
+    _, info = apply_lora(model, LoraSpec(r=1))
+    return ModelProfile(
+        total_parameters=info.total_parameters - info.trainable_parameters,
+        n_layers=info.n_layers,
+        hidden_size=info.hidden_size,
+        vocab_size=info.vocab_size,
+        lora_parameters_per_rank=info.lora_parameters_per_rank,
+    )
+
+
+def profile_from_result(result: Mapping[str, Any]) -> ModelProfile:
+    """The model profile of a trainer result dict (`TrainResult.to_dict()`).
+
+    The trainer counts the adapters into `total_parameters`; the profile holds the base
+    model's parameters alone, as `model_profile` does.
+    """
+    try:
+        return ModelProfile(
+            total_parameters=int(result["total_parameters"]) - int(result["trainable_parameters"]),
+            n_layers=int(result["n_layers"]),
+            hidden_size=int(result["hidden_size"]),
+            vocab_size=int(result["vocab_size"]),
+            lora_parameters_per_rank=int(result["lora_parameters_per_rank"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadInputError(f"a training result lacks model fields: {exc!r}") from exc

@@ -1,0 +1,110 @@
+"""Several workers on one study through a real PostgreSQL server; a worker that dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psycopg
+import pytest
+from mlflow import MlflowClient
+
+from tests.servers import postgres_server
+
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory: pytest.TempPathFactory):
+    with postgres_server(tmp_path_factory.mktemp("pg")) as url:
+        yield url
+
+
+def _database(server_url: str, name: str) -> str:
+    with psycopg.connect(server_url.replace("postgresql://", "postgresql://", 1), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return server_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def _worker(tiny_model_dir: Path, work: Path, storage: str, tracking: str, *extra: str) -> subprocess.Popen[str]:
+    work.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpo.study", "--no-progress", "--model", str(tiny_model_dir),
+         "--work-dir", str(work), "--storage", storage, "--tracking-uri", tracking,
+         "--trial-max-steps", "4", "--eval-interval", "2", "--eval-samples", "8",
+         "--profiles", "fast", "--pruner", "none", "--json", str(work / "summary.json"), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work,
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(900)
+def test_two_workers_share_one_study(postgres: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    storage, tracking = _database(postgres, "optuna_a"), _database(postgres, "mlflow_a")
+    workers = [
+        _worker(tiny_model_dir, tmp_path / name, storage, tracking, "--study-name", "shared", "--n-trials", "4", "--seed", str(i))
+        for i, name in enumerate(("w1", "w2"))
+    ]
+    outputs = [w.communicate(timeout=800) for w in workers]
+    for worker, (out, err) in zip(workers, outputs, strict=True):
+        assert worker.returncode == 0, err[-3000:]
+        assert "unused-secret" not in out + err  # the password never reaches a log
+    summaries = [json.loads((tmp_path / n / "summary.json").read_text()) for n in ("w1", "w2")]
+    assert summaries[0]["mlflow_parent_run_id"] == summaries[1]["mlflow_parent_run_id"]
+
+    study = optuna.load_study(study_name="shared", storage=storage)
+    finished = study.get_trials(states=FINISHED)
+    # Each worker stops once the study holds 4 finished trials; one may be mid-trial then.
+    assert 4 <= len(finished) <= 5
+    client = MlflowClient(tracking_uri=tracking)
+    experiment = client.get_experiment_by_name("hpo-lora")
+    parents = client.search_runs([experiment.experiment_id], filter_string="tags.`hpo.role` = 'study'")
+    assert [p.info.run_id for p in parents] == [summaries[0]["mlflow_parent_run_id"]]
+    children = client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'"
+    )
+    numbers = sorted(int(r.data.tags["hpo.trial_number"]) for r in children)
+    assert numbers == sorted(t.number for t in study.trials)  # every trial exactly once
+    preset = json.loads((tmp_path / "w1" / "summary.json").read_text())["preset_path"]
+    assert "unused-secret" not in Path(preset).read_text()
+
+
+@pytest.mark.timeout(900)
+def test_a_dead_workers_trial_is_failed_and_retried(postgres: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    storage, tracking = _database(postgres, "optuna_b"), _database(postgres, "mlflow_b")
+    beat = ("--heartbeat-seconds", "1", "--grace-seconds", "4", "--study-name", "crash")
+    doomed = _worker(tiny_model_dir, tmp_path / "doomed", storage, tracking, *beat, "--n-trials", "3", "--trial-max-steps", "400")
+    deadline = time.monotonic() + 300
+    running: list[optuna.trial.FrozenTrial] = []
+    while not running:
+        assert doomed.poll() is None, doomed.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the first worker never started a trial"
+        time.sleep(1)
+        try:
+            study = optuna.load_study(study_name="crash", storage=storage)
+            running = study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+        except KeyError:
+            continue
+    time.sleep(3)  # let it train (and create the trial's MLflow run)
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.communicate()
+    time.sleep(5)  # past the grace period: the heartbeat has stopped
+
+    survivor = _worker(tiny_model_dir, tmp_path / "survivor", storage, tracking, *beat, "--n-trials", "3")
+    out, err = survivor.communicate(timeout=800)
+    assert survivor.returncode == 0, err[-3000:]
+    study = optuna.load_study(study_name="crash", storage=storage)
+    dead = study.trials[running[0].number]
+    assert dead.state == optuna.trial.TrialState.FAIL
+    retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert retried and retried[0].params == dead.params
+    client = MlflowClient(tracking_uri=tracking)
+    experiment = client.get_experiment_by_name("hpo-lora")
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`hpo.trial_number` = '{dead.number}'")
+    assert len(runs) == 1
+    assert runs[0].data.tags["state"] == "failed" and runs[0].info.status == "FAILED"

@@ -1,0 +1,288 @@
+"""transformers' Trainer, measured and guarded.
+
+A thin Trainer subclass times each micro-step (forward + backward), evaluation and checkpoint
+save, and writes checkpoints through `trainers.checkpoint` (staged, with a manifest, rotated).
+A bridge callback turns Trainer events into the plain callbacks of `trainers.callbacks`,
+asks the window guard after every step, and honours stop requests.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback
+from transformers.trainer import TRAINER_STATE_NAME
+
+from trainers import checkpoint
+from trainers.callbacks import EvalInfo, RunInfo, StepInfo, TrainingCallback
+from trainers.errors import Diverged
+from trainers.recovery import DivergenceMonitor
+from trainers.result import TrainResult
+from trainers.window import WindowGuard
+
+log = logging.getLogger("trainers.run")
+
+
+class Clock:
+    """Wall clock that waits for queued GPU work, so timings are real on CUDA."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+class Recorder:
+    """Collects measurements while the Trainer runs (shared by every attempt of a run)."""
+
+    def __init__(self, result: TrainResult, clock: Clock) -> None:
+        self.result = result
+        self.clock = clock
+        self.step_loss = torch.zeros(())
+        self.step_tokens = 0
+        self.last_micro_end = 0.0
+        self.mark = 0.0  # end of the last step, evaluation or save
+        self.peak_rss = 0
+        self.last_checkpoint: tuple[str, float] | None = None  # path, seconds
+
+    def new_attempt(self) -> None:
+        """Forget a half-accumulated optimizer step (the attempt before failed inside it)."""
+        self.step_loss = torch.zeros(())
+        self.step_tokens = 0
+
+
+class MeasuredTrainer(Trainer):
+    """Trainer that times its work and writes verified checkpoints.
+
+    Set after construction: `recorder`, `bridge`, `keep_checkpoints`, `run_state` (the
+    `run_state.json` content for a step), `lr_ratio_on_load` (learning-rate correction when
+    resuming from a checkpoint saved at another learning-rate scale) and `divergence`
+    (None: no divergence check).
+    """
+
+    recorder: Recorder
+    bridge: Bridge
+    keep_checkpoints: int = 2
+    run_state: Callable[[int], dict[str, Any]]
+    lr_ratio_on_load: float = 1.0
+    divergence: DivergenceMonitor | None = None
+
+    def training_step(
+        self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> torch.Tensor:
+        rec = self.recorder
+        start = rec.clock.now()
+        ids = inputs["input_ids"]
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        end = rec.clock.now()
+        rec.result.micro_step_seconds.append(end - start)
+        rec.result.micro_step_tokens.append(int(ids.numel()))
+        rec.result.micro_step_seq_len.append(int(ids.shape[1]))
+        rec.step_tokens += int(ids.numel())
+        # Trainer scales each micro-step loss so that their sum is the optimizer-step loss.
+        rec.step_loss = rec.step_loss + loss.detach().float().cpu()
+        rec.last_micro_end = end
+        return loss
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        rec = self.recorder
+        start = rec.clock.now()
+        metrics = super().evaluate(*args, **kwargs)
+        end = rec.clock.now()
+        seconds = end - start
+        step = self.state.global_step
+        loss = float(metrics["eval_loss"])
+        examples: Any = self.eval_dataset
+        n_tokens = sum(len(e.input_ids) for e in examples)
+        rec.result.eval_losses.append([step, loss])
+        rec.result.eval_records.append(
+            {"step": step, "loss": loss, "seconds": seconds, "tokens": n_tokens}
+        )
+        rec.mark = end  # the next step interval starts after the evaluation
+        info = EvalInfo(step=step, loss=loss, seconds=seconds)
+        self.bridge.guard.on_eval(info)
+        self.bridge.fan_out("on_eval", info, self.control)
+        if self.divergence is not None:
+            reason = self.divergence.observe(step, loss)
+            if reason is not None:
+                raise Diverged(reason, safe_step=self.divergence.best_step)
+        return metrics
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """Stage every file a resume needs, add the manifest, rename into place, rotate."""
+        rec = self.recorder
+        start = rec.clock.now()
+        step = int(self.state.global_step)
+        out = str(self.args.output_dir)
+        staging = checkpoint.new_staging(out, step)
+        try:
+            self.store_flos()
+            unwrapped = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+            unwrapped.save_pretrained(str(staging))  # adapter weights (safetensors) + config
+            self._save_optimizer_and_scheduler(str(staging))
+            self._save_scaler(str(staging))
+            self._save_rng_state(str(staging))
+            self.state.save_to_json(str(staging / TRAINER_STATE_NAME))
+            path = checkpoint.commit(staging, out, step, self.run_state(step))
+        except BaseException:
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        checkpoint.rotate(out, self.keep_checkpoints)
+        end = rec.clock.now()
+        rec.result.checkpoint_seconds.append(end - start)
+        rec.result.checkpoint_dir = str(path)
+        rec.last_checkpoint = (str(path), end - start)
+        rec.mark = end
+
+    def _load_optimizer_and_scheduler(self, checkpoint_dir: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint_dir)
+        ratio = self.lr_ratio_on_load
+        if checkpoint_dir is None or ratio == 1.0:
+            return
+        # The saved optimizer and scheduler carry the learning rate of their time; a rollback
+        # continues at a lower one.
+        optimizer: Any = self.optimizer
+        for group in optimizer.param_groups:
+            group["lr"] *= ratio
+            if "initial_lr" in group:
+                group["initial_lr"] *= ratio
+        scheduler: Any = self.lr_scheduler
+        scheduler.base_lrs = [lr * ratio for lr in scheduler.base_lrs]
+        scheduler._last_lr = [lr * ratio for lr in scheduler.get_last_lr()]
+
+
+class Bridge(TrainerCallback):
+    """Trainer events -> plain callbacks, window checks, time-based saves, stop requests."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        callbacks: Sequence[TrainingCallback],
+        guard: WindowGuard,
+        *,
+        wall_start: float,
+        run_info: Callable[[int, int], RunInfo],
+        checkpointing: bool,
+        checkpoint_minutes: float,
+        report_forecasts: bool,
+    ) -> None:
+        self.rec = recorder
+        self.callbacks = list(callbacks)
+        self.guard = guard
+        self.wall_start = wall_start
+        self.run_info = run_info
+        self.checkpointing = checkpointing
+        self.checkpoint_minutes = checkpoint_minutes
+        self.report_forecasts = report_forecasts
+        self.train_begin = 0.0
+        self.last_save = 0.0
+        self.started = False
+
+    def fan_out(self, hook: str, payload: Any, control: Any) -> None:
+        for callback in self.callbacks:
+            if getattr(callback, hook)(payload):
+                self.request_stop(control, f"{type(callback).__name__}.{hook}", "stopped")
+
+    def request_stop(self, control: Any, reason: str, status: str) -> None:
+        control.should_training_stop = True
+        if self.checkpointing or status == "stopped_by_window":
+            control.should_save = True  # a stopped run can be resumed
+        res = self.rec.result
+        if res.stop_reason is None:
+            res.stop_reason, res.status = reason, status
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Called once per attempt; the plain callbacks hear about the first one only."""
+        res = self.rec.result
+        res.total_steps = int(state.max_steps)
+        now = self.rec.clock.now()
+        self.rec.mark = self.last_save = now
+        self.rec.new_attempt()
+        if self.started:
+            return
+        self.started = True
+        self.train_begin = now
+        info = self.run_info(res.total_steps, int(state.global_step))
+        self.guard.on_train_begin(info)
+        self.fan_out("on_train_begin", info, control)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        rec, res = self.rec, self.rec.result
+        now = rec.clock.now()
+        step = int(state.global_step)
+        loss = float(rec.step_loss)
+        if not math.isfinite(loss):
+            raise Diverged(f"training loss became {loss} at step {step}")
+        res.optimizer_step_seconds.append(now - rec.last_micro_end)
+        step_seconds = now - rec.mark
+        res.step_seconds.append(step_seconds)
+        res.train_losses.append([step, loss])
+        res.tokens_seen += rec.step_tokens
+        tokens, rec.step_tokens = rec.step_tokens, 0
+        rec.step_loss = torch.zeros(())
+        rec.mark = now
+        res.final_step = step
+        if res.device != "cuda":
+            rec.peak_rss = max(rec.peak_rss, rss_bytes())
+        lr = float(kwargs["lr_scheduler"].get_last_lr()[0]) if kwargs.get("lr_scheduler") else 0.0
+        info = StepInfo(
+            step=step,
+            total_steps=res.total_steps,
+            loss=loss,
+            learning_rate=lr,
+            seconds=step_seconds,
+            tokens=tokens,
+            elapsed_seconds=now - self.wall_start,
+        )
+        self.guard.on_step(info)
+        forecast = self.guard.forecast(step) if self.report_forecasts else None
+        if forecast is not None and self.guard.should_report(forecast):
+            log.info("%s", forecast.line())
+            if forecast.recommendation:
+                log.warning("%s", forecast.recommendation)
+            for callback in self.callbacks:
+                callback.on_forecast(forecast)
+        self.fan_out("on_step", info, control)
+        if forecast is not None and forecast.should_stop:
+            log.warning(
+                "stopping at step %d of %d to save a checkpoint before the window ends",
+                step,
+                res.total_steps,
+            )
+            self.request_stop(control, "window", "stopped_by_window")
+        if self.checkpoint_minutes > 0 and now - self.last_save >= 60 * self.checkpoint_minutes:
+            control.should_save = True
+        if self.checkpointing and step >= state.max_steps:
+            control.should_save = True  # the finished adapter, whatever the intervals
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.rec.last_checkpoint is None:
+            return
+        path, seconds = self.rec.last_checkpoint
+        self.last_save = self.rec.mark
+        step = int(state.global_step)
+        self.guard.on_checkpoint(step, path, seconds)
+        for callback in self.callbacks:
+            if callback.on_checkpoint(step, path, seconds):
+                control.should_training_stop = True
+
+
+def rss_bytes() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,57 @@
+"""What `python -m trainers.train` prints at the end: results, the window, how to resume."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Any
+
+from trainers.result import TrainResult
+from trainers.window import WindowGuard, format_duration
+
+
+def predicted_seconds(estimate: dict[str, Any]) -> float | None:
+    """The preset's predicted full-run duration (median), in seconds, when it has one."""
+    duration = estimate.get("duration_hours")
+    p50 = duration.get("p50") if isinstance(duration, dict) else duration
+    return float(p50) * 3600 if isinstance(p50, (int, float)) and p50 > 0 else None
+
+
+def resume_command(argv: list[str]) -> str:
+    """The exact command that resumes this run: same interpreter, folder and flags."""
+    args = [a for a in argv if a != "--resume"]
+    command = shlex.join([sys.executable, "-m", "trainers.train", *args, "--resume"])
+    return f"cd {shlex.quote(os.getcwd())} && {command}"
+
+
+def summary_lines(result: TrainResult, guard: WindowGuard) -> list[str]:
+    """A few lines: steps, speed and losses; predicted vs actual; a window stop; recoveries."""
+    train_loss = result.final_train_loss
+    lines = [
+        f"{result.optimizer_steps} steps in {result.wall_seconds:.1f} s "
+        f"({result.tokens_per_second:,.0f} tokens/s on {result.device}/{result.precision}); "
+        + (f"final train loss {train_loss:.4f}" if train_loss is not None else "no step finished")
+    ]
+    if result.eval_losses:
+        first, last = result.eval_losses[0][1], result.eval_losses[-1][1]
+        lines[0] += f"; validation loss {first:.4f} -> {last:.4f}"
+    if result.resumed_from_step is not None:
+        lines.append(f"resumed from step {result.resumed_from_step}")
+    for reason in result.recoveries:
+        lines.append(f"recovered: {reason}")
+    if result.status == "finished" and result.predicted_seconds:
+        actual = result.cumulative_wall_seconds
+        lines.append(
+            f"duration: predicted {format_duration(result.predicted_seconds)}, actual "
+            f"{format_duration(actual)} (x{actual / result.predicted_seconds:.2f})"
+        )
+    if result.status == "stopped_by_window" and guard.window_seconds is not None:
+        lines.append(
+            f"stopped by the time window at step {result.final_step:,} of "
+            f"{result.total_steps:,} (window {format_duration(guard.window_seconds)}, margin "
+            f"{format_duration(guard.margin_seconds)}); checkpoint: {result.checkpoint_dir}"
+        )
+    elif result.checkpoint_dir:
+        lines.append(f"checkpoint: {result.checkpoint_dir}")
+    return lines

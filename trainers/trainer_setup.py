@@ -1,0 +1,117 @@
+"""The Trainer for one attempt of a run: datasets, padding collator, arguments.
+
+A run builds a new Trainer for each attempt (the first, and each restart after a recovery),
+with the micro-batch, accumulation and learning rate the recovery state says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import TrainingArguments
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from trainers.data import Example, TokenizedData
+from trainers.measured import Bridge, MeasuredTrainer
+from trainers.recovery import RecoveryState
+from trainers.runtime import RuntimeChoice
+from trainers.spec import TrainSpec
+
+
+class ListDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, examples: Sequence[Example]) -> None:
+        self.examples = list(examples)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index: int) -> Example:
+        return self.examples[index]
+
+
+class PadCollator:
+    """Pads a micro-batch to its longest sample (dynamic padding)."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, batch: Sequence[Example]) -> dict[str, torch.Tensor]:
+        width = max(len(e.input_ids) for e in batch)
+        ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, example in enumerate(batch):
+            n = len(example.input_ids)
+            ids[row, :n] = torch.tensor(example.input_ids, dtype=torch.long)
+            labels[row, :n] = torch.tensor(example.labels, dtype=torch.long)
+            mask[row, :n] = 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def build_trainer(
+    spec: TrainSpec,
+    recovery: RecoveryState,
+    runtime: RuntimeChoice,
+    model: Any,
+    data: TokenizedData,
+    tokenizer: Any,
+    bridge: Bridge,
+) -> MeasuredTrainer:
+    """A Trainer for the next attempt, with the micro-batch and learning rate recovery chose."""
+    attempt = dataclasses.replace(
+        spec,
+        micro_batch_size=recovery.micro_batch_size,
+        gradient_accumulation_steps=recovery.gradient_accumulation_steps,
+        learning_rate=spec.learning_rate * recovery.lr_scale,
+    )
+    trainer = MeasuredTrainer(
+        model=model,
+        args=training_arguments(attempt, runtime),
+        train_dataset=ListDataset(data.train),
+        eval_dataset=ListDataset(data.validation[: spec.eval_samples]),
+        data_collator=PadCollator(int(tokenizer.pad_token_id)),
+        callbacks=[bridge],
+    )
+    trainer.bridge = bridge
+    trainer.keep_checkpoints = spec.keep_checkpoints
+    # The Trainer's own printer/progress output would interleave with ours.
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    return trainer
+
+
+def training_arguments(spec: TrainSpec, runtime: RuntimeChoice) -> TrainingArguments:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return TrainingArguments(
+            output_dir=spec.output_dir,
+            per_device_train_batch_size=spec.micro_batch_size,
+            per_device_eval_batch_size=spec.micro_batch_size,
+            gradient_accumulation_steps=spec.gradient_accumulation_steps,
+            learning_rate=spec.learning_rate,
+            weight_decay=spec.weight_decay,
+            lr_scheduler_type=spec.scheduler,
+            warmup_steps=spec.warmup_ratio,
+            max_steps=spec.max_steps if spec.max_steps is not None else -1,
+            num_train_epochs=spec.epochs,
+            eval_strategy="steps" if spec.eval_interval > 0 else "no",
+            eval_steps=spec.eval_interval if spec.eval_interval > 0 else None,
+            # Saves at these steps; MeasuredTrainer writes and rotates them (keep_checkpoints).
+            save_strategy="steps" if spec.checkpoint_interval > 0 else "no",
+            save_steps=spec.checkpoint_interval if spec.checkpoint_interval > 0 else 500,
+            logging_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            seed=spec.seed,
+            gradient_checkpointing=spec.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+            if spec.gradient_checkpointing
+            else None,
+            remove_unused_columns=False,
+            dataloader_num_workers=0,
+            **runtime.training_arguments(),
+        )
