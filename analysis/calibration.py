@@ -180,11 +180,15 @@ class RunMeasurements:
         Capping twice changes nothing.
         """
         w = min(self.warmup_steps, len(self.micro_step_seconds))
-        keep = [*range(w), *(w + i for i in _even(len(self.micro_step_seconds) - w,
-                                                  max_micro_steps))]
+        keep = [
+            *range(w),
+            *(w + i for i in _even(len(self.micro_step_seconds) - w, max_micro_steps)),
+        ]
         o = self.optimizer_warmup_steps
-        opt_keep = [*range(o), *(o + i for i in _even(len(self.optimizer_step_seconds) - o,
-                                                      max_micro_steps))]
+        opt_keep = [
+            *range(o),
+            *(o + i for i in _even(len(self.optimizer_step_seconds) - o, max_micro_steps)),
+        ]
         return dataclasses.replace(
             self,
             micro_step_seconds=tuple(self.micro_step_seconds[i] for i in keep),
@@ -353,11 +357,13 @@ def _micro_rows(run: RunMeasurements, model: ModelProfile) -> tuple[np.ndarray, 
     tokens = np.asarray(run.micro_step_tokens[start:], dtype=np.float64)
     seq = np.maximum(np.asarray(run.micro_step_seq_len[start:], dtype=np.float64), 1.0)
     gc = run.gradient_checkpointing
-    features = np.column_stack([
-        np.ones_like(tokens),
-        dense_flops(model.total_parameters, run.trainable_parameters, 1.0, gc) * tokens,
-        attention_flops(model, 1.0, gc) * tokens * seq,  # b * s^2 = tokens * s
-    ])
+    features = np.column_stack(
+        [
+            np.ones_like(tokens),
+            dense_flops(model.total_parameters, run.trainable_parameters, 1.0, gc) * tokens,
+            attention_flops(model, 1.0, gc) * tokens * seq,  # b * s^2 = tokens * s
+        ]
+    )
     return features, np.asarray(run.micro_step_seconds[start:], dtype=np.float64)
 
 
@@ -399,29 +405,50 @@ def fit(
     micro_rows = [_micro_rows(run, model) for run in stored]
     x, y = _stack(micro_rows, 3)
     micro, res = _robust_positive_fit(
-        x, y, np.array([p.micro_fixed_seconds, p.micro_seconds_per_flop,
-                        p.micro_seconds_per_attention_flop])
+        x,
+        y,
+        np.array(
+            [p.micro_fixed_seconds, p.micro_seconds_per_flop, p.micro_seconds_per_attention_flop]
+        ),
     )
-    opt_x, opt_y = _stack([_pairs(r.optimizer_step_seconds[r.optimizer_warmup_steps:],
-                                  r.trainable_parameters) for r in stored], 2)
+    opt_x, opt_y = _stack(
+        [
+            _pairs(r.optimizer_step_seconds[r.optimizer_warmup_steps :], r.trainable_parameters)
+            for r in stored
+        ],
+        2,
+    )
     optimizer, _ = _robust_positive_fit(
         opt_x, opt_y, np.array([p.optimizer_fixed_seconds, p.optimizer_seconds_per_parameter])
     )
-    ev_x, ev_y = _stack([
-        (np.column_stack([np.ones(len(r.eval_tokens)),
-                          np.full(len(r.eval_tokens), float(r.eval_batches)),
-                          2.0 * n_params * np.asarray(r.eval_tokens, dtype=np.float64)]),
-         np.asarray(r.eval_seconds, dtype=np.float64))
-        for r in stored
-    ], 3)
-    evals, _ = _robust_positive_fit(ev_x, ev_y, np.array([
-        p.eval_fixed_seconds, p.eval_seconds_per_batch, p.eval_seconds_per_flop]))
+    ev_x, ev_y = _stack(
+        [
+            (
+                np.column_stack(
+                    [
+                        np.ones(len(r.eval_tokens)),
+                        np.full(len(r.eval_tokens), float(r.eval_batches)),
+                        2.0 * n_params * np.asarray(r.eval_tokens, dtype=np.float64),
+                    ]
+                ),
+                np.asarray(r.eval_seconds, dtype=np.float64),
+            )
+            for r in stored
+        ],
+        3,
+    )
+    evals, _ = _robust_positive_fit(
+        ev_x,
+        ev_y,
+        np.array([p.eval_fixed_seconds, p.eval_seconds_per_batch, p.eval_seconds_per_flop]),
+    )
     ck_x, ck_y = _stack([_pairs(r.checkpoint_seconds, r.trainable_parameters) for r in stored], 2)
     checkpoint, _ = _robust_positive_fit(
         ck_x, ck_y, np.array([p.checkpoint_fixed_seconds, p.checkpoint_seconds_per_parameter])
     )
-    st_x, st_y = _stack([_pairs([r.startup_seconds], n_params) for r in stored
-                         if r.startup_seconds > 0], 2)
+    st_x, st_y = _stack(
+        [_pairs([r.startup_seconds], n_params) for r in stored if r.startup_seconds > 0], 2
+    )
     startup, _ = _robust_positive_fit(
         st_x, st_y, np.array([p.startup_fixed_seconds, p.startup_seconds_per_parameter])
     )
@@ -452,8 +479,11 @@ def fit(
         systematic_log_p90=spread[3],
         loop_seconds_per_micro_step=loop,
     )
-    warmups = [_warmup_extra(r, model, coefficients) for r in stored
-               if r.warmup_steps and len(r.micro_step_seconds) > r.warmup_steps]
+    warmups = [
+        _warmup_extra(r, model, coefficients)
+        for r in stored
+        if r.warmup_steps and len(r.micro_step_seconds) > r.warmup_steps
+    ]
     if warmups:
         coefficients = dataclasses.replace(
             coefficients, warmup_seconds=max(float(np.median(warmups)), 0.0)
@@ -493,19 +523,23 @@ def _warmup_extra(run: RunMeasurements, model: ModelProfile, c: Coefficients) ->
     """Seconds the warm-up steps of `run` took beyond what steady steps would have."""
     w = run.warmup_steps
     features, _ = _micro_rows(dataclasses.replace(run, warmup_steps=0), model)
-    rates = np.array([c.micro_fixed_seconds, c.micro_seconds_per_flop,
-                      c.micro_seconds_per_attention_flop])
+    rates = np.array(
+        [c.micro_fixed_seconds, c.micro_seconds_per_flop, c.micro_seconds_per_attention_flop]
+    )
     steady = float((features[:w] @ rates).sum()) * c.step_mean_ratio
     extra = float(sum(run.micro_step_seconds[:w])) - steady
     if run.optimizer_warmup_steps:
         optimizer = c.optimizer_fixed_seconds + c.optimizer_seconds_per_parameter * (
-            run.trainable_parameters)
+            run.trainable_parameters
+        )
         extra += run.optimizer_step_seconds[0] - optimizer
     return extra
 
 
 def _fit_memory(
-    runs: Sequence[RunMeasurements], model: ModelProfile, hardware: HardwareInfo,
+    runs: Sequence[RunMeasurements],
+    model: ModelProfile,
+    hardware: HardwareInfo,
     prior: Coefficients,
 ) -> tuple[np.ndarray, int]:
     """Fit (fixed bytes, activation scale) to measured peaks above the static memory.
@@ -517,13 +551,22 @@ def _fit_memory(
     if not measured:
         return np.array([prior.memory_fixed_bytes, prior.activation_memory_scale]), 0
     precision = hardware.precision
-    activation = np.array([
-        activation_bytes(model, r.micro_batch_size, max(r.micro_step_seq_len), precision,
-                         r.gradient_checkpointing, hardware.device_kind)
-        for r in measured
-    ])
-    static = np.array([static_memory_bytes(model, r.trainable_parameters, precision)
-                       for r in measured])
+    activation = np.array(
+        [
+            activation_bytes(
+                model,
+                r.micro_batch_size,
+                max(r.micro_step_seq_len),
+                precision,
+                r.gradient_checkpointing,
+                hardware.device_kind,
+            )
+            for r in measured
+        ]
+    )
+    static = np.array(
+        [static_memory_bytes(model, r.trainable_parameters, precision) for r in measured]
+    )
     peaks = np.array([float(r.peak_memory_bytes) for r in measured])
     coef, _ = _robust_positive_fit(
         np.column_stack([np.ones_like(activation), activation]),
@@ -549,13 +592,18 @@ def _spread(
     """
     usable = log_residuals[np.isfinite(log_residuals)]
     if usable.size == 0:
-        return (prior.step_mean_ratio, prior.step_noise_sd, prior.systematic_log_p10,
-                prior.systematic_log_p90)
+        return (
+            prior.step_mean_ratio,
+            prior.step_noise_sd,
+            prior.systematic_log_p10,
+            prior.systematic_log_p90,
+        )
     ratio = np.minimum(np.exp(usable), 10.0)  # one pathological pause must not rule
     mean = float(ratio.mean())
     parts = np.split(log_residuals, np.cumsum(run_sizes)[:-1])
-    medians = [float(np.median(part[np.isfinite(part)])) for part in parts
-               if np.isfinite(part).any()]
+    medians = [
+        float(np.median(part[np.isfinite(part)])) for part in parts if np.isfinite(part).any()
+    ]
     k = len(medians)
     variance = float(np.var(medians, ddof=1)) if k >= 2 else 0.0
     run_sd = math.sqrt((2 * _RUN_SD_PRIOR**2 + (k - 1) * variance) / (k + 1))

@@ -59,14 +59,15 @@ def model_profile(model_path: str | Path) -> ModelProfile:
     path = Path(model_path)
     if not path.is_dir():
         raise BadInputError(f"model folder not found: {model_path}")
-    try:
-        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            model = AutoModelForCausalLM.from_config(config)
-    except (OSError, ValueError) as exc:
-        raise BadInputError(f"cannot read a causal LM config from {model_path}: {exc}") from exc
-    _, info = apply_lora(model, LoraSpec(r=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
+        try:
+            config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config)
+        except (OSError, ValueError) as exc:
+            raise BadInputError(f"cannot read a causal LM config from {model_path}: {exc}") from exc
+        _, info = apply_lora(model, LoraSpec(r=1))
     return ModelProfile(
         total_parameters=info.total_parameters - info.trainable_parameters,
         n_layers=info.n_layers,

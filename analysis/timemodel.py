@@ -196,7 +196,9 @@ class Plan:
         else:
             _check(max_steps >= 1, f"max_steps must be >= 1 but got {max_steps=}")
         precision, kind = self.precision, self.device_kind
-        _check(precision in PRECISION_BYTES, f"precision must be fp32/bf16/fp16 but got {precision=}")
+        _check(
+            precision in PRECISION_BYTES, f"precision must be fp32/bf16/fp16 but got {precision=}"
+        )
         _check(kind in DEVICE_KINDS, f"device_kind must be one of {DEVICE_KINDS} but got {kind=}")
 
     @property
@@ -273,7 +275,9 @@ def cpu_matmul_flops(seconds: float = 0.3, *, size: int = 512) -> float:
             return 2.0 * size**3 * count / elapsed
 
 
-def peak_flops(hardware: HardwareInfo, *, cpu_probe: Callable[[], float] = cpu_matmul_flops) -> float:
+def peak_flops(
+    hardware: HardwareInfo, *, cpu_probe: Callable[[], float] = cpu_matmul_flops
+) -> float:
     """Dense peak FLOP/s of the device at the hardware's precision (CPU: measured probe)."""
     if hardware.device_kind == "cpu":
         return float(cpu_probe())
@@ -388,8 +392,12 @@ def _epoch_averages(lengths: np.ndarray, samples: int, batch: int) -> tuple[floa
     return tokens / max(n_batches, 1), square / max(n_batches, 1)
 
 
-def dense_flops(total_parameters: float, trainable_parameters: float, tokens: float,
-                gradient_checkpointing: bool) -> float:
+def dense_flops(
+    total_parameters: float,
+    trainable_parameters: float,
+    tokens: float,
+    gradient_checkpointing: bool,
+) -> float:
     """Matmul FLOPs of one LoRA training micro-step over `tokens` padded tokens.
 
     Frozen weights need no weight gradients: forward 2N + input-gradient 2N = 4N per token
@@ -399,15 +407,22 @@ def dense_flops(total_parameters: float, trainable_parameters: float, tokens: fl
     return ((4.0 + extra) * total_parameters + (6.0 + extra) * trainable_parameters) * tokens
 
 
-def attention_flops(model: ModelProfile, batch_seq_squared: float,
-                    gradient_checkpointing: bool) -> float:
+def attention_flops(
+    model: ModelProfile, batch_seq_squared: float, gradient_checkpointing: bool
+) -> float:
     """Attention score FLOPs (QK^T and AV, 4*h*s^2 per layer forward, x3 with backward)."""
     factor = 16.0 if gradient_checkpointing else 12.0
     return factor * model.n_layers * model.hidden_size * batch_seq_squared
 
 
-def activation_bytes(model: ModelProfile, micro_batch_size: int, seq_len: int, precision: str,
-                     gradient_checkpointing: bool, device_kind: str = "cpu") -> float:
+def activation_bytes(
+    model: ModelProfile,
+    micro_batch_size: int,
+    seq_len: int,
+    precision: str,
+    gradient_checkpointing: bool,
+    device_kind: str = "cpu",
+) -> float:
     """Activation + logits memory of one micro-batch.
 
     About 34 bytes per token x hidden per layer at 16 bit (Korthikanti et al. 2022,
@@ -514,7 +529,8 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     n_ckpt = _occurrences(steps, plan.checkpoint_interval_steps)
     one_ckpt = c.checkpoint_fixed_seconds + c.checkpoint_seconds_per_parameter * trainable
     breakdown = {
-        "startup": c.startup_fixed_seconds + c.startup_seconds_per_parameter * model.total_parameters,
+        "startup": c.startup_fixed_seconds
+        + c.startup_seconds_per_parameter * model.total_parameters,
         "data_loading": c.data_seconds_per_token * float(lengths.sum()),
         "warmup": c.warmup_seconds,
         "train": train,
@@ -537,8 +553,14 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
         c.memory_fixed_bytes
         + static_memory_bytes(model, trainable, plan.precision)
         + c.activation_memory_scale
-        * activation_bytes(model, batch, int(lengths.max()), plan.precision,
-                           plan.gradient_checkpointing, plan.device_kind)
+        * activation_bytes(
+            model,
+            batch,
+            int(lengths.max()),
+            plan.precision,
+            plan.gradient_checkpointing,
+            plan.device_kind,
+        )
     )
     return Estimate(
         seconds_p10=total * low,
@@ -553,6 +575,10 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
         n_checkpoints=n_ckpt,
         train_tokens=train_tokens,
         source=c.source,
-        extra={"micro_step_seconds": micro, "optimizer_step_seconds": optimizer,
-               "eval_seconds_each": one_eval, "checkpoint_seconds_each": one_ckpt},
+        extra={
+            "micro_step_seconds": micro,
+            "optimizer_step_seconds": optimizer,
+            "eval_seconds_each": one_eval,
+            "checkpoint_seconds_each": one_ckpt,
+        },
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from analysis.calibrate import CALIBRATION_FILE, TRIAL_ATTR, trial_record
 from analysis.calibration import Calibration, RunMeasurements, load_for, update
 from analysis.machine import model_profile, this_machine
 from analysis.timemodel import (
@@ -43,9 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_FILE = "calibration.json"
 ESTIMATE_ATTR = "estimate"  # the preset's `estimate` section (hpo.export reads it)
-RUN_ATTR = "time_model_run"  # what `python -m analysis.calibrate` refits from
 STORED_MICRO_STEPS = 48  # per trial in the Optuna storage: enough to refit, small rows
 GIB = 2**30
 
@@ -222,6 +221,8 @@ class StudyEstimator:
         for name, value in verdict.constraints.items():
             trial.set_constraint(name, value)
         trial.set_user_attr(ESTIMATE_ATTR, self.estimate_section(verdict.full_run))
+        # What the check used (prior or which calibration): `estimate` is refreshed later.
+        trial.set_user_attr("time_model_source", verdict.coefficients.source)
         trial.set_user_attr("predicted_trial_seconds", verdict.trial_run.seconds_p50)
         return verdict
 
@@ -248,7 +249,8 @@ class StudyEstimator:
             self._latest() or self.prior, run, model=self.model, hardware=self.hardware
         )
         self.calibration.save(self.path)
-        trial.set_user_attr(RUN_ATTR, self.run_record(run))
+        record = trial_record(self.hardware, self.model, run.capped(STORED_MICRO_STEPS))
+        trial.set_user_attr(TRIAL_ATTR, _rounded(record))
 
         own = verdict.trial_run
         if result.optimizer_steps and result.optimizer_steps != own.optimizer_steps:
@@ -283,14 +285,6 @@ class StudyEstimator:
         ours = [r for r in self.calibration.runs if r not in on_disk.runs]
         return dataclasses.replace(on_disk, runs=(*on_disk.runs, *ours))
 
-    def run_record(self, run: RunMeasurements) -> dict[str, Any]:
-        """What `python -m analysis.calibrate` needs of one trial, kept small."""
-        return {
-            "hardware": dataclasses.asdict(self.hardware),
-            "model": dataclasses.asdict(self.model),
-            "run": _rounded(run.capped(STORED_MICRO_STEPS).to_dict()),
-        }
-
     def estimate_section(self, estimate: Estimate) -> dict[str, Any]:
         """The preset's `estimate`: duration with interval, cost, throughput, budget, hardware."""
         budget = self.config.budget
@@ -304,33 +298,35 @@ class StudyEstimator:
             and estimate.peak_memory_bytes <= self.memory_limit_bytes
         )
         calibration = self.calibration
-        return _rounded({
-            "method": "time model: start-up + steps x (accumulation x micro-step + optimizer "
-            "step) + evaluations + checkpoints",
-            "duration_hours": hours,
-            "breakdown_hours": {k: v / 3600 for k, v in estimate.breakdown.items()},
-            "cost": estimate.cost(budget.price_per_hour),
-            "price_per_hour": budget.price_per_hour,
-            "tokens_per_second": estimate.tokens_per_second,
-            "optimizer_steps": estimate.optimizer_steps,
-            "peak_memory_gb": estimate.peak_memory_bytes / GIB,
-            "memory_limit_gb": self.memory_limit_bytes / GIB,
-            "fits_window": fits,
-            "window_hours": budget.window_hours,
-            "safety_margin_minutes": budget.safety_margin_minutes,
-            "available_hours": self.available_seconds / 3600,
-            "hardware": {
-                "device_kind": self.hardware.device_kind,
-                "device_name": self.hardware.device_name,
-                "memory_gb": self.hardware.memory_bytes / GIB,
-                "cpu_cores": self.hardware.cpu_cores,
-                "precision": self.hardware.precision,
-            },
-            "hardware_fingerprint": self.fingerprint,
-            "calibration_id": calibration.calibration_id if calibration else None,
-            "calibration_runs": calibration.n_measurements.get("runs", 0) if calibration else 0,
-            "source": estimate.source,
-        })
+        return _rounded(
+            {
+                "method": "time model: start-up + steps x (accumulation x micro-step + optimizer "
+                "step) + evaluations + checkpoints",
+                "duration_hours": hours,
+                "breakdown_hours": {k: v / 3600 for k, v in estimate.breakdown.items()},
+                "cost": estimate.cost(budget.price_per_hour),
+                "price_per_hour": budget.price_per_hour,
+                "tokens_per_second": estimate.tokens_per_second,
+                "optimizer_steps": estimate.optimizer_steps,
+                "peak_memory_gb": estimate.peak_memory_bytes / GIB,
+                "memory_limit_gb": self.memory_limit_bytes / GIB,
+                "fits_window": fits,
+                "window_hours": budget.window_hours,
+                "safety_margin_minutes": budget.safety_margin_minutes,
+                "available_hours": self.available_seconds / 3600,
+                "hardware": {
+                    "device_kind": self.hardware.device_kind,
+                    "device_name": self.hardware.device_name,
+                    "memory_gb": self.hardware.memory_bytes / GIB,
+                    "cpu_cores": self.hardware.cpu_cores,
+                    "precision": self.hardware.precision,
+                },
+                "hardware_fingerprint": self.fingerprint,
+                "calibration_id": calibration.calibration_id if calibration else None,
+                "calibration_runs": calibration.n_measurements.get("runs", 0) if calibration else 0,
+                "source": estimate.source,
+            }
+        )
 
     # -- nothing fits ------------------------------------------------------------------------
     def check_space(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,9 @@ def make_storage(
     if url.startswith("journal:"):
         path = url.removeprefix("journal:").removeprefix("//")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(path))
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(path))
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     kwargs: dict[str, Any] = {}
@@ -49,13 +52,28 @@ def make_storage(
             "heartbeat_stale_trial_callback": retry,
             "engine_kwargs": {"pool_pre_ping": True, "connect_args": _connect_args(url)},
         }
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, **kwargs)
-    except Exception as exc:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
-        reason = redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
-        raise BadInputError(f"cannot open storage {redact(url)}: {reason}") from None
+    for attempt in range(4):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, **kwargs)
+        except Exception as exc:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
+            if _lost_schema_race(exc) and attempt < 3:
+                # Workers started together on an empty database race to create the tables;
+                # the loser sees a duplicate and simply finds them there on a second look.
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            reason = redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
+            raise BadInputError(f"cannot open storage {redact(url)}: {reason}") from None
+    raise AssertionError("unreachable")
+
+
+def _lost_schema_race(exc: Exception) -> bool:
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    return isinstance(exc, (IntegrityError, ProgrammingError)) and (
+        "duplicate" in str(exc).lower() or "already exists" in str(exc).lower()
+    )
 
 
 def _connect_args(url: str) -> dict[str, Any]:

@@ -93,24 +93,35 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpo-mlflow")
         self._pending: list[Future[Any]] = []
-        try:
-            experiment = self.client.get_experiment_by_name(experiment_name)
-        except Exception as exc:
-            raise BadInputError(
-                f"cannot reach MLflow tracking store {tracking_uri}: {exc}"
-            ) from None
-        if experiment is None:
-            location = None
-            if artifact_dir and not tracking_uri.startswith(("http://", "https://")):
-                location = Path(artifact_dir).resolve().as_uri()
-            self.experiment_id = self.client.create_experiment(
-                experiment_name,
+        for attempt in range(4):
+            try:
+                self.experiment_id = self._experiment(experiment_name, artifact_dir)
+                break
+            except Exception as exc:
+                if _lost_schema_race(exc) and attempt < 3:
+                    # Workers started together race to create the store's tables or the
+                    # experiment; the loser finds them there on a second look.
+                    time.sleep(0.5 * (attempt + 1))
+                    continue
+                raise BadInputError(
+                    f"cannot use MLflow tracking store {_redact(tracking_uri)}: {_first_line(exc)}"
+                ) from None
+
+    def _experiment(self, name: str, artifact_dir: str | None) -> str:
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            return str(experiment.experiment_id)
+        location = None
+        if artifact_dir and not self.tracking_uri.startswith(("http://", "https://")):
+            location = Path(artifact_dir).resolve().as_uri()
+        return str(
+            self.client.create_experiment(
+                name,
                 artifact_location=location,
                 # Tells the UI this is model development, so it opens on the runs table.
                 tags={"mlflow.experimentKind": "finetuning"},
             )
-        else:
-            self.experiment_id = experiment.experiment_id
+        )
 
     # -- the background writer ---------------------------------------------------------------
     def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -310,6 +321,21 @@ def _count(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
     for trial in trials:
         counts[_STATE_NAMES[trial.state]] += 1
     return counts
+
+
+def _lost_schema_race(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "duplicate" in text or "already exists" in text or "unique" in text
+
+
+def _first_line(exc: Exception) -> str:
+    return _redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
+
+
+def _redact(text: str) -> str:
+    from hpo.storage import redact
+
+    return redact(text)
 
 
 def _param_value(value: Any) -> str:

@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -93,12 +94,17 @@ def postgres_server(root: Path) -> Iterator[str]:
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if not initdb or not pg_ctl:
         raise RuntimeError("PostgreSQL is not installed (scripts/install-postgres.sh installs it)")
+    prefix: list[str] = []
+    own_root = None
+    if os.geteuid() == 0:
+        # PostgreSQL refuses to run as root; its user must reach the folder, which pytest's
+        # private temporary folders do not allow.
+        prefix = ["runuser", "-u", "postgres", "--"]
+        own_root = Path(tempfile.mkdtemp(prefix="hpo-pg-"))
+        own_root.chmod(0o777)
+        root = own_root
     data = root / "pgdata"
     port = free_port()
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        prefix = ["runuser", "-u", "postgres", "--"]
-        root.chmod(0o777)
     env = {**os.environ, "LC_ALL": "C"}
     subprocess.run(
         [*prefix, initdb, "-D", str(data), "-U", "hpo", "--auth=trust", "-E", "UTF8"],
@@ -134,3 +140,5 @@ def postgres_server(root: Path) -> Iterator[str]:
             capture_output=True,
             env=env,
         )
+        if own_root is not None:
+            shutil.rmtree(own_root, ignore_errors=True)

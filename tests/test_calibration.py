@@ -366,14 +366,28 @@ def test_reads_the_trainer_result() -> None:
     from trainers.result import TrainResult
 
     result = TrainResult(
-        device="cpu", precision="fp32", runtime_reason="test", trainable_parameters=4096,
-        total_parameters=MODEL.total_parameters, lora_targets=["q"], lora_parameters_per_rank=512,
-        n_layers=4, hidden_size=256, vocab_size=5000, micro_batch_size=2,
-        gradient_accumulation_steps=1, max_length=64, lora_r=8, gradient_checkpointing=False,
-        micro_step_seconds=[0.1] * 6, micro_step_tokens=[64] * 6, micro_step_seq_len=[32] * 6,
+        device="cpu",
+        precision="fp32",
+        runtime_reason="test",
+        trainable_parameters=4096,
+        total_parameters=MODEL.total_parameters,
+        lora_targets=["q"],
+        lora_parameters_per_rank=512,
+        n_layers=4,
+        hidden_size=256,
+        vocab_size=5000,
+        micro_batch_size=2,
+        gradient_accumulation_steps=1,
+        max_length=64,
+        lora_r=8,
+        gradient_checkpointing=False,
+        micro_step_seconds=[0.1] * 6,
+        micro_step_tokens=[64] * 6,
+        micro_step_seq_len=[32] * 6,
         optimizer_step_seconds=[0.01] * 6,
         eval_records=[{"step": 3, "loss": 2.0, "seconds": 0.5, "tokens": 900}],
-        startup_seconds=3.0, peak_memory_bytes=10**9,
+        startup_seconds=3.0,
+        peak_memory_bytes=10**9,
     )
     run = RunMeasurements.from_result_dict(result.to_dict())
     assert run.eval_tokens == (900,) and run.lora_r == 8 and run.max_length == 64

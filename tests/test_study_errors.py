@@ -61,7 +61,10 @@ def test_bad_input_exit_2(
 
 def test_invalid_space_file(tmp_path: Path, tiny_model_dir: Path) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text("learning_rate: {loguniform: [1.0e-2, 1.0e-5]}\n")
+    space.write_text(
+        "learning_rate: {loguniform: [1.0e-2, 1.0e-5]}\n"
+        "lora_r: {choice: [4, 8]}\nlora_alpha_ratio: {choice: [2]}\nlora_dropout: 0.0\n"
+    )
     proc = _study(
         "--model",
         str(tiny_model_dir),

@@ -152,7 +152,12 @@ def test_estimate_cost_and_dict() -> None:
     data = est.to_dict()
     json.dumps(data)
     assert set(est.breakdown) == {
-        "startup", "data_loading", "warmup", "train", "eval", "checkpoint"
+        "startup",
+        "data_loading",
+        "warmup",
+        "train",
+        "eval",
+        "checkpoint",
     }
     assert est.tokens_per_second > 0
     with pytest.raises(BadInputError):

@@ -141,7 +141,7 @@ class MeasuredTrainer(Trainer):
         checkpoint.rotate(out, self.keep_checkpoints)
         end = rec.clock.now()
         rec.result.checkpoint_seconds.append(end - start)
-        rec.result.checkpoint_dir = str(path)
+        rec.result.checkpoint_dir = str(path.resolve())
         rec.last_checkpoint = (str(path), end - start)
         rec.mark = end
 
@@ -188,6 +188,7 @@ class Bridge(TrainerCallback):
         self.train_begin = 0.0
         self.last_save = 0.0
         self.started = False
+        self.on_track = True  # the last reported verdict
 
     def fan_out(self, hook: str, payload: Any, control: Any) -> None:
         for callback in self.callbacks:
@@ -249,8 +250,9 @@ class Bridge(TrainerCallback):
         forecast = self.guard.forecast(step) if self.report_forecasts else None
         if forecast is not None and self.guard.should_report(forecast):
             log.info("%s", forecast.line())
-            if forecast.recommendation:
+            if forecast.recommendation and self.on_track:  # once each time it falls behind
                 log.warning("%s", forecast.recommendation)
+            self.on_track = forecast.on_track
             for callback in self.callbacks:
                 callback.on_forecast(forecast)
         self.fan_out("on_step", info, control)

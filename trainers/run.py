@@ -9,6 +9,7 @@ recovery is on, restarts it after out-of-memory errors or a diverging loss
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import time
 import warnings
@@ -114,7 +115,7 @@ def train(
         dataset={k: v for k, v in data.stats.to_dict().items() if k != "lengths"},
         resumed_from_step=saved.get("step"),
         recoveries=recovery.recoveries,
-        checkpoint_dir=str(resume_dir) if resume_dir else None,
+        checkpoint_dir=str(resume_dir.resolve()) if resume_dir else None,
     )
     previous_wall = float(saved.get("cumulative_wall_seconds", 0.0))
 
@@ -220,6 +221,12 @@ def _starting_checkpoint(spec: TrainSpec, resume: bool) -> Path | None:
         found = checkpoint.latest_valid(out)
         if found is None:
             raise BadInputError(f"cannot resume: no valid checkpoint in {out}")
+        rank = json.loads((found / "adapter_config.json").read_text(encoding="utf-8")).get("r")
+        if rank != spec.lora.r:
+            raise BadInputError(
+                f"cannot resume: {found} holds a LoRA adapter of rank {rank}, "
+                f"but this run asks for lora.r={spec.lora.r}"
+            )
         checkpoint.clean_staging(out)
         return found
     existing = checkpoint.checkpoints(out)

@@ -46,6 +46,9 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+RECIPE_FILE = "hpo_tiny.json"
+RECIPE_VERSION = 2
+"""Bump when a build changes (tokenizer, dimensions, init) so cached tiny models get rebuilt."""
 
 
 @dataclass(frozen=True)
@@ -192,10 +195,10 @@ def build_tiny(
     Raises:
         BadInputError: Unknown ``arch`` or ``size``.
     """
+    _check_choice(arch, size)
     import torch
     from transformers import AutoModelForCausalLM
 
-    _check_choice(arch, size)
     tokenizer = build_tokenizer()
     config = build_config(arch, size, tokenizer)
     torch.manual_seed(seed)
@@ -204,19 +207,28 @@ def build_tiny(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    recipe = {"recipe_version": RECIPE_VERSION, "arch": arch, "size": size, "seed": seed}
+    (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
     return out
 
 
 def is_complete(model_dir: Path) -> bool:
-    """Whether ``model_dir`` holds every file a tiny model build writes."""
-    return all((model_dir / name).is_file() for name in _REQUIRED_FILES)
+    """Whether ``model_dir`` holds every file a tiny model build writes, from this recipe."""
+    if not all((model_dir / name).is_file() for name in _REQUIRED_FILES):
+        return False
+    try:
+        recipe = json.loads((model_dir / RECIPE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(recipe, dict) and recipe.get("recipe_version") == RECIPE_VERSION
 
 
 def default_tiny_model(root: Path | None = None, arch: str = "llama", size: str = "xs") -> Path:
     """Path of a cached tiny model, built on first use.
 
     The build goes to a temporary folder next to the target and is renamed into place, so a
-    reader never sees half a model; a folder missing files is rebuilt.
+    reader never sees half a model; a folder missing files or built by an older recipe
+    (``RECIPE_VERSION``) is rebuilt.
 
     Args:
         root: Cache folder; default ``<cache root>/models`` (``$HPO_CACHE_DIR`` or
@@ -235,9 +247,10 @@ def default_tiny_model(root: Path | None = None, arch: str = "llama", size: str 
     base.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=base))
     try:
+        staging.chmod(0o755)  # mkdtemp makes it private; the model is not
         build_tiny(staging, arch=arch, size=size)
         if target.exists() and not is_complete(target):
-            shutil.rmtree(target)
+            shutil.rmtree(target)  # incomplete, or built by an older recipe
         try:
             staging.rename(target)
         except OSError:
@@ -262,10 +275,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
     args = parser.parse_args(argv)
     try:
-        out = build_tiny(args.out, arch=args.arch, size=args.size, seed=args.seed)
+        _check_choice(args.arch, args.size)
     except BadInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar for writing one 0.7 MB file is only noise here
+    out = build_tiny(args.out, arch=args.arch, size=args.size, seed=args.seed)
     print(out)
     return 0
 

@@ -92,7 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--safety-margin-minutes", type=float, help="stop this long before the window ends"
     )
     window.add_argument(
-        "--report-every", type=int, default=0, help="steps between forecasts (0: every 1 %%)"
+        "--report-every",
+        type=int,
+        default=0,
+        help="steps between forecasts (0: every 1 %% of the run, at least 10)",
     )
     recovery = parser.add_argument_group("recovery (on by default)")
     recovery.add_argument(
@@ -161,28 +164,41 @@ def window_guard(
     args: argparse.Namespace, estimate: dict[str, Any], started_at: float
 ) -> WindowGuard:
     """The window and margin from the flags, else from the preset's estimate."""
-    hours = args.window_hours if args.window_hours is not None else estimate.get("window_hours")
-    minutes = args.safety_margin_minutes
-    if minutes is None:
-        minutes = estimate.get("safety_margin_minutes", 0.0) if hours is not None else 0.0
-    if hours is not None and not float(hours) > 0:
+    hours = _number("window_hours", args.window_hours, estimate)
+    minutes = _number("safety_margin_minutes", args.safety_margin_minutes, estimate)
+    if hours is None:
+        minutes = args.safety_margin_minutes or 0.0  # the preset's margin is for its window
+    minutes = minutes or 0.0
+    if hours is not None and not hours > 0:
         raise BadInputError(f"window hours must be > 0, but got window_hours={hours!r}")
-    if not float(minutes) >= 0:
+    if not minutes >= 0:
         raise BadInputError(
             f"safety margin must be >= 0, but got safety_margin_minutes={minutes!r}"
         )
-    if hours is not None and float(minutes) * 60 >= float(hours) * 3600:
+    if hours is not None and minutes * 60 >= hours * 3600:
         raise BadInputError(
-            f"the safety margin ({minutes} min) must be shorter than the window ({hours} h)"
+            f"the safety margin ({minutes:g} min) must be shorter than the window ({hours:g} h)"
         )
     if args.report_every < 0:
         raise BadInputError(f"report_every must be >= 0, but got {args.report_every=}")
     return WindowGuard(
-        window_seconds=float(hours) * 3600 if hours is not None else None,
-        margin_seconds=float(minutes) * 60,
+        window_seconds=hours * 3600 if hours is not None else None,
+        margin_seconds=minutes * 60,
         report_every=args.report_every,
         started_at=started_at,
     )
+
+
+def _number(name: str, flag: float | None, estimate: dict[str, Any]) -> float | None:
+    """The flag's value, else the preset estimate's (which must be a number)."""
+    if flag is not None:
+        return float(flag)
+    value = estimate.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadInputError(f"preset estimate.{name} must be a number, but got {value!r}")
+    return float(value)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,7 +111,8 @@ class WindowGuard(TrainingCallback):
     Args:
         window_seconds: Length of the window; None forecasts without a deadline.
         margin_seconds: Safety margin before the window ends.
-        report_every: Steps between reported forecasts (0: every 1 % of the run).
+        report_every: Steps between reported forecasts (0: every 1 % of the run, at least
+            every 10 steps apart).
         started_at: `clock()` value when the window opened (default: now).
         clock: Monotonic seconds (injectable for tests).
     """
@@ -208,7 +209,7 @@ class WindowGuard(TrainingCallback):
 
         Every `report_every` steps, the first time, and whenever the on-track verdict changes.
         """
-        every = self.report_every or max(1, forecast.total_steps // 100)
+        every = self.report_every or max(10, forecast.total_steps // 100)
         flipped = self.last is not None and self.last.on_track != forecast.on_track
         first = self.last is None
         self.last = forecast

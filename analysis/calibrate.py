@@ -1,0 +1,324 @@
+"""`python -m analysis.calibrate`: fit the time model from a study's trials or from a probe.
+
+    python -m analysis.calibrate --study-name NAME --storage URL [--out FILE]
+    python -m analysis.calibrate --probe [--model PATH] [--data FILE] [--out FILE]
+
+From a study, the fit uses the measurements every trained trial recorded (user attribute
+`time_model_run`). The probe instead trains a few short runs over a small design of
+configurations (micro-batch, accumulation, max_length and rank at two levels each, one
+evaluation and one checkpoint per run), within about a minute on a laptop CPU. Either way
+the calibration file lands where `python -m hpo.study` looks for it (the work dir's
+`calibration.json`) unless `--out` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.calibration import Calibration, RunMeasurements, fit, load_for
+from analysis.timemodel import HardwareInfo, ModelProfile, fingerprint, prior_coefficients
+from trainers.cli import EXIT_OK, check_writable, run_cli
+from trainers.errors import BadInputError
+
+TRIAL_ATTR = "time_model_run"  # user attribute of a trained trial: hardware, model, run
+STUDY_CONFIG_ATTR = "hpo_config"  # the study's config, where hpo.study records its work dir
+CALIBRATION_FILE = "calibration.json"
+DEFAULT_WORK_DIR = "hpo-runs"  # hpo.study's default work dir
+PROBE_BUDGET_SECONDS = 60.0
+PROBE_MICRO_STEPS = 16  # 3 warm-up + 13 steady micro-steps per probe run
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """One configuration of the probe design."""
+
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    max_length: int
+    lora_r: int
+
+    @property
+    def max_steps(self) -> int:
+        """Optimizer steps giving about `PROBE_MICRO_STEPS` micro-steps."""
+        return max(1, math.ceil(PROBE_MICRO_STEPS / self.gradient_accumulation_steps))
+
+
+# A half fraction of the 2^4 factorial (micro-batch 2/8, accumulation 1/2, max_length
+# 64/256, rank 4/32; resolution IV): every factor at both levels, with no main effect aliased
+# to another or to a two-factor interaction. The cheap runs go first, so a slow machine still
+# gets a spread within the time budget.
+PROBE_DESIGN: tuple[ProbeConfig, ...] = (
+    ProbeConfig(2, 1, 64, 4),
+    ProbeConfig(8, 1, 64, 32),
+    ProbeConfig(2, 2, 64, 32),
+    ProbeConfig(8, 2, 64, 4),
+    ProbeConfig(2, 1, 256, 32),
+    ProbeConfig(8, 1, 256, 4),
+    ProbeConfig(2, 2, 256, 4),
+    ProbeConfig(8, 2, 256, 32),
+)
+
+
+def trial_record(hardware: HardwareInfo, model: ModelProfile, run: RunMeasurements) -> dict:
+    """What a study stores per trained trial so that this command can refit from it."""
+    return {
+        "hardware": dataclasses.asdict(hardware),
+        "model": dataclasses.asdict(model),
+        "run": run.to_dict(),
+    }
+
+
+# ----------------------------------------------------------------------------- from a study
+
+
+def calibrate_from_study(
+    study_name: str, storage: str, *, previous: Path | None = None
+) -> tuple[Calibration, str | None]:
+    """Fit from the trials a study recorded.
+
+    Args:
+        study_name: The Optuna study.
+        storage: Its storage URL.
+        previous: A calibration file whose prior is reused when its fingerprint matches.
+
+    Returns:
+        The calibration and the study's work dir (None when the study does not record one).
+
+    Raises:
+        BadInputError: No such study, or no trial with measurements.
+    """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = _load_study(study_name, storage)
+    groups: dict[str, list[tuple[HardwareInfo, ModelProfile, RunMeasurements]]] = {}
+    for trial in study.get_trials(deepcopy=False):
+        record = trial.user_attrs.get(TRIAL_ATTR)
+        if not isinstance(record, Mapping):
+            continue
+        try:
+            hardware = HardwareInfo(**record["hardware"])
+            model = ModelProfile(**record["model"])
+            run = RunMeasurements.from_result_dict(record["run"])
+        except (KeyError, TypeError) as exc:
+            raise BadInputError(
+                f"trial {trial.number} of '{study_name}': malformed {TRIAL_ATTR}: {exc!r}"
+            ) from exc
+        groups.setdefault(fingerprint(hardware, model), []).append((hardware, model, run))
+    if not groups:
+        raise BadInputError(
+            f"study '{study_name}' has no trained trial with time-model measurements "
+            f"(user attribute '{TRIAL_ATTR}')"
+        )
+    # Trials from several machines or models: the largest group is the one worth fitting.
+    key = max(groups, key=lambda k: len(groups[k]))
+    hardware, model, _ = groups[key][0]
+    config = study.user_attrs.get(STUDY_CONFIG_ATTR)
+    work_dir = config.get("work_dir") if isinstance(config, Mapping) else None
+    calibration = fit(
+        [run for _, _, run in groups[key]], model, hardware, prior=_prior(hardware, previous, key)
+    )
+    return calibration, str(work_dir) if work_dir else None
+
+
+def _prior(hardware: HardwareInfo, previous: Path | None, key: str) -> Any:
+    if previous is not None:
+        existing, _ = load_for(previous, key)
+        if existing is not None:
+            return existing.prior
+    return prior_coefficients(hardware)
+
+
+def _load_study(study_name: str, storage: str) -> Any:
+    import optuna
+
+    shown = redact(storage)
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
+        raise BadInputError(f"no study named '{study_name}' in {shown}: no such database file")
+    try:
+        return optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise BadInputError(f"no study named '{study_name}' in {shown}") from None
+    except Exception as exc:  # SQLAlchemy/driver errors: a bad URL, an unreachable server
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BadInputError(f"cannot open storage {shown}: {redact(first)}") from None
+
+
+def redact(text: str) -> str:
+    """Hide the password of a URL (`postgresql://user:***@host/db`)."""
+    return re.sub(r"(//[^:/@\s]+):[^@\s]*@", r"\1:***@", text)
+
+
+# ----------------------------------------------------------------------------- the probe
+
+
+def run_probes(
+    model_path: str,
+    data_path: str,
+    design: Sequence[ProbeConfig] = PROBE_DESIGN,
+    *,
+    work_dir: str | Path,
+    eval_samples: int = 16,
+    budget_seconds: float = PROBE_BUDGET_SECONDS,
+    device: str = "auto",
+    precision: str = "auto",
+) -> list[dict[str, Any]]:
+    """Train each design point briefly (one evaluation, one checkpoint) and measure it.
+
+    Stops starting new runs once `budget_seconds` have passed (at least three always run).
+
+    Returns:
+        One trainer result dict per run, with `eval_samples` added.
+    """
+    from trainers.run import train
+    from trainers.spec import LoraSpec, TrainSpec
+
+    started = time.perf_counter()
+    results: list[dict[str, Any]] = []
+    work = Path(work_dir)
+    for index, point in enumerate(design):
+        if index >= 3 and time.perf_counter() - started > budget_seconds * 0.75:
+            break  # the next run would likely overrun the budget
+        spec = TrainSpec(
+            model=model_path,
+            data=data_path,
+            output_dir=str(work / f"probe-{index}"),
+            lora=LoraSpec(r=point.lora_r, alpha=2.0 * point.lora_r),
+            micro_batch_size=point.micro_batch_size,
+            gradient_accumulation_steps=point.gradient_accumulation_steps,
+            max_length=point.max_length,
+            max_steps=point.max_steps,
+            eval_interval=point.max_steps,
+            eval_samples=eval_samples,
+            checkpoint_interval=point.max_steps,
+            device=device,
+            precision=precision,
+            cache_dir=str(work / "cache"),
+        )
+        result = train(spec).to_dict()
+        result["eval_samples"] = min(eval_samples, _validation_samples(result, spec))
+        results.append(result)
+    return results
+
+
+def _validation_samples(result: Mapping[str, Any], spec: Any) -> int:
+    from trainers.data import split_indices
+
+    count = int((result.get("dataset") or {}).get("samples", 0))
+    if count < 2:
+        return 0
+    return len(split_indices(count, spec.validation_fraction, spec.seed)[1])
+
+
+def calibrate_from_results(
+    results: Iterable[Mapping[str, Any]], hardware: HardwareInfo
+) -> Calibration:
+    """Fit from trainer result dicts of one model on `hardware`."""
+    from analysis.machine import profile_from_result
+
+    results = list(results)
+    if not results:
+        raise BadInputError("no measured runs to calibrate from")
+    model = profile_from_result(results[0])
+    runs = [RunMeasurements.from_result_dict(r) for r in results]
+    return fit(runs, model, hardware, prior=prior_coefficients(hardware))
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.calibrate",
+        description="Fit the time model from a study's trials, or from a short probe.",
+    )
+    parser.add_argument("--study-name", help="study whose trials to fit from")
+    parser.add_argument("--storage", help="Optuna storage URL of the study")
+    parser.add_argument(
+        "--probe", action="store_true", help="train a short probe design instead (about 1 min)"
+    )
+    parser.add_argument("--model", help="probe: local model folder (default: the tiny model)")
+    parser.add_argument("--data", help="probe: JSONL data (default: the bundled demo data)")
+    parser.add_argument("--device", default="auto", help="probe: auto | cpu | cuda | mps")
+    parser.add_argument("--precision", default="auto", help="probe: auto | fp32 | bf16 | fp16")
+    parser.add_argument(
+        "--work-dir",
+        help=f"where the calibration goes (default: the study's work dir, else {DEFAULT_WORK_DIR})",
+    )
+    parser.add_argument("--out", help="calibration file (default: WORK_DIR/calibration.json)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.probe == bool(args.study_name):
+        raise BadInputError("give either --study-name (with --storage) or --probe")
+    if args.study_name and not args.storage:
+        raise BadInputError("--study-name needs --storage (the study's Optuna storage URL)")
+    if args.out:
+        check_writable(args.out)
+
+    if args.probe:
+        out = Path(args.out or Path(args.work_dir or DEFAULT_WORK_DIR) / CALIBRATION_FILE)
+        calibration, seconds = _probe(args)
+        how = f"{calibration.n_measurements['runs']} probe runs in {seconds:.0f} s"
+    else:
+        explicit = Path(args.out) if args.out else None
+        guess = explicit or Path(args.work_dir or DEFAULT_WORK_DIR) / CALIBRATION_FILE
+        calibration, work_dir = calibrate_from_study(args.study_name, args.storage, previous=guess)
+        out = explicit or Path(args.work_dir or work_dir or DEFAULT_WORK_DIR) / CALIBRATION_FILE
+        how = f"{calibration.n_measurements['runs']} trials of study '{args.study_name}'"
+    calibration.save(out)
+    for line in summary_lines(calibration):
+        print(line)
+    print(f"fitted from {how}; written to {out}")
+    return EXIT_OK
+
+
+def _probe(args: argparse.Namespace) -> tuple[Calibration, float]:
+    from analysis.machine import this_machine
+    from trainers.paths import demo_data_path
+    from trainers.tiny import default_tiny_model
+
+    hardware = this_machine(args.device, args.precision)
+    model = args.model or str(default_tiny_model())
+    data = args.data or str(demo_data_path("prompt_completion"))
+    for name, path in (("model", model), ("data", data)):
+        if not Path(path).exists():
+            raise BadInputError(f"{name}: path not found: {path}")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="hpo-probe-") as work:
+        results = run_probes(
+            model, data, work_dir=work, device=args.device, precision=args.precision
+        )
+    return calibrate_from_results(results, hardware), time.perf_counter() - started
+
+
+def summary_lines(calibration: Calibration) -> list[str]:
+    """A few human-readable lines about a calibration."""
+    c = calibration.coefficients
+    band = math.exp(c.systematic_log_p90)
+    counts = calibration.n_measurements
+    return [
+        f"calibration {calibration.calibration_id} for {calibration.hardware.device_kind} "
+        f"'{calibration.hardware.device_name}' (fingerprint {calibration.fingerprint})",
+        f"  measured: {counts.get('runs', 0)} runs, {counts.get('micro_step', 0)} micro-steps, "
+        f"{counts.get('eval', 0)} evaluations, {counts.get('checkpoint', 0)} checkpoints",
+        f"  micro-step: {1e3 * c.micro_fixed_seconds:.1f} ms + "
+        f"{1 / c.micro_seconds_per_flop / 1e9:.2f} GFLOP/s effective; "
+        f"interval p10-p90 about x{1 / band:.2f} to x{band:.2f} of the median",
+    ]
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,335 @@
+"""How well does the calibrated time model predict runs it has never seen?
+
+Calibrates from the short probe design of `python -m analysis.calibrate --probe` (about a
+minute in all), then predicts and actually trains held-out configurations: other
+micro-batches, accumulations, max_lengths and ranks than any probe, each with evaluations
+and checkpoint saves, each at least 10x as long as the longest probe. Reports the absolute
+% error of the predicted median duration, how often the measured duration fell inside the
+predicted p10-p90 band, and the same error for peak memory.
+
+The tiny demo model trains on a synthetic data set built from the bundled demo texts, with
+lengths spread up to ~400 tokens so that max_length matters.
+
+    python benchmarks/time_model_accuracy.py [--json FILE] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from analysis.calibrate import PROBE_DESIGN, calibrate_from_results, run_probes  # noqa: E402
+from analysis.calibration import Calibration  # noqa: E402
+from analysis.timemodel import Estimate, Plan, predict  # noqa: E402
+from benchmarks._common import machine, median, table, write_json  # noqa: E402
+
+EVAL_SAMPLES = 16
+HOLDOUT_FACTOR = 12.0  # held-out runs are sized to ~12x the median probe (>= 10x measured)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOut:
+    """One held-out configuration (no level is shared with the probe design)."""
+
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    max_length: int
+    lora_r: int
+
+    @property
+    def name(self) -> str:
+        return (
+            f"mb{self.micro_batch_size} ga{self.gradient_accumulation_steps} "
+            f"len{self.max_length} r{self.lora_r}"
+        )
+
+
+# Probes use micro-batch 2/8, accumulation 1/2, max_length 64/256, rank 4/32.
+HELD_OUT = (
+    HeldOut(1, 4, 96, 8),
+    HeldOut(4, 3, 128, 16),
+    HeldOut(6, 1, 192, 64),
+    HeldOut(3, 4, 384, 8),
+    HeldOut(12, 1, 96, 16),
+    HeldOut(4, 4, 320, 64),
+    HeldOut(1, 3, 192, 16),
+    HeldOut(6, 3, 128, 8),
+    HeldOut(3, 1, 384, 64),
+)
+
+
+def synthetic_data(out: Path, *, samples: int = 1200, seed: int = 0) -> Path:
+    """Texts of 1 to 40 demo records each: token lengths spread from ~10 to ~400."""
+    from trainers.paths import demo_data_path
+
+    with demo_data_path("text").open(encoding="utf-8") as lines:
+        texts = [json.loads(line)["text"] for line in lines]
+    rng = random.Random(seed)
+    with out.open("w", encoding="utf-8") as handle:
+        for _ in range(samples):
+            start = rng.randrange(len(texts))
+            count = rng.randint(1, 40)
+            text = " ".join(texts[(start + i) % len(texts)] for i in range(count))
+            handle.write(json.dumps({"text": text}) + "\n")
+    return out
+
+
+def _lengths(model: str, data: str, max_length: int, cache: Path) -> tuple[tuple[int, ...], int]:
+    """Train token lengths at `max_length` and the validation count (as the study gets them)."""
+    from trainers.data import DataSpec, load_tokenized
+    from trainers.run import _load_tokenizer
+
+    loaded = load_tokenized(
+        DataSpec(path=data, max_length=max_length, cache_dir=str(cache)), _load_tokenizer(model)
+    )
+    return tuple(len(e.input_ids) for e in loaded.train), len(loaded.validation)
+
+
+def _plan(
+    calibration: Calibration,
+    config: HeldOut,
+    lengths: tuple[int, ...],
+    n_validation: int,
+    steps: int,
+) -> Plan:
+    return Plan(
+        model=calibration.model,
+        token_lengths=lengths,
+        epochs=1.0,
+        micro_batch_size=config.micro_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        max_length=config.max_length,
+        lora_r=config.lora_r,
+        eval_interval_steps=max(1, steps // 3),
+        eval_samples=min(EVAL_SAMPLES, n_validation),
+        checkpoint_interval_steps=max(1, steps // 2),
+        precision=calibration.hardware.precision,
+        device_kind=calibration.hardware.device_kind,
+        max_steps=steps,
+    )
+
+
+def size_run(
+    calibration: Calibration,
+    config: HeldOut,
+    lengths: tuple[int, ...],
+    n_validation: int,
+    target_seconds: float,
+) -> tuple[Plan, Estimate]:
+    """The fewest optimizer steps whose predicted median reaches `target_seconds`."""
+
+    def seconds(steps: int) -> float:
+        plan = _plan(calibration, config, lengths, n_validation, steps)
+        return predict(plan, calibration.coefficients).seconds_p50
+
+    low, high = 1, 2
+    while seconds(high) < target_seconds:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if seconds(middle) < target_seconds else (low, middle)
+    plan = _plan(calibration, config, lengths, n_validation, high)
+    return plan, predict(plan, calibration.coefficients)
+
+
+def run_held_out(
+    model: str, data: str, plan: Plan, work: Path, name: str
+) -> tuple[dict[str, Any], float]:
+    """Train `plan`; return the trainer's result and the share of a CPU core the run got."""
+    from trainers.run import train
+    from trainers.spec import LoraSpec, TrainSpec
+
+    assert plan.max_steps is not None
+    spec = TrainSpec(
+        model=model,
+        data=data,
+        output_dir=str(work / name),
+        lora=LoraSpec(r=plan.lora_r, alpha=2.0 * plan.lora_r),
+        micro_batch_size=plan.micro_batch_size,
+        gradient_accumulation_steps=plan.gradient_accumulation_steps,
+        max_length=plan.max_length,
+        max_steps=plan.max_steps,
+        eval_interval=plan.eval_interval_steps,
+        eval_samples=EVAL_SAMPLES,
+        checkpoint_interval=plan.checkpoint_interval_steps,
+        cache_dir=str(work / "cache"),
+    )
+    cpu, wall = time.process_time(), time.perf_counter()
+    result = train(spec).to_dict()
+    return result, (time.process_time() - cpu) / (time.perf_counter() - wall)
+
+
+def calibrate(model: str, data: str, work: Path) -> dict[str, Any]:
+    """Run the probe design and fit; also note the CPU share the probes got."""
+    from analysis.machine import this_machine
+
+    cpu, started = time.process_time(), time.perf_counter()
+    probes = run_probes(model, data, PROBE_DESIGN, work_dir=work / "probes")
+    seconds = time.perf_counter() - started
+    walls = [float(p["wall_seconds"]) for p in probes]
+    return {
+        "calibration": calibrate_from_results(probes, this_machine()),
+        "runs": len(probes),
+        "seconds": seconds,
+        "cpu_share": (time.process_time() - cpu) / seconds,
+        "median_seconds": median(walls),
+        "longest_seconds": max(walls),
+    }
+
+
+def held_out_row(
+    model: str, data: str, work: Path, probes: dict[str, Any], index: int, config: HeldOut
+) -> dict[str, Any]:
+    """Predict one held-out configuration, then train it and compare."""
+    calibration: Calibration = probes["calibration"]
+    lengths, n_validation = _lengths(model, data, config.max_length, work / "cache")
+    plan, estimate = size_run(
+        calibration, config, lengths, n_validation, HOLDOUT_FACTOR * probes["median_seconds"]
+    )
+    result, share = run_held_out(model, data, plan, work, f"held-out-{index}")
+    measured = float(result["wall_seconds"])
+    memory = float(result["peak_memory_bytes"])
+    # Diagnostic only (it uses what the run itself measured): the prediction scaled by the
+    # CPU share the probes got over the share this run got, i.e. as if the other load on
+    # the machine had stayed what it was during calibration.
+    adjusted = estimate.seconds_p50 * probes["cpu_share"] / share
+    return {
+        "config": config.name,
+        "optimizer_steps": plan.max_steps,
+        "evaluations": len(result["eval_records"]),
+        "checkpoints": len(result["checkpoint_seconds"]),
+        "predicted_p10_s": estimate.seconds_p10,
+        "predicted_p50_s": estimate.seconds_p50,
+        "predicted_p90_s": estimate.seconds_p90,
+        "measured_s": measured,
+        "abs_pct_error": 100 * abs(estimate.seconds_p50 - measured) / measured,
+        "inside_band": estimate.seconds_p10 <= measured <= estimate.seconds_p90,
+        "x_median_probe": measured / probes["median_seconds"],
+        "x_longest_probe": measured / probes["longest_seconds"],
+        "cpu_share": share,
+        "load_adjusted_abs_pct_error": 100 * abs(adjusted - measured) / measured,
+        "predicted_memory_mb": estimate.peak_memory_bytes / 2**20,
+        "measured_memory_mb": memory / 2**20,
+        "memory_abs_pct_error": 100 * abs(estimate.peak_memory_bytes - memory) / memory,
+        "predicted_breakdown_s": estimate.breakdown,
+        "measured_breakdown_s": result["timings"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results to this JSON file")
+    parser.add_argument(
+        "--threads", type=int, help="torch CPU threads (default: torch's own choice)"
+    )
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from trainers.tiny import default_tiny_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = str(default_tiny_model())
+    with tempfile.TemporaryDirectory(prefix="time-model-accuracy-") as tmp:
+        work = Path(tmp)
+        data = str(synthetic_data(work / "data.jsonl"))
+        probes = calibrate(model, data, work)
+        print(
+            f"calibrated from {probes['runs']} probe runs in {probes['seconds']:.1f} s "
+            f"(median {probes['median_seconds']:.1f} s, longest {probes['longest_seconds']:.1f} "
+            f"s, {100 * probes['cpu_share']:.0f} % of a core)",
+            flush=True,
+        )
+        rows = []
+        for index, config in enumerate(HELD_OUT):
+            rows.append(held_out_row(model, data, work, probes, index, config))
+            row = rows[-1]
+            print(
+                f"  {row['config']:<22} predicted {row['predicted_p50_s']:6.1f} s, measured "
+                f"{row['measured_s']:6.1f} s ({row['abs_pct_error']:.1f} %)",
+                flush=True,
+            )
+        # The noise floor: the first configuration once more, unchanged.
+        repeat = held_out_row(model, data, work, probes, len(HELD_OUT), HELD_OUT[0])
+    summary = summarize(rows, repeat, probes)
+    summary["torch_threads"] = torch.get_num_threads()
+    print_report(rows, summary)
+    write_json(args.json, summary)
+    return 0
+
+
+def summarize(
+    rows: list[dict[str, Any]], repeat: dict[str, Any], probes: dict[str, Any]
+) -> dict[str, Any]:
+    errors = [r["abs_pct_error"] for r in rows]
+    calibration: Calibration = probes["calibration"]
+    first = rows[0]["measured_s"]
+    return {
+        "median_abs_pct_error": median(errors),
+        "p90_abs_pct_error": float(np.percentile(errors, 90)),
+        "band_coverage": sum(r["inside_band"] for r in rows) / len(rows),
+        "memory_median_abs_pct_error": median([r["memory_abs_pct_error"] for r in rows]),
+        "load_adjusted_median_abs_pct_error": median(
+            [r["load_adjusted_abs_pct_error"] for r in rows]
+        ),
+        "repeat_difference_pct": 100 * abs(repeat["measured_s"] - first) / first,
+        "repeat": repeat,
+        "probe_runs": probes["runs"],
+        "probe_seconds": probes["seconds"],
+        "probe_cpu_share": probes["cpu_share"],
+        "median_probe_seconds": probes["median_seconds"],
+        "longest_probe_seconds": probes["longest_seconds"],
+        "calibration": {
+            "id": calibration.calibration_id,
+            "n_measurements": calibration.n_measurements,
+            "coefficients": calibration.coefficients.to_dict(),
+        },
+        "machine": machine(),
+        "rows": rows,
+    }
+
+
+def print_report(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    print()
+    print(
+        table(
+            ["config", "steps", "evals", "ckpts", "pred p50 s", "p10-p90 s", "measured s",
+             "err %", "in band", "x probe", "core %", "mem pred MB", "mem meas MB"],
+            [
+                [r["config"], r["optimizer_steps"], r["evaluations"], r["checkpoints"],
+                 r["predicted_p50_s"], f"{r['predicted_p10_s']:.1f}-{r['predicted_p90_s']:.1f}",
+                 r["measured_s"], r["abs_pct_error"], "yes" if r["inside_band"] else "no",
+                 r["x_median_probe"], 100 * r["cpu_share"], r["predicted_memory_mb"],
+                 r["measured_memory_mb"]]
+                for r in rows
+            ],
+        )
+    )  # fmt: skip
+    print(
+        f"\nmedian |error| {summary['median_abs_pct_error']:.1f} %, "
+        f"p90 {summary['p90_abs_pct_error']:.1f} %, "
+        f"inside p10-p90 {100 * summary['band_coverage']:.0f} %, "
+        f"memory median |error| {summary['memory_median_abs_pct_error']:.1f} % "
+        f"(probes: {summary['probe_runs']} runs, {summary['probe_seconds']:.0f} s)"
+    )
+    print(
+        f"noise floor: the same configuration run twice differed by "
+        f"{summary['repeat_difference_pct']:.1f} %; load-adjusted median |error| "
+        f"{summary['load_adjusted_median_abs_pct_error']:.1f} % (diagnostic)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

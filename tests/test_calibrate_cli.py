@@ -1,0 +1,129 @@
+"""`python -m analysis.calibrate`: refit from a study's trials, a short probe, bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from analysis.calibrate import TRIAL_ATTR, ProbeConfig, calibrate_from_results, run_probes
+from analysis.calibration import load
+from analysis.machine import this_machine
+from hpo.config import load_config
+from hpo.estimator import CALIBRATION_FILE
+from hpo.runner import run_study
+from trainers.paths import demo_data_path
+
+
+def calibrate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "analysis.calibrate", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def recorded_study(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    work = tmp_path_factory.mktemp("calibrate")
+    config = load_config(
+        None,
+        {
+            "model": str(tiny_model_dir),
+            "work_dir": str(work),
+            "study_name": "recorded",
+            "n_trials": 2,
+            "trial_max_steps": 4,
+            "eval_interval": 2,
+            "eval_samples": 8,
+            "profiles": ["fast"],
+            "sampler": "random",
+            "pruner": "none",
+        },
+    )
+    run_study(config, progress=False)
+    return config, work
+
+
+def test_fits_from_the_trials_a_study_recorded(recorded_study: Any, tmp_path: Path) -> None:
+    config, work = recorded_study
+    out = tmp_path / "cal.json"
+    proc = calibrate("--study-name", "recorded", "--storage", config.storage_url,
+                     "--out", str(out), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert str(out) in proc.stdout
+    calibration = load(out)
+    study = optuna.load_study(study_name="recorded", storage=config.storage_url)
+    trained = [t for t in study.trials if TRIAL_ATTR in t.user_attrs]
+    assert calibration.n_measurements["runs"] == len(trained) == 2
+    # The same fingerprint the study's own calibration file has: a study will load it.
+    assert calibration.fingerprint == load(work / CALIBRATION_FILE).fingerprint
+    assert calibration.fingerprint == trained[0].user_attrs["estimate"]["hardware_fingerprint"]
+
+
+def test_default_out_is_the_study_work_dir(recorded_study: Any, tmp_path: Path) -> None:
+    config, work = recorded_study
+    before = load(work / CALIBRATION_FILE)
+    proc = calibrate("--study-name", "recorded", "--storage", config.storage_url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert str(work / CALIBRATION_FILE) in proc.stdout
+    after = load(work / CALIBRATION_FILE)
+    assert after.fingerprint == before.fingerprint
+    assert after.n_measurements["runs"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--study-name", "nope"], "no study named 'nope'"),
+        ([], "either --study-name"),
+        (["--probe", "--study-name", "recorded"], "either --study-name"),
+    ],
+)
+def test_bad_input_exits_2(
+    recorded_study: Any, tmp_path: Path, args: list[str], expected: str
+) -> None:
+    config, _ = recorded_study
+    storage = ["--storage", config.storage_url] if "--study-name" in args else []
+    proc = calibrate(*args, *storage, "--out", str(tmp_path / "c.json"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_missing_database_is_not_created(tmp_path: Path) -> None:
+    db = tmp_path / "missing.db"
+    proc = calibrate("--study-name", "x", "--storage", f"sqlite:///{db}", cwd=tmp_path)
+    assert proc.returncode == 2 and "no study named 'x'" in proc.stderr
+    assert not db.exists()
+
+
+def test_study_without_measurements(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    optuna.create_study(study_name="empty", storage=storage)
+    proc = calibrate("--study-name", "empty", "--storage", storage, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "no trained trial with time-model measurements" in proc.stderr
+
+
+def test_probe_runs_fit_one_calibration(tiny_model_dir: Path, tmp_path: Path) -> None:
+    design = (ProbeConfig(2, 1, 64, 4), ProbeConfig(8, 2, 128, 16), ProbeConfig(4, 1, 96, 8))
+    results = run_probes(
+        str(tiny_model_dir), str(demo_data_path()), design, work_dir=tmp_path, eval_samples=8
+    )
+    assert len(results) == 3
+    for result, point in zip(results, design, strict=True):
+        assert result["optimizer_steps"] == point.max_steps
+        assert len(result["eval_records"]) == 1 and len(result["checkpoint_seconds"]) == 1
+        assert result["eval_samples"] == 8
+    calibration = calibrate_from_results(results, this_machine())
+    assert calibration.n_measurements["runs"] == 3
+    assert calibration.n_measurements["checkpoint"] == 3
+    assert calibration.coefficients.source == f"calibration:{calibration.calibration_id}"

@@ -1,0 +1,417 @@
+"""JSONL loading on the real tiny tokenizer: shapes and their loss masks, errors, cutting, cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from trainers.data import (
+    IGNORE_INDEX,
+    DataSpec,
+    Example,
+    TokenizedData,
+    demo_data_path,
+    load_tokenized,
+)
+from trainers.errors import BadInputError
+from trainers.make_demo_data import write_demo_data
+
+EOS = "<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def plain_tokenizer(tiny_model_dir: Path) -> PreTrainedTokenizerBase:
+    """The tiny tokenizer without a chat template, so chat data uses the fallback format."""
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = None
+    return tok
+
+
+def write_jsonl(path: Path, records: list[Any]) -> Path:
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def load(path: Path, tok: PreTrainedTokenizerBase, tmp_path: Path, **spec: Any) -> TokenizedData:
+    spec.setdefault("cache_dir", str(tmp_path / "cache"))
+    return load_tokenized(DataSpec(path=str(path), **spec), tok)
+
+
+def everything(data: TokenizedData) -> list[Example]:
+    return data.train + data.validation
+
+
+def _tokens(example: Example, labelled: bool) -> list[int]:
+    pairs = zip(example.input_ids, example.labels, strict=True)
+    return [token for token, label in pairs if (label != IGNORE_INDEX) == labelled]
+
+
+def labelled_text(tok: PreTrainedTokenizerBase, example: Example) -> str:
+    return str(tok.decode(_tokens(example, labelled=True)))
+
+
+def unlabelled_text(tok: PreTrainedTokenizerBase, example: Example) -> str:
+    return str(tok.decode(_tokens(example, labelled=False)))
+
+
+def only(data: TokenizedData, marker: str, tok: PreTrainedTokenizerBase) -> Example:
+    """The one example whose text contains ``marker``."""
+    found = [e for e in everything(data) if marker in tok.decode(e.input_ids)]
+    assert len(found) == 1
+    return found[0]
+
+
+# --- the three shapes ------------------------------------------------------------------------
+
+
+def test_text_is_labelled_everywhere_and_ends_with_eos(
+    tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    texts = ["Bolan lives in Tavel.", "3 plus 4 is 7.", "Counting from 2: 2 3 4 5 6."]
+    data = load(
+        write_jsonl(tmp_path / "t.jsonl", [{"text": t} for t in texts]), tokenizer, tmp_path
+    )
+    assert data.stats.shape == "text"
+    for text in texts:
+        example = only(data, text, tokenizer)
+        assert example.labels == example.input_ids
+        assert example.input_ids[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(example.input_ids) == text + EOS
+
+
+def test_prompt_completion_labels_only_the_completion(
+    tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    records = [
+        {"prompt": "Where does Bolan live?", "completion": " In Tavel."},
+        {"prompt": "3 + 4 =", "completion": " 7"},
+        {"prompt": "Reverse: c a t", "completion": " t a c"},
+    ]
+    data = load(write_jsonl(tmp_path / "pc.jsonl", records), tokenizer, tmp_path)
+    assert data.stats.shape == "prompt_completion"
+    for record in records:
+        example = only(data, record["prompt"], tokenizer)
+        n_prompt = len(tokenizer(record["prompt"], add_special_tokens=False)["input_ids"])
+        assert example.labels[:n_prompt] == [IGNORE_INDEX] * n_prompt
+        assert IGNORE_INDEX not in example.labels[n_prompt:]
+        assert labelled_text(tokenizer, example) == record["completion"] + EOS
+        assert unlabelled_text(tokenizer, example) == record["prompt"]
+
+
+CHAT = {
+    "messages": [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Where does Bolan live?"},
+        {"role": "assistant", "content": "In Tavel."},
+        {"role": "user", "content": "3 + 4 ="},
+        {"role": "assistant", "content": "7"},
+    ]
+}
+OTHER_CHAT = {
+    "messages": [
+        {"role": "user", "content": "Count from 2:"},
+        {"role": "assistant", "content": "2 3 4 5 6"},
+    ]
+}
+
+
+def test_chat_template_labels_only_assistant_turns(
+    tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    assert tokenizer.chat_template
+    data = load(write_jsonl(tmp_path / "c.jsonl", [CHAT, OTHER_CHAT]), tokenizer, tmp_path)
+    assert data.stats.shape == "messages"
+    example = only(data, "Bolan", tokenizer)
+    rendered = tokenizer.apply_chat_template(CHAT["messages"], tokenize=False)
+    assert tokenizer.decode(example.input_ids) == rendered
+    # The template's end of an assistant turn is eos + newline; both carry loss.
+    assert labelled_text(tokenizer, example) == f"In Tavel.{EOS}\n7{EOS}\n"
+    assert unlabelled_text(tokenizer, example) == (
+        "<|system|>\nAnswer briefly.\n<|user|>\nWhere does Bolan live?\n<|assistant|>\n"
+        "<|user|>\n3 + 4 =\n<|assistant|>\n"
+    )
+
+
+def test_chat_without_template_uses_the_fallback_format(
+    plain_tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    data = load(write_jsonl(tmp_path / "c.jsonl", [CHAT, OTHER_CHAT]), plain_tokenizer, tmp_path)
+    example = only(data, "Bolan", plain_tokenizer)
+    assert labelled_text(plain_tokenizer, example) == f"In Tavel.{EOS}7{EOS}"
+    assert plain_tokenizer.decode(example.input_ids) == (
+        "<|system|>\nAnswer briefly.\n<|user|>\nWhere does Bolan live?\n"
+        f"<|assistant|>\nIn Tavel.{EOS}\n<|user|>\n3 + 4 =\n<|assistant|>\n7{EOS}\n"
+    )
+
+
+def test_chat_template_that_is_not_prefix_stable_is_a_bad_line(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    # Appends a marker only when the conversation is complete, so a prefix is not a prefix.
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{% if not add_generation_prompt %}!{% endif %}"
+    )
+    path = write_jsonl(tmp_path / "c.jsonl", [OTHER_CHAT, CHAT])
+    with pytest.raises(BadInputError, match=r"c\.jsonl:2: .*prefix by prefix"):
+        load(path, tok, tmp_path)
+
+
+def test_tokenizer_that_adds_bos_keeps_it_unlabelled(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    backend = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    bos_id = backend.token_to_id("<|system|>")  # any special token will do as a bos here
+    backend.post_processor = TemplateProcessing(
+        single="<|system|> $A", special_tokens=[("<|system|>", bos_id)]
+    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|system|>", eos_token=EOS)
+    records = [{"prompt": "3 + 4 =", "completion": " 7"}, {"prompt": "1 + 1 =", "completion": " 2"}]
+    data = load(write_jsonl(tmp_path / "pc.jsonl", records), tok, tmp_path)
+    for example in everything(data):
+        assert example.input_ids[0] == bos_id
+        assert example.input_ids.count(bos_id) == 1
+        assert example.labels[0] == IGNORE_INDEX
+    assert labelled_text(tok, only(data, "3 + 4", tok)) == f" 7{EOS}"
+
+
+@pytest.mark.parametrize("shape", ["text", "prompt_completion", "messages"])
+def test_demo_data_loads_cleanly(
+    shape: str, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    data = load(demo_data_path(shape), tokenizer, tmp_path, max_length=64)
+    assert data.stats.shape == shape
+    assert data.stats.samples == 3000
+    assert data.stats.skipped_lines == 0
+    assert data.stats.truncated == 0
+    assert json.loads(json.dumps(data.stats.to_dict()))["samples"] == 3000
+
+
+def test_shipped_demo_data_matches_its_generator(tmp_path: Path) -> None:
+    for written in write_demo_data(tmp_path):
+        assert written.read_bytes() == (demo_data_path().parent / written.name).read_bytes()
+
+
+# --- malformed input ------------------------------------------------------------------------
+
+GOOD = {"prompt": "1 + 1 =", "completion": " 2"}
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "message"),
+    [
+        ('{"prompt": "1 + 1 =", "completion": " 2"', "not valid JSON"),
+        ('["prompt", "completion"]', "expected a JSON object, got array"),
+        ('"just a string"', "expected a JSON object, got string"),
+        ('{"prompt": "1 + 1 ="}', "missing field 'completion'"),
+        (
+            '{"prompt": "1 + 1 =", "completion": 2}',
+            "field 'completion' must be a string, got number",
+        ),
+        ('{"input": "x", "output": "y"}', "no 'text', 'prompt'/'completion' or 'messages' field"),
+        ('{"text": "a text record"}', "a text record in a prompt_completion file"),
+        ('{"messages": []}', "field 'messages' must be a non-empty list"),
+        ('{"messages": "hi"}', "field 'messages' must be a non-empty list, got string"),
+        ('{"messages": [{"role": "bot", "content": "hi"}]}', "messages[0] has unknown role 'bot'"),
+        (
+            '{"messages": [{"role": "user", "content": null}]}',
+            "messages[0].content must be a string",
+        ),
+        ('{"messages": [{"role": "user", "content": "hi"}]}', "no assistant message"),
+        ('{"messages": [{"role": "assistant", "content": "hi"}]}', "messages[0] is an assistant"),
+    ],
+)
+def test_malformed_line_names_file_and_line(
+    bad_line: str, message: str, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    # Lines: 1 good, 2 blank (ignored but counted), 3 good, 4 bad, 5 good.
+    path = write_jsonl(tmp_path / "d.jsonl", [GOOD, "", GOOD, bad_line, GOOD])
+    with pytest.raises(BadInputError) as caught:
+        load(path, tokenizer, tmp_path)
+    assert str(caught.value).startswith(f"{path}:4: ")
+    assert message in str(caught.value)
+
+
+def test_bad_messages_in_a_chat_file(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "c.jsonl", [CHAT, {"prompt": "p", "completion": "c"}])
+    with pytest.raises(
+        BadInputError, match=r"c\.jsonl:2: a prompt_completion record in a messages"
+    ):
+        load(path, tokenizer, tmp_path)
+
+
+def test_invalid_utf8_is_a_bad_line(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b'\n{"text": "\xff"}\n')
+    with pytest.raises(BadInputError, match=r"d\.jsonl:2: not valid UTF-8"):
+        load(path, tokenizer, tmp_path)
+
+
+def test_skip_bad_lines_counts_them(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    bad = ["{oops", '{"prompt": 1, "completion": "x"}', "[]", '{"text": "other shape"}']
+    good = [{"prompt": f"{i} + 1 =", "completion": f" {i + 1}"} for i in range(6)]
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [bad[0], *good[:3], bad[1], "", bad[2], *good[3:], bad[3]]
+    )
+    data = load(path, tokenizer, tmp_path, skip_bad_lines=True)
+    assert data.stats.skipped_lines == 4
+    assert data.stats.samples == 6
+    # The same file without skipping still fails, although its skipping load is cached.
+    with pytest.raises(BadInputError, match=r"d\.jsonl:1: not valid JSON"):
+        load(path, tokenizer, tmp_path)
+
+
+@pytest.mark.parametrize("content", ["", "\n\n  \n"])
+def test_empty_file_is_an_error(
+    content: str, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text(content)
+    with pytest.raises(BadInputError, match=r"empty\.jsonl: no usable records"):
+        load(path, tokenizer, tmp_path)
+
+
+def test_only_bad_lines_under_skip_is_an_error(
+    tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    path = write_jsonl(tmp_path / "bad.jsonl", ["{", "[]"])
+    with pytest.raises(BadInputError, match=r"no usable records \(2 bad line\(s\) skipped\)"):
+        load(path, tokenizer, tmp_path, skip_bad_lines=True)
+
+
+def test_missing_file_names_the_path(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    path = tmp_path / "nowhere" / "data.jsonl"
+    with pytest.raises(BadInputError, match=f"data file not found: {path}"):
+        load(path, tokenizer, tmp_path)
+
+
+def test_one_sample_cannot_be_split(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    with pytest.raises(BadInputError, match="need at least 2"):
+        load(write_jsonl(tmp_path / "one.jsonl", [GOOD]), tokenizer, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("overflow", "wrap"),
+        ("max_length", 1),
+        ("max_length", 12.5),
+        ("validation_fraction", 0.0),
+        ("validation_fraction", 1.0),
+        ("skip_bad_lines", "yes"),
+        ("seed", None),
+    ],
+)
+def test_data_spec_rejects_bad_values(field: str, value: Any) -> None:
+    with pytest.raises(BadInputError, match=rf"data\.{field} .*{field}={value!r}"):
+        DataSpec(path="x.jsonl", **{field: value})
+
+
+# --- cutting: truncation and packing ----------------------------------------------------------
+
+
+def _texts(n: int) -> list[dict[str, str]]:
+    return [{"text": " ".join(["3 plus 4 is 7."] * (1 + i % 4))} for i in range(n)]
+
+
+def test_truncation_cuts_and_counts(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", _texts(20))
+    full = load(path, tokenizer, tmp_path, max_length=512)
+    cut = load(path, tokenizer, tmp_path, max_length=12)
+    full_lengths = [len(e.input_ids) for e in everything(full)]
+    assert full.stats.truncated == 0
+    assert cut.stats.truncated == sum(n > 12 for n in full_lengths) > 0
+    assert cut.stats.tokens_max == 12
+    assert cut.stats.lengths == [min(n, 12) for n in full_lengths]
+    for whole, part in zip(everything(full), everything(cut), strict=True):
+        assert part.input_ids == whole.input_ids[:12]
+        assert part.labels == whole.labels[:12]
+
+
+def test_packing_fills_blocks_per_split(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", _texts(30))
+    whole = load(path, tokenizer, tmp_path, max_length=512)
+    packed = load(path, tokenizer, tmp_path, max_length=16, overflow="pack")
+    assert packed.stats.truncated == 0
+    assert packed.stats.total_tokens == whole.stats.total_tokens
+    assert packed.stats.samples == len(packed.train) + len(packed.validation)
+    for split_whole, split_packed in [
+        (whole.train, packed.train),
+        (whole.validation, packed.validation),
+    ]:
+        assert all(len(e.input_ids) == 16 for e in split_packed[:-1])
+        assert 0 < len(split_packed[-1].input_ids) <= 16
+        stream = [t for e in split_whole for t in e.input_ids]
+        assert [t for e in split_packed for t in e.input_ids] == stream
+        labels = [t for e in split_whole for t in e.labels]
+        assert [t for e in split_packed for t in e.labels] == labels
+
+
+# --- cache and split -------------------------------------------------------------------------
+
+
+def test_cache_is_reused_and_keyed(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "pc.jsonl", [GOOD, {"prompt": "2 + 2 =", "completion": " 4"}] * 5)
+    first = load(path, tokenizer, tmp_path)
+    second = load(path, tokenizer, tmp_path)
+    assert (first.cache_hit, second.cache_hit) == (False, True)
+    assert second.cache_path == first.cache_path and Path(first.cache_path).is_file()
+    assert second.train == first.train and second.validation == first.validation
+    assert second.stats == first.stats
+    assert list((tmp_path / "cache").iterdir()) == [Path(first.cache_path)]  # no temp files left
+
+    assert not load(path, tokenizer, tmp_path, max_length=64).cache_hit
+    assert not load(path, tokenizer, tmp_path, overflow="pack").cache_hit
+    assert load(path, tokenizer, tmp_path, seed=5).cache_hit  # the split is made after the cache
+    write_jsonl(path, [GOOD, {"prompt": "2 + 2 =", "completion": " 5"}] * 5)
+    assert not load(path, tokenizer, tmp_path).cache_hit
+
+
+def test_cache_depends_on_the_chat_template(
+    tokenizer: PreTrainedTokenizerBase,
+    plain_tokenizer: PreTrainedTokenizerBase,
+    tmp_path: Path,
+) -> None:
+    path = write_jsonl(tmp_path / "c.jsonl", [CHAT, OTHER_CHAT])
+    with_template = load(path, tokenizer, tmp_path)
+    without = load(path, plain_tokenizer, tmp_path)
+    assert not without.cache_hit
+    assert with_template.cache_path != without.cache_path
+
+
+def test_unreadable_cache_is_rebuilt(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "pc.jsonl", [GOOD] * 4)
+    first = load(path, tokenizer, tmp_path)
+    Path(first.cache_path).write_bytes(b"not a zip file")
+    again = load(path, tokenizer, tmp_path)
+    assert not again.cache_hit
+    assert again.train == first.train
+    assert load(path, tokenizer, tmp_path).cache_hit
+
+
+def test_split_is_deterministic_by_seed(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    records = [{"prompt": f"{i} + 1 =", "completion": f" {i + 1}"} for i in range(40)]
+    path = write_jsonl(tmp_path / "pc.jsonl", records)
+
+    def validation_prompts(seed: int, fraction: float = 0.1) -> list[str]:
+        data = load(path, tokenizer, tmp_path, seed=seed, validation_fraction=fraction)
+        assert len(data.train) + len(data.validation) == 40
+        return [unlabelled_text(tokenizer, e) for e in data.validation]
+
+    assert validation_prompts(1) == validation_prompts(1)
+    assert validation_prompts(1) != validation_prompts(2)
+    assert len(validation_prompts(1)) == 4
+    assert len(validation_prompts(1, fraction=0.001)) == 1
+    assert len(validation_prompts(1, fraction=0.999)) == 39

@@ -1,0 +1,328 @@
+"""The study's time model: over-budget configurations are never trained, nothing-fits stops
+early with a suggestion, calibration carries over between studies, mismatches fall back."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+
+from analysis.calibrate import TRIAL_ATTR
+from analysis.calibration import fit, load
+from analysis.machine import model_profile, this_machine
+from analysis.timemodel import Coefficients, HardwareInfo, prior_coefficients
+from hpo.config import StudyConfig, load_config
+from hpo.estimator import CALIBRATION_FILE, StudyEstimator
+from hpo.runner import Prepared, prepare, run_study
+from trainers.errors import BadInputError
+
+HARDWARE = this_machine()
+# Known rates: 10 ms a micro-step, 1 ms an optimizer step, a 1 s start-up, +-10 % band.
+PINNED = dataclasses.replace(
+    prior_coefficients(HARDWARE, cpu_probe=lambda: 1e10),
+    micro_fixed_seconds=0.01,
+    micro_seconds_per_flop=1e-18,
+    micro_seconds_per_attention_flop=1e-18,
+    optimizer_fixed_seconds=0.001,
+    optimizer_seconds_per_parameter=1e-15,
+    eval_fixed_seconds=0.1,
+    eval_seconds_per_batch=0.001,
+    eval_seconds_per_flop=1e-18,
+    checkpoint_fixed_seconds=0.1,
+    checkpoint_seconds_per_parameter=1e-15,
+    startup_fixed_seconds=1.0,
+    startup_seconds_per_parameter=1e-15,
+    data_seconds_per_token=0.0,
+    warmup_seconds=0.0,
+    loop_seconds_per_micro_step=0.0,
+    memory_fixed_bytes=100 * 2**20,
+    step_mean_ratio=1.0,
+    step_noise_sd=0.0,
+    systematic_log_p10=math.log(0.9),
+    systematic_log_p90=math.log(1.1),
+    source="pinned",
+)
+
+
+class PinnedEstimator(StudyEstimator):
+    """Predicts with fixed coefficients, so which configurations fit is known in advance;
+    everything else (constraints, calibration updates, honesty metrics) is the real thing."""
+
+    @property
+    def coefficients(self) -> Coefficients:
+        return PINNED
+
+
+def config_for(work: Path, model: Path, **overrides: Any) -> StudyConfig:
+    values: dict[str, Any] = {
+        "model": str(model),
+        "work_dir": str(work),
+        "study_name": "budget",
+        "n_trials": 2,
+        "trial_max_steps": 4,
+        "eval_interval": 2,
+        "eval_samples": 8,
+        "profiles": ["fast"],
+        "sampler": "random",
+        "pruner": "none",
+        "seed": 1,
+    }
+    values.update(overrides)
+    return load_config(None, values)
+
+
+def pinned(config: StudyConfig, prepared: Prepared) -> PinnedEstimator:
+    return PinnedEstimator(config, prepared, model=model_profile(prepared.model_path))
+
+
+def p90_seconds(estimator: StudyEstimator, micro_batch_size: int, accumulation: int) -> float:
+    params = {
+        "micro_batch_size": micro_batch_size,
+        "gradient_accumulation_steps": accumulation,
+        "max_length": 128,
+        "lora_r": 8,
+        "gradient_checkpointing": False,
+    }
+    return estimator._verdict(params).full_run.seconds_p90
+
+
+# ----------------------------------------------------------------------------- never trained
+
+
+@pytest.fixture(scope="module")
+def budget_study(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A study whose window fits micro-batch 16 but not micro-batch 8 (fast profile)."""
+    work = tmp_path_factory.mktemp("budget")
+    probe_config = config_for(work, tiny_model_dir, epochs=20.0)
+    estimator = pinned(probe_config, prepare(probe_config))
+    slowest_fit = p90_seconds(estimator, 16, 1)
+    fastest_misfit = p90_seconds(estimator, 8, 2)
+    assert slowest_fit < fastest_misfit / 1.5  # a clear gap to put the window in
+    window = math.sqrt(slowest_fit * fastest_misfit)
+    config = config_for(
+        work,
+        tiny_model_dir,
+        epochs=20.0,
+        n_trials=6,
+        window_hours=window / 3600,
+        safety_margin_minutes=0.0,
+    )
+    calls: list[str] = []
+    import trainers.run
+
+    real_train = trainers.run.train
+
+    def counting_train(spec: Any, callbacks: Any = ()) -> Any:
+        calls.append(Path(spec.output_dir).name)
+        return real_train(spec, callbacks)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainers.run, "train", counting_train)
+        summary = run_study(
+            config, progress=False, estimator_factory=lambda c, p, _study: pinned(c, p)
+        )
+    study = optuna.load_study(study_name="budget", storage=config.storage_url)
+    return config, summary, study, calls
+
+
+def test_over_budget_configurations_are_never_trained(budget_study: Any) -> None:
+    config, _, study, calls = budget_study
+    trials = study.get_trials()
+    over = [t for t in trials if t.user_attrs["micro_batch_size"] == 8]
+    fits = [t for t in trials if t.user_attrs["micro_batch_size"] == 16]
+    assert over and fits, "the seed must draw both micro-batch sizes"
+    # Exactly the configurations that fit were trained, each once.
+    assert sorted(calls) == sorted(f"trial-{t.number:03d}" for t in fits)
+    for trial in over:
+        assert trial.state == optuna.trial.TrialState.PRUNED
+        reason = trial.user_attrs["state_reason"]
+        assert reason.startswith("predicted ") and "(p90 " in reason and "available" in reason
+        assert trial.constraints["duration"] > 0
+        assert TRIAL_ATTR not in trial.user_attrs  # no measurements: it never ran
+        assert trial.user_attrs["estimate"]["fits_window"] is False
+    for trial in fits:
+        assert trial.constraints["duration"] <= 0 and trial.constraints["memory"] <= 0
+        assert trial.user_attrs["estimate"]["fits_window"] is True
+        assert trial.user_attrs["time_model_source"] == "pinned"
+
+
+def test_never_trained_is_pruned_with_reason_in_mlflow(budget_study: Any) -> None:
+    _, summary, study, _ = budget_study
+    client = MlflowClient(tracking_uri=summary.tracking_uri)
+    for trial in study.get_trials():
+        run = client.get_run(trial.user_attrs["mlflow_run_id"])
+        if trial.user_attrs["micro_batch_size"] == 8:
+            assert run.data.tags["state"] == "pruned"
+            assert run.data.tags["reason"] == trial.user_attrs["state_reason"]
+            assert run.data.tags["never_trained"] == "true"
+            assert run.data.metrics["constraint_duration"] > 0
+            assert "train_loss" not in run.data.metrics
+        else:
+            assert run.data.tags["state"] == "complete"
+            # The honesty metric: the trial's own run, predicted before it ran, and measured.
+            for key in ("predicted_trial_seconds", "measured_trial_seconds",
+                        "trial_estimate_error_pct", "predicted_full_run_hours_p90"):  # fmt: skip
+                assert key in run.data.metrics, key
+                assert trial.user_attrs[key] == pytest.approx(run.data.metrics[key])
+
+
+def test_trained_trials_calibrate_the_work_dir(budget_study: Any) -> None:
+    config, _, study, calls = budget_study
+    calibration = load(Path(config.work_dir) / CALIBRATION_FILE)
+    assert calibration.n_measurements["runs"] == len(calls)
+    trained = [t for t in study.get_trials() if TRIAL_ATTR in t.user_attrs]
+    assert len(trained) == len(calls)
+    record = trained[0].user_attrs[TRIAL_ATTR]
+    assert record["hardware"]["device_kind"] == HARDWARE.device_kind
+    assert len(record["run"]["micro_step_seconds"]) <= 3 + 48
+
+
+# ----------------------------------------------------------------------------- nothing fits
+
+
+def test_nothing_fits_exits_2_before_anything_is_written(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpo.study", "--model", str(tiny_model_dir), "--work-dir", str(work),
+         "--profiles", "fast", "--epochs", "1000000", "--window-hours", "1", "--no-progress"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "no configuration fits the budget" in lines[0]
+    assert "fewer epochs would fit: --epochs " in lines[0]
+    assert not (work / "optuna.db").exists() and not (work / "mlflow.db").exists()
+    assert not (work / CALIBRATION_FILE).exists()
+
+
+@pytest.fixture(scope="module")
+def demo_prepared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    work = tmp_path_factory.mktemp("space")
+    config = config_for(work, tiny_model_dir, profiles=None)
+    return work, prepare(config)
+
+
+def space_estimator(tiny_model_dir: Path, demo_prepared: Any, **overrides: Any) -> StudyEstimator:
+    work, prepared = demo_prepared
+    config = config_for(work, tiny_model_dir, **overrides)
+    return pinned(config, prepared)
+
+
+def test_suggests_a_faster_profile_first(tiny_model_dir: Path, demo_prepared: Any) -> None:
+    # memory_efficient (micro-batch 1-2) is ~8x slower than fast (micro-batch 8-16).
+    probe = space_estimator(tiny_model_dir, demo_prepared, epochs=10.0)
+    window = math.sqrt(p90_seconds(probe, 16, 2) * p90_seconds(probe, 2, 16))
+    estimator = space_estimator(
+        tiny_model_dir, demo_prepared, epochs=10.0, profiles=["memory_efficient"],
+        window_hours=window / 3600, safety_margin_minutes=0.0,
+    )  # fmt: skip
+    with pytest.raises(BadInputError, match="a faster profile would fit: --profiles fast"):
+        estimator.check_space()
+
+
+def test_suggests_the_most_epochs_that_fit(tiny_model_dir: Path, demo_prepared: Any) -> None:
+    estimator = space_estimator(
+        tiny_model_dir, demo_prepared, epochs=1000.0, window_hours=0.5, safety_margin_minutes=0.0
+    )
+    with pytest.raises(BadInputError, match=r"fewer epochs would fit: --epochs ") as info:
+        estimator.check_space()
+    epochs = float(str(info.value).rsplit("--epochs ", 1)[1])
+    best = {"micro_batch_size": 16, "gradient_accumulation_steps": 2}
+    assert estimator._verdict({**best, "max_length": 128, "lora_r": 4,
+                               "gradient_checkpointing": False}, epochs=epochs).feasible  # fmt: skip
+    # Rounded down to two significant digits, so a little more no longer fits.
+    assert not estimator._verdict({**best, "max_length": 128, "lora_r": 4,
+                                   "gradient_checkpointing": False}, epochs=epochs * 1.1).feasible  # fmt: skip
+
+
+def test_suggests_a_shorter_max_length(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(f'{{"text": "{"word " * 300}{i}"}}\n' for i in range(60)))
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "profile: {choice: [only]}\nlearning_rate: 1.0e-3\nlora_r: {choice: [4]}\n"
+        "lora_alpha_ratio: 2\nlora_dropout: 0.0\nprofiles:\n  only:\n"
+        "    micro_batch_size: [4]\n    gradient_accumulation_steps: [1]\n"
+        "    max_length: 512\n    gradient_checkpointing: false\n"
+    )
+    base = config_for(tmp_path / "w", tiny_model_dir, data=str(data), space=str(space),
+                      profiles=None)  # fmt: skip
+    prepared = prepare(base)
+    probe = pinned(base, prepared)
+    params = {"micro_batch_size": 4, "gradient_accumulation_steps": 1, "lora_r": 4,
+              "gradient_checkpointing": False}  # fmt: skip
+    long = probe._verdict({**params, "max_length": 512}).full_run.peak_memory_bytes
+    half = probe._verdict({**params, "max_length": 256}).full_run.peak_memory_bytes
+    assert half < long
+    limit_gb = (half + long) / 2 / 2**30
+    estimator = pinned(
+        config_for(tmp_path / "w", tiny_model_dir, data=str(data), space=str(space),
+                   profiles=None, max_memory_gb=limit_gb),
+        prepared,
+    )  # fmt: skip
+    with pytest.raises(BadInputError, match="a shorter max_length would fit: 256 tokens") as info:
+        estimator.check_space()
+    assert "GB limit" in str(info.value)
+
+
+def test_says_so_when_nothing_helps(tiny_model_dir: Path, demo_prepared: Any) -> None:
+    # A 1 s start-up alone does not fit a 0.5 s window.
+    estimator = space_estimator(
+        tiny_model_dir, demo_prepared, window_hours=0.5 / 3600, safety_margin_minutes=0.0
+    )
+    with pytest.raises(BadInputError, match="no faster profile, fewer epochs or shorter"):
+        estimator.check_space()
+
+
+def test_something_fits_passes(tiny_model_dir: Path, demo_prepared: Any) -> None:
+    space_estimator(tiny_model_dir, demo_prepared).check_space()  # 12 h window: no error
+
+
+# ----------------------------------------------------------------------------- calibration files
+
+
+def test_calibration_carries_over_to_the_next_study(tiny_model_dir: Path, tmp_path: Path) -> None:
+    work = tmp_path / "shared"
+    first = run_study(config_for(work, tiny_model_dir, study_name="first"), progress=False)
+    assert first.states["complete"] == 2
+    after_first = load(work / CALIBRATION_FILE)
+    assert after_first.n_measurements["runs"] == 2
+
+    run_study(config_for(work, tiny_model_dir, study_name="second", n_trials=1), progress=False)
+    storage = config_for(work, tiny_model_dir).storage_url
+    first_trial = optuna.load_study(study_name="first", storage=storage).trials[0]
+    second_trial = optuna.load_study(study_name="second", storage=storage).trials[0]
+    assert first_trial.user_attrs["time_model_source"].startswith("prior:")
+    # The second study's very first check already used the first study's calibration.
+    assert second_trial.user_attrs["time_model_source"] == (
+        f"calibration:{after_first.calibration_id}"
+    )
+    assert load(work / CALIBRATION_FILE).n_measurements["runs"] == 3
+
+
+def test_fingerprint_mismatch_falls_back_to_priors_with_a_warning(
+    tiny_model_dir: Path, demo_prepared: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, prepared = demo_prepared
+    other = HardwareInfo("cuda", "NVIDIA H100 80GB HBM3", 80 * 2**30, 16, "bf16")
+    foreign = fit([], model_profile(tiny_model_dir), other, prior=prior_coefficients(other))
+    foreign.save(tmp_path / CALIBRATION_FILE)
+    config = config_for(tmp_path, tiny_model_dir)
+    with caplog.at_level(logging.WARNING, logger="hpo.estimator"):
+        estimator = StudyEstimator(config, prepared, cpu_probe=lambda: 1e10)
+    assert estimator.calibration is None
+    assert estimator.coefficients.source.startswith("prior:")
+    warnings = [r for r in caplog.records if r.name == "hpo.estimator"]
+    assert len(warnings) == 1 and "using priors" in warnings[0].getMessage()
+    assert foreign.fingerprint in warnings[0].getMessage()

@@ -1,0 +1,244 @@
+"""JSONL records -> validated, labelled token ids (the three record shapes and chat rendering).
+
+Each good record is rendered into *pieces*: text (or token ids) with a flag saying whether its
+tokens carry loss. Tokenizing piece by piece keeps the loss mask exact: no offset mapping, and
+a prompt's last token can never merge with a completion's first. For byte-level BPE this gives
+the same tokens as the whole text; a SentencePiece-style tokenizer that prepends a space marker
+on every call adds one to a piece that starts without a space (completions conventionally start
+with one).
+
+Without a chat template, every message becomes ``<|{role}|>\n{content}\n`` with eos right after
+an assistant's content; only that content and its eos carry loss. With
+``tokenizer.chat_template`` set, an assistant turn is what rendering it adds to the rendering
+of the messages before it with the generation prompt (so a template's end-of-turn marker
+carries loss too).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainers.errors import BadInputError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+SHAPES = ("text", "prompt_completion", "messages")
+ROLES = ("system", "user", "assistant")
+IGNORE_INDEX = -100
+
+# A piece of a rendered sample: text to tokenize (or token ids as they are) and whether its
+# tokens carry loss.
+Piece = tuple[str | list[int], bool]
+
+
+class _BadLine(Exception):
+    """A record that cannot be used; the message says why (without the location)."""
+
+
+def read_pieces(
+    path: Path, tokenizer: PreTrainedTokenizerBase, *, skip_bad_lines: bool = False
+) -> tuple[str, list[list[Piece]], int]:
+    """Parse and validate a JSONL file and render every record into labelled pieces.
+
+    Args:
+        path: The JSONL file.
+        tokenizer: Renders chat records (template, special tokens).
+        skip_bad_lines: Count malformed lines instead of raising.
+
+    Returns:
+        The file's record shape, the pieces of each good record, and the number of skipped lines.
+
+    Raises:
+        BadInputError: ``path:line: what`` for a malformed line (unless skipped), or no good
+            record at all.
+    """
+    shape: str | None = None
+    rendered: list[list[Piece]] = []
+    skipped = 0
+    prefix = special_prefix(tokenizer)
+    for lineno, record in _json_lines(path):
+        try:
+            if isinstance(record, _BadLine):
+                raise record
+            record_shape = _validate(record)
+            if shape is not None and record_shape != shape:
+                raise _BadLine(f"a {record_shape} record in a {shape} file (one shape per file)")
+            rendered.append(_render(record_shape, record, tokenizer, prefix))
+            shape = record_shape
+        except _BadLine as bad:
+            if not skip_bad_lines:
+                raise BadInputError(f"{path}:{lineno}: {bad}") from None
+            skipped += 1
+    if shape is None:
+        raise BadInputError(f"{path}: no usable records ({skipped} bad line(s) skipped)")
+    return shape, rendered, skipped
+
+
+def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON or a _BadLine) for every non-blank line."""
+    with path.open("rb") as lines:
+        for lineno, raw in enumerate(lines, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield lineno, _BadLine("not valid UTF-8")
+                continue
+            if not text.strip():
+                continue
+            try:
+                yield lineno, json.loads(text)
+            except json.JSONDecodeError as error:
+                yield lineno, _BadLine(f"not valid JSON ({error.msg} at column {error.colno})")
+
+
+def _validate(record: Any) -> str:
+    """Check one parsed record and return its shape; raises _BadLine."""
+    if not isinstance(record, dict):
+        raise _BadLine(f"expected a JSON object, got {_json_type(record)}")
+    if "messages" in record:
+        _validate_messages(record["messages"])
+        return "messages"
+    if "prompt" in record or "completion" in record:
+        for field in ("prompt", "completion"):
+            _require_str(record, field)
+        return "prompt_completion"
+    if "text" in record:
+        if not _require_str(record, "text"):
+            raise _BadLine("field 'text' is empty")
+        return "text"
+    raise _BadLine("no 'text', 'prompt'/'completion' or 'messages' field")
+
+
+def _validate_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise _BadLine(f"field 'messages' must be a non-empty list, got {_json_type(messages)}")
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise _BadLine(f"{where} must be an object, got {_json_type(message)}")
+        role = message.get("role")
+        if role not in ROLES:
+            raise _BadLine(
+                f"{where} has unknown role {role!r} (expected system, user or assistant)"
+            )
+        if not isinstance(message.get("content"), str):
+            got = _json_type(message.get("content")) if "content" in message else "nothing"
+            raise _BadLine(f"{where}.content must be a string, got {got}")
+    if messages[0]["role"] == "assistant":
+        raise _BadLine("messages[0] is an assistant message; start with a system or user message")
+    if not any(message["role"] == "assistant" for message in messages):
+        raise _BadLine("no assistant message (nothing to learn from)")
+
+
+def _require_str(record: dict[str, Any], field: str) -> str:
+    if field not in record:
+        raise _BadLine(f"missing field {field!r}")
+    value = record[field]
+    if not isinstance(value, str):
+        raise _BadLine(f"field {field!r} must be a string, got {_json_type(value)}")
+    return value
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def _render(
+    shape: str, record: dict[str, Any], tokenizer: PreTrainedTokenizerBase, prefix: list[int]
+) -> list[Piece]:
+    """Turn one valid record into labelled pieces."""
+    eos: list[int] = [int(tokenizer.eos_token_id)]  # type: ignore[arg-type]
+    if shape == "text":
+        return [(prefix, False), (record["text"], True), (eos, True)]
+    if shape == "prompt_completion":
+        return [
+            (prefix, False),
+            (record["prompt"], False),
+            (record["completion"], True),
+            (eos, True),
+        ]
+    messages = [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
+    if tokenizer.chat_template:
+        return _render_with_template(messages, tokenizer)
+    pieces: list[Piece] = [(prefix, False)]
+    for message in messages:
+        is_assistant = message["role"] == "assistant"
+        pieces.append((f"<|{message['role']}|>\n", False))
+        pieces.append((message["content"], is_assistant))
+        if is_assistant:
+            pieces.append((eos, True))
+        pieces.append(("\n", False))
+    return pieces
+
+
+def _render_with_template(
+    messages: list[dict[str, str]], tokenizer: PreTrainedTokenizerBase
+) -> list[Piece]:
+    """Pieces of a conversation rendered by the tokenizer's chat template.
+
+    An assistant turn's labelled text is what rendering it adds to the rendering of the messages
+    before it with the generation prompt, so the template's end-of-turn marker carries loss too.
+    """
+
+    def render(part: list[dict[str, str]], generation_prompt: bool) -> str:
+        try:
+            text = tokenizer.apply_chat_template(
+                part, tokenize=False, add_generation_prompt=generation_prompt
+            )
+        except Exception as error:  # jinja raises its own errors (e.g. role order rules)
+            raise _BadLine(f"chat template failed: {error}") from None
+        if not isinstance(text, str):
+            raise _BadLine(f"chat template returned {type(text).__name__}, expected text")
+        return text
+
+    full = render(messages, False)
+    pieces: list[Piece] = []
+    cursor = 0
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = render(messages[:index], True)
+        upto = render(messages[: index + 1], False)
+        if len(before) < cursor or not (upto.startswith(before) and full.startswith(upto)):
+            raise _BadLine(
+                "the tokenizer's chat template does not render this conversation prefix by "
+                "prefix, so its assistant turns cannot be located"
+            )
+        pieces.append((full[cursor : len(before)], False))
+        pieces.append((full[len(before) : len(upto)], True))
+        cursor = len(upto)
+    pieces.append((full[cursor:], False))
+    return pieces
+
+
+def special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Token ids the tokenizer puts before a text on its own (e.g. Llama's bos), else []."""
+    bare = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    full = list(tokenizer("a")["input_ids"])
+    for start in range(len(full) - len(bare) + 1):
+        if full[start : start + len(bare)] == bare:
+            return full[:start]
+    return []
+
+
+def tokenize_pieces(
+    samples: Sequence[Sequence[Piece]], tokenizer: PreTrainedTokenizerBase
+) -> list[tuple[list[int], list[int]]]:
+    """Tokenize rendered samples (one batched tokenizer call) into (input_ids, labels)."""
+    texts = [part for pieces in samples for part, _ in pieces if isinstance(part, str)]
+    encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else iter([])
+    result = []
+    for pieces in samples:
+        ids: list[int] = []
+        labels: list[int] = []
+        for part, labelled in pieces:
+            part_ids = list(next(encoded)) if isinstance(part, str) else part
+            ids.extend(part_ids)
+            labels.extend(part_ids if labelled else [IGNORE_INDEX] * len(part_ids))
+        result.append((ids, labels))
+    return result
