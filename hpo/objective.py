@@ -184,16 +184,16 @@ class Objective:
             ctx.tracker.end_trial(run_id, "pruned", metrics=measured, tags={"reason": reason})
             raise optuna.TrialPruned(reason)
 
-        value = result.final_eval_loss
-        if value is None or not math.isfinite(value):
-            reason = f"no finite validation loss (got {value})"
+        final_loss = result.final_eval_loss
+        if final_loss is None or not math.isfinite(final_loss):
+            reason = f"no finite validation loss (got {final_loss})"
             trial.set_user_attr("state_reason", reason)
             ctx.tracker.end_trial(run_id, "failed", metrics=measured, tags={"reason": reason})
             raise TrainingFailed(reason)
         ctx.tracker.end_trial(
-            run_id, "complete", metrics={"value": value, "val_loss_final": value, **measured}
+            run_id, "complete", metrics={"value": final_loss, "val_loss_final": final_loss, **measured}
         )
-        return float(value)
+        return float(final_loss)
 
     @staticmethod
     def _measurements(result: TrainResult, steps: int, seconds: float) -> dict[str, float]:

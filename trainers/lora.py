@@ -50,7 +50,7 @@ def apply_lora(model: Any, lora: LoraSpec) -> tuple[Any, ModelInfo]:
     )
     config = LoraConfig(
         r=lora.r,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # PEFT annotates int; it scales by any number
         lora_dropout=lora.dropout,
         use_rslora=lora.use_rslora,
         target_modules=targets,
