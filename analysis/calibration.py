@@ -21,15 +21,17 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares
+from scipy.stats import t as student_t
 
 from analysis.timemodel import (
     Coefficients,
     HardwareInfo,
     ModelProfile,
     activation_bytes,
+    adapter_flops,
     attention_flops,
-    dense_flops,
     fingerprint,
+    frozen_flops,
     prior_coefficients,
     static_memory_bytes,
 )
@@ -44,7 +46,6 @@ _F_SCALE = 0.1  # log-ratio scale where the robust loss turns from quadratic to 
 _PRIOR_LOG_SD = 2.0  # a weak pull to the prior: decides only what the data leave open
 _RUN_SD_PRIOR = 0.12  # run-to-run sd of step time before seeing repeats (5-13 % here)
 _RUN_SD_FLOOR = 0.05
-_Z90 = 1.2815515655446004
 
 
 @dataclass(frozen=True)
@@ -352,6 +353,18 @@ class Calibration:
             raise
 
 
+def _micro_rates(c: Coefficients) -> np.ndarray:
+    """The micro-step coefficients in the column order of `_micro_rows`."""
+    return np.array(
+        [
+            c.micro_fixed_seconds,
+            c.micro_seconds_per_flop,
+            c.adapter_seconds_per_flop,
+            c.micro_seconds_per_attention_flop,
+        ]
+    )
+
+
 def _micro_rows(run: RunMeasurements, model: ModelProfile) -> tuple[np.ndarray, np.ndarray]:
     start = run.warmup_steps
     tokens = np.asarray(run.micro_step_tokens[start:], dtype=np.float64)
@@ -360,7 +373,8 @@ def _micro_rows(run: RunMeasurements, model: ModelProfile) -> tuple[np.ndarray, 
     features = np.column_stack(
         [
             np.ones_like(tokens),
-            dense_flops(model.total_parameters, run.trainable_parameters, 1.0, gc) * tokens,
+            frozen_flops(model.total_parameters, 1.0, gc) * tokens,
+            adapter_flops(run.trainable_parameters, 1.0, gc) * tokens,
             attention_flops(model, 1.0, gc) * tokens * seq,  # b * s^2 = tokens * s
         ]
     )
@@ -403,13 +417,11 @@ def fit(
     n_params = float(model.total_parameters)
 
     micro_rows = [_micro_rows(run, model) for run in stored]
-    x, y = _stack(micro_rows, 3)
+    x, y = _stack(micro_rows, 4)
     micro, res = _robust_positive_fit(
         x,
         y,
-        np.array(
-            [p.micro_fixed_seconds, p.micro_seconds_per_flop, p.micro_seconds_per_attention_flop]
-        ),
+        _micro_rates(p),
     )
     opt_x, opt_y = _stack(
         [
@@ -461,7 +473,8 @@ def fit(
         prior,
         micro_fixed_seconds=float(micro[0]),
         micro_seconds_per_flop=float(micro[1]),
-        micro_seconds_per_attention_flop=float(micro[2]),
+        micro_seconds_per_adapter_flop=float(micro[2]),
+        micro_seconds_per_attention_flop=float(micro[3]),
         optimizer_fixed_seconds=float(optimizer[0]),
         optimizer_seconds_per_parameter=float(optimizer[1]),
         eval_fixed_seconds=float(evals[0]),
@@ -523,9 +536,7 @@ def _warmup_extra(run: RunMeasurements, model: ModelProfile, c: Coefficients) ->
     """Seconds the warm-up steps of `run` took beyond what steady steps would have."""
     w = run.warmup_steps
     features, _ = _micro_rows(dataclasses.replace(run, warmup_steps=0), model)
-    rates = np.array(
-        [c.micro_fixed_seconds, c.micro_seconds_per_flop, c.micro_seconds_per_attention_flop]
-    )
+    rates = _micro_rates(c)
     steady = float((features[:w] @ rates).sum()) * c.step_mean_ratio
     extra = float(sum(run.micro_step_seconds[:w])) - steady
     if run.optimizer_warmup_steps:
@@ -588,7 +599,10 @@ def _spread(
     `step_mean_ratio` turns the robust (typical) step time into the mean, stalls included:
     a run's total is a sum, so every stall measured on this machine costs real time.
     The run-to-run sd is a shrinkage estimate: a prior worth two runs, pooled with the
-    spread of per-run median residuals as repeats accumulate.
+    spread of per-run median residuals as repeats accumulate. Its quantiles come from a
+    Student t with the pooled estimate's k + 1 degrees of freedom rather than a normal: an sd
+    estimated from a handful of runs is itself uncertain, which widens the band while few
+    runs are measured.
     """
     usable = log_residuals[np.isfinite(log_residuals)]
     if usable.size == 0:
@@ -608,7 +622,8 @@ def _spread(
     variance = float(np.var(medians, ddof=1)) if k >= 2 else 0.0
     run_sd = math.sqrt((2 * _RUN_SD_PRIOR**2 + (k - 1) * variance) / (k + 1))
     run_sd = max(run_sd, _RUN_SD_FLOOR)
-    return mean, float(ratio.std()) / mean, -_Z90 * run_sd, _Z90 * run_sd
+    quantile = float(student_t.ppf(0.9, k + 1))
+    return mean, float(ratio.std()) / mean, -quantile * run_sd, quantile * run_sd
 
 
 def update(

@@ -1,9 +1,10 @@
 """Predict the duration, cost and peak memory of a full LoRA fine-tuning run.
 
-Full-run seconds = start-up + data loading + optimizer steps x (accumulation x micro-step
-time + optimizer-step time) + evaluations + checkpoint saves. Every term is a small linear
-model over physical features (FLOPs, parameters, tokens) whose coefficients are either
-priors from the device's peak FLOP/s or fitted to measured steps (`analysis.calibration`).
+Full-run seconds = start-up + data loading + warm-up + optimizer steps x (accumulation x
+(micro-step time + loop overhead) + optimizer-step time) + evaluations + checkpoint saves.
+Every term is a small linear model over physical features (FLOPs of the frozen weights and
+of the adapters, attention, parameters, tokens) whose coefficients are either priors from
+the device's peak FLOP/s or fitted to measured steps (`analysis.calibration`).
 
 Pure numpy: importable without torch.
 """
@@ -232,11 +233,20 @@ class Coefficients:
     eval_seconds_per_batch: float = 0.005  # one forward call's overhead during evaluation
     loop_seconds_per_micro_step: float = 0.0  # fetch + collate + loop bookkeeping per micro-step
     warmup_seconds: float = 0.0  # extra time of a run's first steps (allocator, lazy init)
+    # Adapter matmuls are thin (rank r) and run at their own efficiency; None: as the rest.
+    micro_seconds_per_adapter_flop: float | None = None
     step_mean_ratio: float = 1.0  # mean / typical micro-step time (stalls, outliers)
     step_noise_sd: float = 0.0  # relative sd of one micro-step around the mean
     systematic_log_p10: float = _PRIOR_LOG_P10  # quantiles of log(actual / predicted) total
     systematic_log_p90: float = _PRIOR_LOG_P90
     source: str = "prior"
+
+    @property
+    def adapter_seconds_per_flop(self) -> float:
+        """Seconds per FLOP of the LoRA adapters' own matmuls."""
+        if self.micro_seconds_per_adapter_flop is None:
+            return self.micro_seconds_per_flop
+        return self.micro_seconds_per_adapter_flop
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -253,6 +263,8 @@ class Coefficients:
         for name, value in data.items():
             if name == "source":
                 values[name] = str(value)
+            elif value is None and name == "micro_seconds_per_adapter_flop":
+                values[name] = None
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 values[name] = float(value)
             else:
@@ -308,6 +320,7 @@ def prior_coefficients(
     return Coefficients(
         micro_fixed_seconds=0.005 if on_cpu else 0.03,
         micro_seconds_per_flop=1.0 / effective,
+        micro_seconds_per_adapter_flop=1.0 / effective,
         micro_seconds_per_attention_flop=2.0 / effective,
         optimizer_fixed_seconds=0.002 if on_cpu else 0.005,
         optimizer_seconds_per_parameter=3e-9 if on_cpu else 5e-11,
@@ -392,19 +405,32 @@ def _epoch_averages(lengths: np.ndarray, samples: int, batch: int) -> tuple[floa
     return tokens / max(n_batches, 1), square / max(n_batches, 1)
 
 
+def frozen_flops(total_parameters: float, tokens: float, gradient_checkpointing: bool) -> float:
+    """Matmul FLOPs of the frozen weights in one micro-step over `tokens` padded tokens.
+
+    Frozen weights need no weight gradients: forward 2N + input-gradient 2N = 4N per token
+    (2/3 of the 6N rule); checkpointing re-runs the forward (+2N).
+    """
+    return (6.0 if gradient_checkpointing else 4.0) * total_parameters * tokens
+
+
+def adapter_flops(
+    trainable_parameters: float, tokens: float, gradient_checkpointing: bool
+) -> float:
+    """Matmul FLOPs of the LoRA adapters (trained fully: 6P per token, +2P recomputed)."""
+    return (8.0 if gradient_checkpointing else 6.0) * trainable_parameters * tokens
+
+
 def dense_flops(
     total_parameters: float,
     trainable_parameters: float,
     tokens: float,
     gradient_checkpointing: bool,
 ) -> float:
-    """Matmul FLOPs of one LoRA training micro-step over `tokens` padded tokens.
-
-    Frozen weights need no weight gradients: forward 2N + input-gradient 2N = 4N per token
-    (2/3 of the 6N rule); adapters train fully (6P); checkpointing re-runs the forward.
-    """
-    extra = 2.0 if gradient_checkpointing else 0.0
-    return ((4.0 + extra) * total_parameters + (6.0 + extra) * trainable_parameters) * tokens
+    """Matmul FLOPs of one LoRA training micro-step: frozen weights plus adapters."""
+    return frozen_flops(total_parameters, tokens, gradient_checkpointing) + adapter_flops(
+        trainable_parameters, tokens, gradient_checkpointing
+    )
 
 
 def attention_flops(
@@ -508,7 +534,8 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     micro = (
         c.micro_fixed_seconds
         + c.micro_seconds_per_flop
-        * dense_flops(model.total_parameters, trainable, tokens, plan.gradient_checkpointing)
+        * frozen_flops(model.total_parameters, tokens, plan.gradient_checkpointing)
+        + c.adapter_seconds_per_flop * adapter_flops(trainable, tokens, plan.gradient_checkpointing)
         + c.micro_seconds_per_attention_flop
         * attention_flops(model, square, plan.gradient_checkpointing)
     ) * c.step_mean_ratio

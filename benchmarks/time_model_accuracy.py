@@ -35,7 +35,7 @@ from analysis.timemodel import Estimate, Plan, predict  # noqa: E402
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
 
 EVAL_SAMPLES = 16
-HOLDOUT_FACTOR = 12.0  # held-out runs are sized to ~12x the median probe (>= 10x measured)
+HOLDOUT_FACTOR = 12.0  # held-out runs are sized to ~12x the longest probe (>= 10x measured)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,10 +143,8 @@ def size_run(
     return plan, predict(plan, calibration.coefficients)
 
 
-def run_held_out(
-    model: str, data: str, plan: Plan, work: Path, name: str
-) -> tuple[dict[str, Any], float]:
-    """Train `plan`; return the trainer's result and the share of a CPU core the run got."""
+def run_held_out(model: str, data: str, plan: Plan, work: Path, name: str) -> dict[str, Any]:
+    """Train `plan`; return the trainer's result dict."""
     from trainers.run import train
     from trainers.spec import LoraSpec, TrainSpec
 
@@ -165,16 +163,14 @@ def run_held_out(
         checkpoint_interval=plan.checkpoint_interval_steps,
         cache_dir=str(work / "cache"),
     )
-    cpu, wall = time.process_time(), time.perf_counter()
-    result = train(spec).to_dict()
-    return result, (time.process_time() - cpu) / (time.perf_counter() - wall)
+    return train(spec).to_dict()
 
 
 def calibrate(model: str, data: str, work: Path) -> dict[str, Any]:
-    """Run the probe design and fit; also note the CPU share the probes got."""
+    """Run the probe design and fit."""
     from analysis.machine import this_machine
 
-    cpu, started = time.process_time(), time.perf_counter()
+    started = time.perf_counter()
     probes = run_probes(model, data, PROBE_DESIGN, work_dir=work / "probes")
     seconds = time.perf_counter() - started
     walls = [float(p["wall_seconds"]) for p in probes]
@@ -182,7 +178,6 @@ def calibrate(model: str, data: str, work: Path) -> dict[str, Any]:
         "calibration": calibrate_from_results(probes, this_machine()),
         "runs": len(probes),
         "seconds": seconds,
-        "cpu_share": (time.process_time() - cpu) / seconds,
         "median_seconds": median(walls),
         "longest_seconds": max(walls),
     }
@@ -195,15 +190,11 @@ def held_out_row(
     calibration: Calibration = probes["calibration"]
     lengths, n_validation = _lengths(model, data, config.max_length, work / "cache")
     plan, estimate = size_run(
-        calibration, config, lengths, n_validation, HOLDOUT_FACTOR * probes["median_seconds"]
+        calibration, config, lengths, n_validation, HOLDOUT_FACTOR * probes["longest_seconds"]
     )
-    result, share = run_held_out(model, data, plan, work, f"held-out-{index}")
+    result = run_held_out(model, data, plan, work, f"held-out-{index}")
     measured = float(result["wall_seconds"])
     memory = float(result["peak_memory_bytes"])
-    # Diagnostic only (it uses what the run itself measured): the prediction scaled by the
-    # CPU share the probes got over the share this run got, i.e. as if the other load on
-    # the machine had stayed what it was during calibration.
-    adjusted = estimate.seconds_p50 * probes["cpu_share"] / share
     return {
         "config": config.name,
         "optimizer_steps": plan.max_steps,
@@ -217,8 +208,6 @@ def held_out_row(
         "inside_band": estimate.seconds_p10 <= measured <= estimate.seconds_p90,
         "x_median_probe": measured / probes["median_seconds"],
         "x_longest_probe": measured / probes["longest_seconds"],
-        "cpu_share": share,
-        "load_adjusted_abs_pct_error": 100 * abs(adjusted - measured) / measured,
         "predicted_memory_mb": estimate.peak_memory_bytes / 2**20,
         "measured_memory_mb": memory / 2**20,
         "memory_abs_pct_error": 100 * abs(estimate.peak_memory_bytes - memory) / memory,
@@ -249,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"calibrated from {probes['runs']} probe runs in {probes['seconds']:.1f} s "
             f"(median {probes['median_seconds']:.1f} s, longest {probes['longest_seconds']:.1f} "
-            f"s, {100 * probes['cpu_share']:.0f} % of a core)",
+            "s)",
             flush=True,
         )
         rows = []
@@ -281,14 +270,10 @@ def summarize(
         "p90_abs_pct_error": float(np.percentile(errors, 90)),
         "band_coverage": sum(r["inside_band"] for r in rows) / len(rows),
         "memory_median_abs_pct_error": median([r["memory_abs_pct_error"] for r in rows]),
-        "load_adjusted_median_abs_pct_error": median(
-            [r["load_adjusted_abs_pct_error"] for r in rows]
-        ),
         "repeat_difference_pct": 100 * abs(repeat["measured_s"] - first) / first,
         "repeat": repeat,
         "probe_runs": probes["runs"],
         "probe_seconds": probes["seconds"],
-        "probe_cpu_share": probes["cpu_share"],
         "median_probe_seconds": probes["median_seconds"],
         "longest_probe_seconds": probes["longest_seconds"],
         "calibration": {
@@ -306,12 +291,12 @@ def print_report(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     print(
         table(
             ["config", "steps", "evals", "ckpts", "pred p50 s", "p10-p90 s", "measured s",
-             "err %", "in band", "x probe", "core %", "mem pred MB", "mem meas MB"],
+             "err %", "in band", "x longest probe", "mem pred MB", "mem meas MB"],
             [
                 [r["config"], r["optimizer_steps"], r["evaluations"], r["checkpoints"],
                  r["predicted_p50_s"], f"{r['predicted_p10_s']:.1f}-{r['predicted_p90_s']:.1f}",
                  r["measured_s"], r["abs_pct_error"], "yes" if r["inside_band"] else "no",
-                 r["x_median_probe"], 100 * r["cpu_share"], r["predicted_memory_mb"],
+                 r["x_longest_probe"], r["predicted_memory_mb"],
                  r["measured_memory_mb"]]
                 for r in rows
             ],
@@ -325,9 +310,8 @@ def print_report(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
         f"(probes: {summary['probe_runs']} runs, {summary['probe_seconds']:.0f} s)"
     )
     print(
-        f"noise floor: the same configuration run twice differed by "
-        f"{summary['repeat_difference_pct']:.1f} %; load-adjusted median |error| "
-        f"{summary['load_adjusted_median_abs_pct_error']:.1f} % (diagnostic)"
+        f"noise floor: the first configuration, run again at the end, differed by "
+        f"{summary['repeat_difference_pct']:.1f} % from its first run"
     )
 
 

@@ -125,6 +125,7 @@ class StudyEstimator:
         self.path = Path(config.work_dir) / CALIBRATION_FILE
         self._cpu_probe = cpu_probe
         self._prior: Coefficients | None = None
+        self._length_cache: dict[int, tuple[tuple[int, ...], int]] = {}
         self.calibration, warning = load_for(self.path, self.fingerprint)
         if warning:
             log.warning(warning)
@@ -181,14 +182,18 @@ class StudyEstimator:
         tokenized (a profile outside the study's) is approximated by clipping the longest
         tokenization there is.
         """
-        stats = self.prepared.dataset_stats
-        n_train = self.prepared.train_samples
-        if max_length in stats:
-            lengths = list(stats[max_length].lengths)
-        else:
-            longest = stats[max(stats)].lengths
-            lengths = [min(n, max_length) for n in longest]
-        return tuple(lengths[:n_train]), max(len(lengths) - n_train, 0)
+        if max_length not in self._length_cache:
+            stats = self.prepared.dataset_stats
+            n_train = self.prepared.train_samples
+            if max_length in stats:
+                lengths = list(stats[max_length].lengths)
+            else:
+                lengths = [min(n, max_length) for n in stats[max(stats)].lengths]
+            self._length_cache[max_length] = (
+                tuple(lengths[:n_train]),
+                max(len(lengths) - n_train, 0),
+            )
+        return self._length_cache[max_length]
 
     def _verdict(self, params: Mapping[str, Any], **plan_changes: Any) -> Verdict:
         coefficients = self.coefficients

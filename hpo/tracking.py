@@ -90,11 +90,12 @@ class Tracker:
         self.experiment_name = experiment_name
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(tracking_uri=tracking_uri)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpo-mlflow")
         self._pending: list[Future[Any]] = []
         for attempt in range(4):
             try:
+                # The store creates (and migrates) its tables on first contact.
+                self.client = MlflowClient(tracking_uri=tracking_uri)
                 self.experiment_id = self._experiment(experiment_name, artifact_dir)
                 break
             except Exception as exc:

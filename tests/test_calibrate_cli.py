@@ -10,12 +10,13 @@ from typing import Any
 import optuna
 import pytest
 
-from analysis.calibrate import TRIAL_ATTR, ProbeConfig, calibrate_from_results, run_probes
+from analysis.calibrate import TRIAL_ATTR, ProbeConfig, calibrate_from_results, main, run_probes
 from analysis.calibration import load
 from analysis.machine import this_machine
 from hpo.config import load_config
 from hpo.estimator import CALIBRATION_FILE
 from hpo.runner import run_study
+from trainers.cli import run_cli
 from trainers.paths import demo_data_path
 
 
@@ -87,30 +88,34 @@ def test_default_out_is_the_study_work_dir(recorded_study: Any, tmp_path: Path) 
     ],
 )
 def test_bad_input_exits_2(
-    recorded_study: Any, tmp_path: Path, args: list[str], expected: str
+    recorded_study: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    expected: str,
 ) -> None:
     config, _ = recorded_study
     storage = ["--storage", config.storage_url] if "--study-name" in args else []
-    proc = calibrate(*args, *storage, "--out", str(tmp_path / "c.json"), cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    code = run_cli(main, [*args, *storage, "--out", str(tmp_path / "c.json")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and expected in lines[0], lines
     assert not (tmp_path / "c.json").exists()
 
 
-def test_missing_database_is_not_created(tmp_path: Path) -> None:
+def test_missing_database_is_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "missing.db"
-    proc = calibrate("--study-name", "x", "--storage", f"sqlite:///{db}", cwd=tmp_path)
-    assert proc.returncode == 2 and "no study named 'x'" in proc.stderr
+    assert run_cli(main, ["--study-name", "x", "--storage", f"sqlite:///{db}"]) == 2
+    assert "no study named 'x'" in capsys.readouterr().err
     assert not db.exists()
 
 
-def test_study_without_measurements(tmp_path: Path) -> None:
+def test_study_without_measurements(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     storage = f"sqlite:///{tmp_path / 'o.db'}"
     optuna.create_study(study_name="empty", storage=storage)
-    proc = calibrate("--study-name", "empty", "--storage", storage, cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "no trained trial with time-model measurements" in proc.stderr
+    assert run_cli(main, ["--study-name", "empty", "--storage", storage]) == 2
+    assert "no trained trial with time-model measurements" in capsys.readouterr().err
 
 
 def test_probe_runs_fit_one_calibration(tiny_model_dir: Path, tmp_path: Path) -> None:

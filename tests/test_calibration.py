@@ -22,9 +22,10 @@ from analysis.timemodel import (
     ModelProfile,
     Plan,
     activation_bytes,
+    adapter_flops,
     attention_flops,
-    dense_flops,
     fingerprint,
+    frozen_flops,
     predict,
     prior_coefficients,
     static_memory_bytes,
@@ -45,6 +46,7 @@ TRUTH = dataclasses.replace(
     PRIOR,
     micro_fixed_seconds=0.05,
     micro_seconds_per_flop=2.5 / 20e9,
+    micro_seconds_per_adapter_flop=2.5 / 20e9,
     micro_seconds_per_attention_flop=1.5 / 10e9,
     optimizer_fixed_seconds=0.004,
     optimizer_seconds_per_parameter=8e-9,
@@ -79,16 +81,19 @@ def synthetic_run(
     noise: float = 0.05,
     outliers: float = 0.0,
     with_checkpoints: bool = True,
+    truth: Coefficients = TRUTH,
+    model: ModelProfile = MODEL,
 ) -> RunMeasurements:
-    """Measurements generated from TRUTH with log-normal noise and x3 stalls."""
-    t = TRUTH
-    params = rank * MODEL.lora_parameters_per_rank
+    """Measurements generated from `truth` with log-normal noise and x3 stalls."""
+    t = truth
+    params = rank * model.lora_parameters_per_rank
     seq = rng.integers(8, 513, size=steps)
     tokens = batch * seq
     seconds = (
         t.micro_fixed_seconds
-        + t.micro_seconds_per_flop * dense_flops(MODEL.total_parameters, params, 1.0, gc) * tokens
-        + t.micro_seconds_per_attention_flop * attention_flops(MODEL, 1.0, gc) * tokens * seq
+        + t.micro_seconds_per_flop * frozen_flops(model.total_parameters, 1.0, gc) * tokens
+        + t.adapter_seconds_per_flop * adapter_flops(params, 1.0, gc) * tokens
+        + t.micro_seconds_per_attention_flop * attention_flops(model, 1.0, gc) * tokens * seq
     ) * np.exp(rng.normal(0.0, noise, size=steps))
     seconds = np.where(rng.random(steps) < outliers, 3.0 * seconds, seconds)
     seconds[:3] *= 10.0  # warm-up
@@ -98,15 +103,15 @@ def synthetic_run(
     )
     eval_tokens = rng.integers(2000, 20000, size=4)
     evals = (
-        t.eval_fixed_seconds + t.eval_seconds_per_flop * 2 * MODEL.total_parameters * eval_tokens
+        t.eval_fixed_seconds + t.eval_seconds_per_flop * 2 * model.total_parameters * eval_tokens
     ) * np.exp(rng.normal(0.0, noise, size=4))
     ckpt = (t.checkpoint_fixed_seconds + t.checkpoint_seconds_per_parameter * params) * np.exp(
         rng.normal(0.0, noise, size=3)
     )
     peak = (
         t.memory_fixed_bytes
-        + static_memory_bytes(MODEL, params, "fp32")
-        + t.activation_memory_scale * activation_bytes(MODEL, batch, int(seq.max()), "fp32", gc)
+        + static_memory_bytes(model, params, "fp32")
+        + t.activation_memory_scale * activation_bytes(model, batch, int(seq.max()), "fp32", gc)
     )
     return RunMeasurements.from_result_dict(
         {
@@ -121,7 +126,7 @@ def synthetic_run(
             ],
             "checkpoint_seconds": ckpt.tolist() if with_checkpoints else [],
             "startup_seconds": float(
-                (t.startup_fixed_seconds + t.startup_seconds_per_parameter * MODEL.total_parameters)
+                (t.startup_fixed_seconds + t.startup_seconds_per_parameter * model.total_parameters)
                 * np.exp(rng.normal(0, noise))
             ),
             "peak_memory_bytes": int(peak),
@@ -156,7 +161,8 @@ def micro_seconds(c: Coefficients, batch: int, seq: int, params: int) -> float:
     tokens = batch * seq
     return (
         c.micro_fixed_seconds
-        + c.micro_seconds_per_flop * dense_flops(MODEL.total_parameters, params, tokens, False)
+        + c.micro_seconds_per_flop * frozen_flops(MODEL.total_parameters, tokens, False)
+        + c.adapter_seconds_per_flop * adapter_flops(params, tokens, False)
         + c.micro_seconds_per_attention_flop * attention_flops(MODEL, tokens * seq, False)
     )
 
@@ -224,6 +230,23 @@ def test_calibrated_prediction_matches_truth() -> None:
     assert got.seconds_p10 < truth.seconds_p50 < got.seconds_p90
     assert got.seconds_p90 / got.seconds_p50 < 1.3  # calibrated: much narrower than the prior
     assert got.source == f"calibration:{cal.calibration_id}"
+
+
+def test_adapter_flops_are_fitted_apart() -> None:
+    # A tiny model whose adapters at rank 64 have as many parameters as the model itself,
+    # and whose thin adapter matmuls run at a third of the frozen weights' rate per FLOP.
+    tiny = ModelProfile(180_000, 2, 64, 700, 2944)
+    truth = dataclasses.replace(
+        TRUTH, micro_seconds_per_adapter_flop=TRUTH.micro_seconds_per_flop / 3
+    )
+    rng = np.random.default_rng(4)
+    measured = [
+        synthetic_run(rng, b, r, gc, truth=truth, model=tiny)
+        for b, r, gc in [(2, 4, False), (8, 32, False), (2, 32, False), (8, 4, False)]
+    ]
+    got = fit(measured, tiny, CPU, prior=PRIOR).coefficients
+    assert got.adapter_seconds_per_flop == pytest.approx(truth.adapter_seconds_per_flop, rel=0.1)
+    assert got.micro_seconds_per_flop == pytest.approx(truth.micro_seconds_per_flop, rel=0.1)
 
 
 def test_missing_components_fall_back_to_prior() -> None:

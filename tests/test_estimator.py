@@ -30,6 +30,7 @@ PINNED = dataclasses.replace(
     prior_coefficients(HARDWARE, cpu_probe=lambda: 1e10),
     micro_fixed_seconds=0.01,
     micro_seconds_per_flop=1e-18,
+    micro_seconds_per_adapter_flop=1e-18,
     micro_seconds_per_attention_flop=1e-18,
     optimizer_fixed_seconds=0.001,
     optimizer_seconds_per_parameter=1e-15,
