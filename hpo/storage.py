@@ -21,6 +21,10 @@ def redact(url: str) -> str:
     return _PASSWORD.sub(lambda m: f"{m['head']}***{m['tail']}", url)
 
 
+# Another worker may be midway through creating the schema (MLflow migrates for seconds).
+SCHEMA_RACE_ATTEMPTS = 10
+
+
 def make_storage(
     url: str, *, heartbeat_seconds: int = 30, grace_seconds: int = 120
 ) -> optuna.storages.BaseStorage:
@@ -52,28 +56,26 @@ def make_storage(
             "heartbeat_stale_trial_callback": retry,
             "engine_kwargs": {"pool_pre_ping": True, "connect_args": _connect_args(url)},
         }
-    for attempt in range(4):
+    for attempt in range(SCHEMA_RACE_ATTEMPTS):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.storages.RDBStorage(url, **kwargs)
         except Exception as exc:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
-            if _lost_schema_race(exc) and attempt < 3:
+            if lost_schema_race(exc) and attempt < SCHEMA_RACE_ATTEMPTS - 1:
                 # Workers started together on an empty database race to create the tables;
                 # the loser sees a duplicate and simply finds them there on a second look.
-                time.sleep(0.5 * (attempt + 1))
+                time.sleep(min(2.0, 0.5 * (attempt + 1)))
                 continue
             reason = redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
             raise BadInputError(f"cannot open storage {redact(url)}: {reason}") from None
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable")  # the last attempt returns or raises
 
 
-def _lost_schema_race(exc: Exception) -> bool:
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
-
-    return isinstance(exc, (IntegrityError, ProgrammingError)) and (
-        "duplicate" in str(exc).lower() or "already exists" in str(exc).lower()
-    )
+def lost_schema_race(exc: Exception) -> bool:
+    """Whether `exc` is another worker having created a table or row first."""
+    text = str(exc).lower()
+    return "duplicate" in text or "already exists" in text
 
 
 def _connect_args(url: str) -> dict[str, Any]:

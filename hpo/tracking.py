@@ -19,6 +19,7 @@ from typing import Any
 
 import optuna
 
+from hpo.storage import SCHEMA_RACE_ATTEMPTS, lost_schema_race, redact
 from trainers.callbacks import EvalInfo, StepInfo, TrainingCallback
 from trainers.errors import BadInputError
 from trainers.result import TrainResult
@@ -92,20 +93,20 @@ class Tracker:
             Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpo-mlflow")
         self._pending: list[Future[Any]] = []
-        for attempt in range(4):
+        for attempt in range(SCHEMA_RACE_ATTEMPTS):
             try:
                 # The store creates (and migrates) its tables on first contact.
                 self.client = MlflowClient(tracking_uri=tracking_uri)
                 self.experiment_id = self._experiment(experiment_name, artifact_dir)
                 break
             except Exception as exc:
-                if _lost_schema_race(exc) and attempt < 3:
+                if lost_schema_race(exc) and attempt < SCHEMA_RACE_ATTEMPTS - 1:
                     # Workers started together race to create the store's tables or the
                     # experiment; the loser finds them there on a second look.
-                    time.sleep(0.5 * (attempt + 1))
+                    time.sleep(min(2.0, 0.5 * (attempt + 1)))
                     continue
                 raise BadInputError(
-                    f"cannot use MLflow tracking store {_redact(tracking_uri)}: {_first_line(exc)}"
+                    f"cannot use MLflow tracking store {redact(tracking_uri)}: {_first_line(exc)}"
                 ) from None
 
     def _experiment(self, name: str, artifact_dir: str | None) -> str:
@@ -324,19 +325,8 @@ def _count(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
     return counts
 
 
-def _lost_schema_race(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return "duplicate" in text or "already exists" in text or "unique" in text
-
-
 def _first_line(exc: Exception) -> str:
-    return _redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
-
-
-def _redact(text: str) -> str:
-    from hpo.storage import redact
-
-    return redact(text)
+    return redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
 
 
 def _param_value(value: Any) -> str:
