@@ -7,7 +7,7 @@ trial by trial. Time spent inside tracking calls on the trial's path is measured
 run on a background writer and are reported apart (they overlap training and compete for
 the CPU). The share is tracking time / trial wall time.
 
-    python benchmarks/tracking_overhead.py [--json FILE] [--trials 6] [--steps 10]
+    python benchmarks/tracking_overhead.py [--json FILE] [--trials 6] [--steps 30]
 """
 
 from __future__ import annotations
@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
     parser.add_argument("--trials", type=int, default=6, help="trials per mode")
-    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per trial")
+    parser.add_argument(
+        "--steps", type=int, default=30, help="optimizer steps per trial (the study's default fidelity)"
+    )
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -18,7 +18,7 @@ from hpo.progress import StudyProgress
 from hpo.pruners import make_pruner
 from hpo.samplers import make_sampler
 from hpo.storage import make_storage
-from hpo.tracking import PARENT_ATTR, Tracker
+from hpo.tracking import PARENT_ATTR, Tracker, state_counts
 from search_spaces import SearchSpace, load_space
 from trainers.errors import BadInputError, TrainingFailed
 
@@ -189,7 +189,8 @@ def run_study(
         tracker.flush()
 
     tracker.reconcile(parent, study)
-    counts = tracker.update_parent(parent, study)
+    tracker.update_parent(parent, study)
+    counts = state_counts(study)
     preset_path: str | None = None
     best_value: float | None = None
     best_params: dict[str, Any] = {}

@@ -238,8 +238,11 @@ class Tracker:
         except Exception:
             return False
 
-    def update_parent(self, parent_run_id: str, study: optuna.Study) -> dict[str, int]:
-        """Best value so far and counts per state, computed from the study itself."""
+    def update_parent(self, parent_run_id: str, study: optuna.Study) -> None:
+        """Queue the parent's best value so far and counts per state (read from the study)."""
+        self._submit(self._update_parent_now, parent_run_id, study)
+
+    def _update_parent_now(self, parent_run_id: str, study: optuna.Study) -> None:
         from mlflow.entities import Metric
 
         trials = study.get_trials(deepcopy=False, states=tuple(_STATE_NAMES))
@@ -253,8 +256,7 @@ class Tracker:
             best = min(complete, key=lambda t: float(t.value))  # type: ignore[arg-type]
             metrics.append(Metric("best_value", float(best.value), now, finished))  # type: ignore[arg-type]
             tags["best_trial"] = best.number
-        self.log_batch(parent_run_id, metrics=metrics, tags=tags)
-        return counts
+        self._log_batch_now(parent_run_id, metrics, {}, tags)
 
     # -- trials ------------------------------------------------------------------------------
     def start_trial(
