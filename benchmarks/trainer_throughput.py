@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
-from trainers.data import DataSpec, load_tokenized  # noqa: E402
+from trainers.data import load_tokenized  # noqa: E402
 from trainers.lora import apply_lora, load_base_model  # noqa: E402
 from trainers.paths import demo_data_path  # noqa: E402
 from trainers.run import PadCollator, _load_tokenizer, train  # noqa: E402
@@ -43,16 +43,7 @@ def bare_tokens_per_second(spec: TrainSpec) -> float:
 
     set_seed(spec.seed)
     tokenizer = _load_tokenizer(spec.model)
-    data = load_tokenized(
-        DataSpec(
-            path=spec.data,
-            max_length=spec.max_length,
-            overflow=spec.overflow,
-            seed=spec.seed,
-            cache_dir=spec.cache_dir,
-        ),
-        tokenizer,
-    )
+    data = load_tokenized(spec.data_spec(), tokenizer)
     model, _ = apply_lora(load_base_model(spec.model), spec.lora)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]

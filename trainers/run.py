@@ -21,7 +21,7 @@ import torch
 
 from trainers import checkpoint
 from trainers.callbacks import RunInfo, TrainingCallback
-from trainers.data import DataSpec, load_tokenized
+from trainers.data import load_tokenized
 from trainers.errors import BadInputError, Diverged, GaveUp, TrainingFailed
 from trainers.lora import apply_lora, load_base_model
 from trainers.measured import Bridge, Clock, Recorder, now_iso, rss_bytes
@@ -71,18 +71,7 @@ def train(
     set_seed(spec.seed)
 
     tokenizer = _load_tokenizer(spec.model)
-    data = load_tokenized(
-        DataSpec(
-            path=spec.data,
-            max_length=spec.max_length,
-            overflow=spec.overflow,
-            skip_bad_lines=spec.skip_bad_lines,
-            validation_fraction=spec.validation_fraction,
-            seed=spec.seed,
-            cache_dir=spec.cache_dir,
-        ),
-        tokenizer,
-    )
+    data = load_tokenized(spec.data_spec(), tokenizer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
         base = load_base_model(spec.model)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainers.errors import BadInputError
+
+if TYPE_CHECKING:
+    from trainers.data import DataSpec
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -187,6 +190,20 @@ class TrainSpec:
         _choice("precision", self.precision, PRECISIONS)
         _choice("device", self.device, DEVICES)
         _choice("overflow", self.overflow, OVERFLOW_MODES)
+
+    def data_spec(self) -> DataSpec:
+        """How this run reads and tokenizes its data."""
+        from trainers.data import DataSpec
+
+        return DataSpec(
+            path=self.data,
+            max_length=self.max_length,
+            overflow=self.overflow,
+            skip_bad_lines=self.skip_bad_lines,
+            validation_fraction=self.validation_fraction,
+            seed=self.seed,
+            cache_dir=self.cache_dir,
+        )
 
     @property
     def effective_batch_size(self) -> int:
