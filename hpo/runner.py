@@ -37,6 +37,7 @@ class StudySummary:
     best_value: float | None
     best_params: dict[str, Any]
     best_trial: int | None
+    best_estimate: dict[str, Any]
     preset_path: str | None
     mlflow_experiment_id: str
     mlflow_parent_run_id: str
@@ -195,12 +196,14 @@ def run_study(
     best_value: float | None = None
     best_params: dict[str, Any] = {}
     best_number: int | None = None
+    best_estimate: dict[str, Any] = {}
     if counts["complete"]:
         best = min(
             study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
             key=lambda t: float(t.value if t.value is not None else float("inf")),
         )
         best_value, best_number = best.value, best.number
+        best_estimate = dict(best.user_attrs.get("estimate") or {})
         best_params = {k: best.user_attrs[k] for k in _BEST_KEYS if k in best.user_attrs}
         out = Path(config.work_dir) / "presets" / f"{config.study_name}.yaml"
         preset_path = str(export_study(study, out, storage_url=config.storage_url))
@@ -211,6 +214,7 @@ def run_study(
         best_value=best_value,
         best_params=best_params,
         best_trial=best_number,
+        best_estimate=best_estimate,
         preset_path=preset_path,
         mlflow_experiment_id=str(tracker.experiment_id),
         mlflow_parent_run_id=str(study.user_attrs.get(PARENT_ATTR, parent)),

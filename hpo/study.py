@@ -92,6 +92,7 @@ def _print_summary(summary: Any, server: dict[str, Any]) -> None:
         for key, value in summary.best_params.items():
             shown = f"{value:.3g}" if isinstance(value, float) else value
             print(f"  {key:<28} {shown}")
+        _print_estimate(summary.best_estimate)
         print(f"preset: {summary.preset_path}")
         print(f"train it: python -m trainers.train --preset {summary.preset_path}")
     host, port = server.get("host", "127.0.0.1"), server.get("port", 5000)
@@ -109,6 +110,31 @@ def _print_summary(summary: Any, server: dict[str, Any]) -> None:
     print(
         f"  {base}/#/experiments/{summary.mlflow_experiment_id}/runs?workflowType=machine_learning"
     )
+
+
+def _print_estimate(estimate: dict[str, Any]) -> None:
+    hours = estimate.get("duration_hours") or {}
+    if "p50" not in hours:
+        return
+    line = f"full run: {_hm(hours['p50'])} predicted"
+    if "p10" in hours and "p90" in hours:
+        line += f" (p10-p90 {_hm(hours['p10'])} to {_hm(hours['p90'])})"
+    if "available_hours" in estimate:
+        verdict = "fits" if estimate.get("fits_window") else "does NOT fit"
+        line += f"; {verdict} the {_hm(estimate['available_hours'])} available"
+    cost = estimate.get("cost") or {}
+    if isinstance(cost, dict) and cost.get("p50"):
+        line += f"; cost about {cost['p50']:.2f}"
+    print(line)
+
+
+def _hm(hours: float) -> str:
+    minutes = hours * 60
+    if minutes < 1:
+        return f"{minutes * 60:.0f} s"
+    if minutes < 90:
+        return f"{minutes:.1f} min"
+    return f"{hours:.1f} h"
 
 
 if __name__ == "__main__":
