@@ -88,10 +88,10 @@ def synthetic_data(out: Path, *, samples: int = 1200, seed: int = 0) -> Path:
 def _lengths(model: str, data: str, max_length: int, cache: Path) -> tuple[tuple[int, ...], int]:
     """Train token lengths at `max_length` and the validation count (as the study gets them)."""
     from trainers.data import DataSpec, load_tokenized
-    from trainers.run import _load_tokenizer
+    from trainers.lora import load_tokenizer
 
     loaded = load_tokenized(
-        DataSpec(path=data, max_length=max_length, cache_dir=str(cache)), _load_tokenizer(model)
+        DataSpec(path=data, max_length=max_length, cache_dir=str(cache)), load_tokenizer(model)
     )
     return tuple(len(e.input_ids) for e in loaded.train), len(loaded.validation)
 

@@ -21,9 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
 from trainers.data import load_tokenized  # noqa: E402
-from trainers.lora import apply_lora, load_base_model  # noqa: E402
+from trainers.lora import (  # noqa: E402
+    apply_lora,
+    load_base_model,
+    load_tokenizer,  # noqa: E402
+)
 from trainers.paths import demo_data_path  # noqa: E402
-from trainers.run import PadCollator, _load_tokenizer, train  # noqa: E402
+from trainers.run import PadCollator, train  # noqa: E402
 from trainers.spec import LoraSpec, TrainSpec  # noqa: E402
 from trainers.tiny import default_tiny_model  # noqa: E402
 
@@ -42,7 +46,7 @@ def bare_tokens_per_second(spec: TrainSpec) -> float:
     from transformers import get_linear_schedule_with_warmup, set_seed
 
     set_seed(spec.seed)
-    tokenizer = _load_tokenizer(spec.model)
+    tokenizer = load_tokenizer(spec.model)
     data = load_tokenized(spec.data_spec(), tokenizer)
     model, _ = apply_lora(load_base_model(spec.model), spec.lora)
     model.train()

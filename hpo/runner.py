@@ -67,7 +67,7 @@ def prepare(config: StudyConfig) -> Prepared:
     Bad input stops here, before a study or an MLflow run exists.
     """
     from trainers.data import DataSpec, demo_data_path, load_tokenized
-    from trainers.run import _load_tokenizer
+    from trainers.lora import load_tokenizer
     from trainers.tiny import default_tiny_model
 
     space = load_space(config.space)
@@ -80,7 +80,7 @@ def prepare(config: StudyConfig) -> Prepared:
     work = Path(config.work_dir).resolve()
     model_path = config.model or str(default_tiny_model(work / "models"))
     data_path = config.data or str(demo_data_path("prompt_completion"))
-    tokenizer = _load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path)
     stats: dict[int, Any] = {}
     train_samples = 0
     for max_length in sorted({space.profiles[p].max_length for p in allowed}):

@@ -41,6 +41,20 @@ def load_base_model(path: str, *, dtype: Any = None) -> Any:
         raise BadInputError(f"cannot load a causal LM from {path}: {exc}") from exc
 
 
+def load_tokenizer(path: str) -> Any:
+    """Load the tokenizer saved beside a local model; pad with eos when it has no pad token."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    if not Path(path).is_dir():
+        raise BadInputError(f"model folder not found: {path}")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def apply_lora(model: Any, lora: LoraSpec) -> tuple[Any, ModelInfo]:
     """Wrap `model` with LoRA adapters and describe the result."""
     from peft import LoraConfig, get_peft_model

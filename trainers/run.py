@@ -23,7 +23,7 @@ from trainers import checkpoint
 from trainers.callbacks import RunInfo, TrainingCallback
 from trainers.data import load_tokenized
 from trainers.errors import BadInputError, Diverged, GaveUp, TrainingFailed
-from trainers.lora import apply_lora, load_base_model
+from trainers.lora import apply_lora, load_base_model, load_tokenizer
 from trainers.measured import Bridge, Clock, Recorder, now_iso, rss_bytes
 from trainers.recovery import DivergenceMonitor, RecoveryState
 from trainers.result import TrainResult
@@ -70,7 +70,7 @@ def train(
     runtime = detect_runtime(spec.device, spec.precision, spec.compile)
     set_seed(spec.seed)
 
-    tokenizer = _load_tokenizer(spec.model)
+    tokenizer = load_tokenizer(spec.model)
     data = load_tokenized(spec.data_spec(), tokenizer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
@@ -288,16 +288,3 @@ def _finish(
         result.peak_memory_bytes = int(torch.cuda.max_memory_allocated())
     else:
         result.peak_memory_bytes = max(recorder.peak_rss, rss_bytes())
-
-
-def _load_tokenizer(path: str) -> Any:
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    if not Path(path).is_dir():
-        raise BadInputError(f"model folder not found: {path}")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
