@@ -35,7 +35,7 @@ STUDY_CONFIG_ATTR = "hpo_config"  # the study's config, where hpo.study records 
 CALIBRATION_FILE = "calibration.json"
 DEFAULT_WORK_DIR = "hpo-runs"  # hpo.study's default work dir
 PROBE_BUDGET_SECONDS = 60.0
-PROBE_MICRO_STEPS = 16  # 3 warm-up + 13 steady micro-steps per probe run
+PROBE_MICRO_STEPS = 40  # 3 warm-up + 37 steady micro-steps per probe run
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,10 @@ PROBE_DESIGN: tuple[ProbeConfig, ...] = (
     ProbeConfig(8, 1, 256, 4),
     ProbeConfig(2, 2, 256, 4),
     ProbeConfig(8, 2, 256, 32),
+    # Beyond the factorial: the smallest micro-batch (where the fixed per-step cost shows
+    # alone) and a long sequence (where attention's share grows with its square).
+    ProbeConfig(1, 1, 128, 8),
+    ProbeConfig(4, 1, 384, 16),
 )
 
 
