@@ -12,22 +12,24 @@ import optuna
 
 from hpo.config import StudyConfig
 from hpo.estimator import budget_estimator_factory
-from hpo.export import CONFIG_ATTR, DATA_ATTR, MODEL_ATTR, export_study
+from hpo.export import (
+    CONFIG_ATTR,
+    DATA_ATTR,
+    MODEL_ATTR,
+    PARAM_KEYS,
+    best_complete_trial,
+    export_study,
+)
 from hpo.objective import Objective, StudyContext
 from hpo.progress import StudyProgress
 from hpo.pruners import make_pruner
 from hpo.samplers import make_sampler
 from hpo.storage import make_storage
-from hpo.tracking import PARENT_ATTR, Tracker, state_counts
+from hpo.tracking import FINISHED_STATES, PARENT_ATTR, Tracker, state_counts
 from search_spaces import SearchSpace, load_space
 from trainers.errors import BadInputError, TrainingFailed
 
 log = logging.getLogger(__name__)
-FINISHED_STATES = (
-    optuna.trial.TrialState.COMPLETE,
-    optuna.trial.TrialState.PRUNED,
-    optuna.trial.TrialState.FAIL,
-)
 
 
 @dataclass
@@ -198,10 +200,7 @@ def run_study(
     best_number: int | None = None
     best_estimate: dict[str, Any] = {}
     if counts["complete"]:
-        best = min(
-            study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
-            key=lambda t: float(t.value if t.value is not None else float("inf")),
-        )
+        best = best_complete_trial(study)
         best_value, best_number = best.value, best.number
         best_estimate = dict(best.user_attrs.get("estimate") or {})
         best_params = {k: best.user_attrs[k] for k in _BEST_KEYS if k in best.user_attrs}
@@ -223,18 +222,7 @@ def run_study(
     )
 
 
-_BEST_KEYS = (
-    "profile",
-    "micro_batch_size",
-    "gradient_accumulation_steps",
-    "learning_rate",
-    "lora_r",
-    "lora_alpha",
-    "lora_dropout",
-    "max_length",
-    "gradient_checkpointing",
-    "effective_batch_size",
-)
+_BEST_KEYS = (*PARAM_KEYS, "effective_batch_size")
 
 
 def _tracking_uri(config: StudyConfig) -> str:

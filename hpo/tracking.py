@@ -315,6 +315,10 @@ _STATE_NAMES = {
 }
 
 
+# The states a finished trial can be in, in counting order.
+FINISHED_STATES = tuple(_STATE_NAMES)
+
+
 def state_counts(study: optuna.Study) -> dict[str, int]:
     """Finished trials per state: complete, pruned, failed."""
     return _count(study.get_trials(deepcopy=False, states=tuple(_STATE_NAMES)))
