@@ -20,6 +20,8 @@ from typing import Any
 
 from trainers.callbacks import EvalInfo, RunInfo, StepInfo, TrainingCallback
 
+UNMEASURED_SAVE_SECONDS = 0.5
+
 
 def format_duration(seconds: float) -> str:
     """`3h 05m`, `40m`, `12s`: short enough for a progress bar."""
@@ -177,7 +179,13 @@ class WindowGuard(TrainingCallback):
                 step, run.checkpoint_interval
             )
             # Continuing means: what is due now, one more step, its evaluation, then a save.
-            continuing = due_now + step_s + eval_s * _due(step + 1, run.eval_interval) + save_s
+            # That decision must survive a slow step and a first save whose cost is not
+            # measured yet, so it takes the slowest recent step and at least 0.5 s to save.
+            slow_step = max(recent[-10:]) if recent else 0.0
+            stop_save = save_s if self.saves else max(save_s, UNMEASURED_SAVE_SECONDS)
+            continuing = (
+                due_now + slow_step + eval_s * _due(step + 1, run.eval_interval) + stop_save
+            )
             should_stop = elapsed + continuing > deadline
             if elapsed + remaining > deadline:
                 per_step = step_s
