@@ -54,22 +54,26 @@ class ProbeConfig:
 
 
 # A half fraction of the 2^4 factorial (micro-batch 2/8, accumulation 1/2, max_length
-# 64/256, rank 4/32; resolution IV): every factor at both levels, with no main effect aliased
-# to another or to a two-factor interaction. The cheap runs go first, so a slow machine still
-# gets a spread within the time budget.
+# 64/256, rank 4/64; resolution IV): every factor at both levels, with no main effect aliased
+# to another or to a two-factor interaction. The ranks bracket the default search space
+# (4-64): the adapters' cost is not linear in rank (thin matmuls get more efficient as r
+# grows), so predicting rank 64 from probes at 4 and 32 overestimated it (by 8-14 % in
+# one round-robin measurement, benchmarks/time_model_shape.py).
+# The cheap runs go first, so a slow machine still gets a spread within the time budget.
 PROBE_DESIGN: tuple[ProbeConfig, ...] = (
     ProbeConfig(2, 1, 64, 4),
-    ProbeConfig(8, 1, 64, 32),
-    ProbeConfig(2, 2, 64, 32),
+    ProbeConfig(8, 1, 64, 64),
+    ProbeConfig(2, 2, 64, 64),
     ProbeConfig(8, 2, 64, 4),
-    ProbeConfig(2, 1, 256, 32),
+    ProbeConfig(2, 1, 256, 64),
     ProbeConfig(8, 1, 256, 4),
     ProbeConfig(2, 2, 256, 4),
-    ProbeConfig(8, 2, 256, 32),
+    ProbeConfig(8, 2, 256, 64),
     # Beyond the factorial: the smallest micro-batch (where the fixed per-step cost shows
-    # alone) and a long sequence (where attention's share grows with its square).
-    ProbeConfig(1, 1, 128, 8),
-    ProbeConfig(4, 1, 384, 16),
+    # alone), a long sequence (where attention's share grows with its square), both at a
+    # middle rank.
+    ProbeConfig(1, 1, 128, 32),
+    ProbeConfig(4, 1, 512, 32),
 )
 
 

@@ -1,0 +1,221 @@
+"""Is the time model's error in its shape (which configurations it gets wrong) or in the
+machine's level (how fast the machine happens to be while a run executes)?
+
+`time_model_accuracy.py` runs each held-out configuration once, one after the other, so a
+machine whose speed wanders (a shared VM: identical runs differ by 15-50 % here) puts its
+drift into every row. This benchmark separates the two. After the same probe calibration,
+it measures the held-out configurations in short runs, round-robin, for several rounds
+(every other round in reverse order), so every configuration meets the same mix of machine
+states. Per run it compares the measured mean steady micro-step (forward + backward + the
+loop around it) with the predicted one:
+
+- ratio = measured / predicted, per run;
+- level of a round = median ratio over the configurations of that round (the machine);
+- shape error of a configuration = |median over rounds of (ratio / level of its round) - 1|:
+  what is left after the machine's state is divided out, i.e. what the model itself gets
+  wrong about that configuration.
+
+    python benchmarks/time_model_shape.py [--rounds N] [--json FILE] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from analysis.calibration import WARMUP_MICRO_STEPS, Calibration  # noqa: E402
+from analysis.timemodel import Plan, predict  # noqa: E402
+from benchmarks._common import machine, median, table, write_json  # noqa: E402
+from benchmarks.time_model_accuracy import (  # noqa: E402
+    EVAL_SAMPLES,
+    HELD_OUT,
+    HeldOut,
+    _lengths,
+    calibrate,
+    synthetic_data,
+)
+
+MICRO_STEPS = 80  # per short run: 3 warm-up + 77 steady micro-steps
+
+
+def _plan(calibration: Calibration, config: HeldOut, lengths: tuple[int, ...]) -> Plan:
+    return Plan(
+        model=calibration.model,
+        token_lengths=lengths,
+        epochs=1.0,
+        micro_batch_size=config.micro_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        max_length=config.max_length,
+        lora_r=config.lora_r,
+        eval_interval_steps=0,
+        eval_samples=0,
+        checkpoint_interval_steps=0,
+        precision=calibration.hardware.precision,
+        device_kind=calibration.hardware.device_kind,
+        max_steps=-(-MICRO_STEPS // config.gradient_accumulation_steps),
+    )
+
+
+def predicted_micro_seconds(calibration: Calibration, plan: Plan) -> float:
+    """Predicted mean steady micro-step, loop overhead and the share of optimizer steps included."""
+    c = calibration.coefficients
+    estimate = predict(plan, c)
+    return (
+        estimate.extra["micro_step_seconds"]
+        + c.loop_seconds_per_micro_step
+        + estimate.extra["optimizer_step_seconds"] / plan.gradient_accumulation_steps
+    )
+
+
+def measured_micro_seconds(result: dict[str, Any], accumulation: int) -> float:
+    """Measured mean steady micro-step, on the same footing as the prediction."""
+    micro = result["micro_step_seconds"][WARMUP_MICRO_STEPS:]
+    optimizer = result["optimizer_step_seconds"][1:]
+    steps = len(result["micro_step_seconds"])
+    loop = (
+        float(result["timings"]["train"])
+        - sum(result["micro_step_seconds"])
+        - sum(result["optimizer_step_seconds"])
+    ) / steps
+    return float(np.mean(micro)) + loop + float(np.mean(optimizer)) / accumulation
+
+
+def short_run(model: str, data: str, plan: Plan, work: Path, name: str) -> dict[str, Any]:
+    from trainers.run import train
+    from trainers.spec import LoraSpec, TrainSpec
+
+    assert plan.max_steps is not None
+    spec = TrainSpec(
+        model=model,
+        data=data,
+        output_dir=str(work / name),
+        lora=LoraSpec(r=plan.lora_r, alpha=2.0 * plan.lora_r),
+        micro_batch_size=plan.micro_batch_size,
+        gradient_accumulation_steps=plan.gradient_accumulation_steps,
+        max_length=plan.max_length,
+        max_steps=plan.max_steps,
+        eval_interval=0,
+        eval_samples=EVAL_SAMPLES,
+        checkpoint_interval=0,
+        cache_dir=str(work / "cache"),
+    )
+    return train(spec).to_dict()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="round-robin rounds (default 5)")
+    parser.add_argument("--json", help="write the results to this JSON file")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from trainers.tiny import default_tiny_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = str(default_tiny_model())
+    with tempfile.TemporaryDirectory(prefix="time-model-shape-") as tmp:
+        work = Path(tmp)
+        data = str(synthetic_data(work / "data.jsonl"))
+        probes = calibrate(model, data, work)
+        calibration: Calibration = probes["calibration"]
+        print(f"calibrated from {probes['runs']} probe runs in {probes['seconds']:.1f} s")
+        plans = {}
+        for config in HELD_OUT:
+            lengths, _ = _lengths(model, data, config.max_length, work / "cache")
+            plans[config.name] = _plan(calibration, config, lengths)
+        predicted = {name: predicted_micro_seconds(calibration, p) for name, p in plans.items()}
+        ratios: dict[str, list[float]] = {name: [] for name in plans}
+        raw: list[float] = []  # measured / predicted of every run, level not divided out
+        levels: list[float] = []
+        started = time.perf_counter()
+        for round_index in range(args.rounds):
+            order = list(plans) if round_index % 2 == 0 else list(reversed(plans))
+            this_round = {}
+            for name in order:
+                plan = plans[name]
+                result = short_run(model, data, plan, work, f"r{round_index}-{len(this_round)}")
+                measured = measured_micro_seconds(result, plan.gradient_accumulation_steps)
+                this_round[name] = measured / predicted[name]
+            level = median(list(this_round.values()))
+            levels.append(level)
+            raw.extend(this_round.values())
+            for name, ratio in this_round.items():
+                ratios[name].append(ratio / level)
+            print(
+                f"round {round_index + 1}/{args.rounds}: level {level:.3f} "
+                f"({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+    rows = []
+    for name in plans:
+        shape = median(ratios[name])
+        rows.append(
+            {
+                "config": name,
+                "predicted_micro_ms": 1000 * predicted[name],
+                "shape_ratio": shape,
+                "shape_abs_pct_error": 100 * abs(shape - 1.0),
+                "ratio_spread_pct": 100 * float(np.std(ratios[name]) / np.mean(ratios[name])),
+                "ratios": ratios[name],
+            }
+        )
+    errors = [r["shape_abs_pct_error"] for r in rows]
+    summary = {
+        "median_shape_abs_pct_error": median(errors),
+        "p90_shape_abs_pct_error": float(np.percentile(errors, 90)),
+        "levels": levels,
+        "run_ratios": raw,
+        "level_spread_pct": 100 * (max(levels) - min(levels)) / median(levels),
+        "rounds": args.rounds,
+        "micro_steps_per_run": MICRO_STEPS,
+        "calibration_id": calibration.calibration_id,
+        "torch_threads": torch.get_num_threads(),
+        "machine": machine(),
+        "rows": rows,
+    }
+    print()
+    print(
+        table(
+            ["config", "pred micro ms", "shape ratio", "shape err %", "spread over rounds %"],
+            [
+                [r["config"], r["predicted_micro_ms"], r["shape_ratio"],
+                 r["shape_abs_pct_error"], r["ratio_spread_pct"]]
+                for r in rows
+            ],
+        )
+    )  # fmt: skip
+    print(
+        f"\nshape |error| median {summary['median_shape_abs_pct_error']:.1f} %, p90 "
+        f"{summary['p90_shape_abs_pct_error']:.1f} %; machine level per round "
+        f"{', '.join(f'{v:.3f}' for v in levels)} (spread {summary['level_spread_pct']:.0f} %)"
+    )
+    print("\nmeasured / predicted of every short run (the machine's states show as clusters):")
+    print(histogram(raw))
+    write_json(args.json, summary)
+    return 0
+
+
+def histogram(values: list[float], width: float = 0.05) -> str:
+    """A text histogram, one line per bin of `width`."""
+    low = math.floor(min(values) / width) * width
+    counts = np.bincount(np.floor((np.asarray(values) - low) / width + 1e-9).astype(int))
+    return "\n".join(
+        f"  {low + i * width:4.2f}-{low + (i + 1) * width:4.2f} {'#' * int(n)}"
+        for i, n in enumerate(counts)
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
