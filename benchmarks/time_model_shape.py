@@ -21,6 +21,7 @@ loop around it) with the predicted one:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import tempfile
@@ -36,32 +37,25 @@ from analysis.calibration import WARMUP_MICRO_STEPS, Calibration  # noqa: E402
 from analysis.timemodel import Plan, predict  # noqa: E402
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
 from benchmarks.time_model_accuracy import (  # noqa: E402
-    EVAL_SAMPLES,
     HELD_OUT,
     HeldOut,
     _lengths,
     calibrate,
+    run_held_out,
     synthetic_data,
 )
+from benchmarks.time_model_accuracy import _plan as held_out_plan  # noqa: E402
 
 MICRO_STEPS = 80  # per short run: 3 warm-up + 77 steady micro-steps
 
 
 def _plan(calibration: Calibration, config: HeldOut, lengths: tuple[int, ...]) -> Plan:
-    return Plan(
-        model=calibration.model,
-        token_lengths=lengths,
-        epochs=1.0,
-        micro_batch_size=config.micro_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        max_length=config.max_length,
-        lora_r=config.lora_r,
+    """A short run of about `MICRO_STEPS` micro-steps, without evaluations or saves."""
+    steps = -(-MICRO_STEPS // config.gradient_accumulation_steps)
+    return dataclasses.replace(
+        held_out_plan(calibration, config, lengths, 0, steps),
         eval_interval_steps=0,
-        eval_samples=0,
         checkpoint_interval_steps=0,
-        precision=calibration.hardware.precision,
-        device_kind=calibration.hardware.device_kind,
-        max_steps=-(-MICRO_STEPS // config.gradient_accumulation_steps),
     )
 
 
@@ -87,28 +81,6 @@ def measured_micro_seconds(result: dict[str, Any], accumulation: int) -> float:
         - sum(result["optimizer_step_seconds"])
     ) / steps
     return float(np.mean(micro)) + loop + float(np.mean(optimizer)) / accumulation
-
-
-def short_run(model: str, data: str, plan: Plan, work: Path, name: str) -> dict[str, Any]:
-    from trainers.run import train
-    from trainers.spec import LoraSpec, TrainSpec
-
-    assert plan.max_steps is not None
-    spec = TrainSpec(
-        model=model,
-        data=data,
-        output_dir=str(work / name),
-        lora=LoraSpec(r=plan.lora_r, alpha=2.0 * plan.lora_r),
-        micro_batch_size=plan.micro_batch_size,
-        gradient_accumulation_steps=plan.gradient_accumulation_steps,
-        max_length=plan.max_length,
-        max_steps=plan.max_steps,
-        eval_interval=0,
-        eval_samples=EVAL_SAMPLES,
-        checkpoint_interval=0,
-        cache_dir=str(work / "cache"),
-    )
-    return train(spec).to_dict()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             this_round = {}
             for name in order:
                 plan = plans[name]
-                result = short_run(model, data, plan, work, f"r{round_index}-{len(this_round)}")
+                result = run_held_out(model, data, plan, work, f"r{round_index}-{len(this_round)}")
                 measured = measured_micro_seconds(result, plan.gradient_accumulation_steps)
                 this_round[name] = measured / predicted[name]
             level = median(list(this_round.values()))
