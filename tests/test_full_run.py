@@ -331,3 +331,47 @@ def test_cli_stops_at_the_window_with_exit_3_and_the_resume_command_finishes(
     assert run.data.metrics["actual_seconds"] > 0
     history = client.get_metric_history(run.info.run_id, "train_loss")
     assert [m.step for m in history] == list(range(2, 11))
+
+
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_exit_3(
+    tiny_model_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    import signal
+    import subprocess
+    import time
+
+    out, report = tmp_path / "run", tmp_path / "r.json"
+    argv = [
+        sys.executable, "-m", "trainers.train",
+        "--model", str(tiny_model_dir),
+        "--data", str(demo_data_path("prompt_completion")),
+        "--output-dir", str(out), "--cache-dir", str(cache_dir),
+        "--max-steps", "100000", "--checkpoint-interval", "2", "--eval-interval", "0",
+        "--json", str(report), "--quiet",
+    ]  # fmt: skip
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen(
+        argv, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not list(out.glob("checkpoint-*")):  # the first checkpoint: training is under way
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, stderr
+    result = json.loads(report.read_text())
+    assert result["status"] == "stopped_by_signal" and result["stop_reason"] == "SIGTERM"
+    assert 2 <= result["final_step"] < 100000
+    # The step under way was finished and saved, not lost: the last checkpoint is the stop.
+    assert Path(result["checkpoint_dir"]).name == f"checkpoint-{result['final_step']}"
+    assert checkpoint.verify(result["checkpoint_dir"]) is None
+    assert "SIGTERM received" in stderr
+    assert (
+        "resume with:" in stdout
+        and f"stopped by SIGTERM at step {result['final_step']:,}" in stdout
+    )

@@ -52,7 +52,7 @@ class TrainResult:
     final_eval_loss: float | None = None
     stop_reason: str | None = None
     dataset: dict[str, Any] = field(default_factory=dict)
-    # finished | stopped_by_window | stopped (a callback asked) | gave_up
+    # finished | stopped_by_window | stopped_by_signal | stopped (a callback asked) | gave_up
     status: str = "finished"
     resumed_from_step: int | None = None
     final_step: int = 0

@@ -52,6 +52,11 @@ def summary_lines(result: TrainResult, guard: WindowGuard) -> list[str]:
             f"{result.total_steps:,} (window {format_duration(guard.window_seconds)}, margin "
             f"{format_duration(guard.margin_seconds)}); checkpoint: {result.checkpoint_dir}"
         )
+    elif result.status == "stopped_by_signal":
+        lines.append(
+            f"stopped by {result.stop_reason} at step {result.final_step:,} of "
+            f"{result.total_steps:,}; checkpoint: {result.checkpoint_dir}"
+        )
     elif result.checkpoint_dir:
         lines.append(f"checkpoint: {result.checkpoint_dir}")
     return lines

@@ -20,7 +20,12 @@ from trainers.window import Forecast
 MAX_METRICS_PER_CALL = 1000  # MLflow's log_batch limits
 MAX_PARAMS_PER_CALL = 100
 # MLflow run status for each way a run ends.
-RUN_STATUS = {"finished": "FINISHED", "stopped_by_window": "KILLED", "stopped": "KILLED"}
+RUN_STATUS = {
+    "finished": "FINISHED",
+    "stopped_by_window": "KILLED",
+    "stopped_by_signal": "KILLED",
+    "stopped": "KILLED",
+}
 
 
 class MlflowRun(TrainingCallback):

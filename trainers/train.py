@@ -3,7 +3,9 @@
 The full run of a study's preset: inside its time window (it stops with a checkpoint before
 the window closes and prints the command that resumes it), with checkpoints, recovery from
 out-of-memory errors and a diverging loss, a progress bar and, optionally, an MLflow run.
-Exit codes: 0 finished, 3 stopped by the window (resumable), 2 bad input, 1 gave up/crashed.
+A SIGTERM (preemption, eviction) stops it the same way, after the step under way.
+Exit codes: 0 finished, 3 stopped by the window or a SIGTERM (resumable), 2 bad input,
+1 gave up/crashed.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import Any
 
 from trainers.cli import EXIT_FAILED, EXIT_OK, check_writable, run_cli, write_json
 from trainers.errors import BadInputError, GaveUp
+from trainers.preemption import StopOnSignal
 from trainers.preset import Preset
 from trainers.spec import TrainSpec
 from trainers.summary import predicted_seconds, resume_command, summary_lines
 from trainers.window import WindowGuard
 
-EXIT_STOPPED_BY_WINDOW = 3
+EXIT_RESUMABLE = 3  # stopped by the window or a signal, with a checkpoint
 # Without a checkpoint setting in the preset or on the command line, the full run saves this
 # often: a long run without checkpoints cannot be resumed or rolled back.
 DEFAULT_CHECKPOINT_MINUTES = 30.0
@@ -223,9 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     if tracker is not None:
         callbacks.append(tracker)
     failure: str | None = None
+    stop = StopOnSignal()
+    callbacks.append(stop)
     try:
-        with logging_redirect_tqdm():
+        with logging_redirect_tqdm(), stop:
             result = train(spec, callbacks, resume=args.resume, window=guard)
+        if stop.received and result.status == "stopped":
+            result.status, result.stop_reason = "stopped_by_signal", stop.received
     except GaveUp as exc:
         if exc.result is None:
             raise
@@ -241,9 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     if failure is not None:
         print(f"failed: {failure}", file=sys.stderr)
         return EXIT_FAILED
-    if result.status == "stopped_by_window":
+    if result.status in ("stopped_by_window", "stopped_by_signal"):
         print("resume with:\n  " + resume_command(raw_argv))
-        return EXIT_STOPPED_BY_WINDOW
+        return EXIT_RESUMABLE
     return EXIT_OK
 
 
