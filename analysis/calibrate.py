@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import re
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ from analysis.calibration import Calibration, RunMeasurements, fit, load_for
 from analysis.timemodel import HardwareInfo, ModelProfile, fingerprint, prior_coefficients
 from trainers.cli import EXIT_OK, check_writable, run_cli
 from trainers.errors import BadInputError
+from trainers.redact import redact
 
 TRIAL_ATTR = "time_model_run"  # user attribute of a trained trial: hardware, model, run
 STUDY_CONFIG_ATTR = "hpo_config"  # the study's config, where hpo.study records its work dir
@@ -160,11 +160,6 @@ def _load_study(study_name: str, storage: str) -> Any:
     except Exception as exc:  # SQLAlchemy/driver errors: a bad URL, an unreachable server
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BadInputError(f"cannot open storage {shown}: {redact(first)}") from None
-
-
-def redact(text: str) -> str:
-    """Hide the password of a URL (`postgresql://user:***@host/db`)."""
-    return re.sub(r"(//[^:/@\s]+):[^@\s]*@", r"\1:***@", text)
 
 
 # ----------------------------------------------------------------------------- the probe

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 import warnings
 from pathlib import Path
@@ -11,15 +10,7 @@ from typing import Any
 import optuna
 
 from trainers.errors import BadInputError
-
-# The password runs to the last "@" of the authority part (it may itself contain "@").
-_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@]*:)(?P<secret>[^/]*)(?P<tail>@)")
-
-
-def redact(url: str) -> str:
-    """`postgresql://user:secret@host/db` -> `postgresql://user:***@host/db`."""
-    return _PASSWORD.sub(lambda m: f"{m['head']}***{m['tail']}", url)
-
+from trainers.redact import redact
 
 # Another worker may be midway through creating the schema (MLflow migrates for seconds).
 SCHEMA_RACE_ATTEMPTS = 10

@@ -375,3 +375,37 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_exit_3(
         "resume with:" in stdout
         and f"stopped by SIGTERM at step {result['final_step']:,}" in stdout
     )
+
+
+def test_a_resumed_training_continues_its_mlflow_run(
+    tiny_model_dir: Path, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = _spec(tiny_model_dir, tmp_path / "unused", cache_dir, max_steps=8, eval_samples=8)
+    # window - margin = 0.06 s: the first attempt stops at its first step on any machine.
+    estimate = {"window_hours": 0.001, "safety_margin_minutes": 0.059}
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(yaml.safe_dump(preset_dict(spec, estimate=estimate, provenance={})))
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "run"
+    argv = ["--preset", str(preset), "--output-dir", str(out), "--quiet"]
+    argv += ["--tracking-uri", tracking]
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(main, argv) == 3
+    # A fresh start into the same folder is refused and must not replace the recorded run.
+    recorded = (out / "mlflow_run.json").read_text()
+    assert run_cli(main, argv) == 2
+    assert (out / "mlflow_run.json").read_text() == recorded
+    assert run_cli(main, [*argv, "--resume", "--window-hours", "1"]) == 0
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking)
+    experiment = client.get_experiment_by_name("hpo-lora")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id], filter_string="attributes.status != 'FAILED'")
+    (run,) = runs
+    assert json.loads(recorded)["run_id"] == run.info.run_id
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["resumed_from_step"] == "1"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    assert sorted(steps) == list(range(1, 9))  # both attempts' steps, in one run

@@ -8,12 +8,16 @@ actual duration. MLflow is imported only when this module is used.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from trainers.callbacks import EvalInfo, StepInfo, TrainingCallback
+from trainers.callbacks import EvalInfo, RunInfo, StepInfo, TrainingCallback
+from trainers.cli import write_atomic
 from trainers.errors import BadInputError
+from trainers.redact import redact
 from trainers.result import TrainResult
 from trainers.window import Forecast
 
@@ -40,6 +44,9 @@ class MlflowRun(TrainingCallback):
         parent_run_id: The study's parent run; the run goes into its experiment.
         predicted_seconds: The preset's estimate, logged next to the actual duration.
         flush_seconds: Longest time metrics wait in the buffer.
+        continue_run_id: An earlier run of this training (before a resume): reopened and
+            continued when it is in this store, else a new run starts.
+        run_id_file: Where the run id is recorded once training begins, for a later resume.
 
     Raises:
         BadInputError: The tracking store cannot be reached.
@@ -56,6 +63,8 @@ class MlflowRun(TrainingCallback):
         parent_run_id: str | None = None,
         predicted_seconds: float | None = None,
         flush_seconds: float = 30.0,
+        continue_run_id: str | None = None,
+        run_id_file: Path | None = None,
     ) -> None:
         from mlflow import MlflowClient
 
@@ -65,14 +74,31 @@ class MlflowRun(TrainingCallback):
         self.buffer: list[Any] = []
         self.last_flush = time.monotonic()
         self.ended = False
+        self.run_id_file = run_id_file
         try:
-            experiment_id = self._experiment(experiment_name, parent_run_id)
-            run = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+            run = self._continued(continue_run_id)
+            self.continued = run is not None
+            if run is None:
+                experiment_id = self._experiment(experiment_name, parent_run_id)
+                run = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
         except Exception as exc:
-            raise BadInputError(f"cannot use MLflow tracking store {tracking_uri}: {exc}") from None
+            shown = redact(tracking_uri)
+            raise BadInputError(f"cannot use MLflow tracking store {shown}: {exc}") from None
         self.run_id: str = run.info.run_id
-        self.experiment_id = experiment_id
-        self._log(params=params)
+        self.experiment_id = str(run.info.experiment_id)
+        if not self.continued:  # a continued run has its params (MLflow forbids changing them)
+            self._log(params=params)
+
+    def _continued(self, run_id: str | None) -> Any:
+        """The earlier run of a resumed training, reopened; None if it is not in this store."""
+        if not run_id:
+            return None
+        try:
+            run = self.client.get_run(run_id)
+        except Exception:  # tracked elsewhere before, or deleted: start a new run
+            return None
+        self.client.update_run(run_id, status="RUNNING")
+        return run
 
     def _experiment(self, name: str, parent_run_id: str | None) -> str:
         if parent_run_id:
@@ -97,6 +123,13 @@ class MlflowRun(TrainingCallback):
             or time.monotonic() - self.last_flush > self.flush_seconds
         ):
             self.flush()
+
+    def on_train_begin(self, info: RunInfo) -> None:
+        # Recorded only once training runs: a start refused for bad input leaves the id of
+        # the run a later resume should continue untouched.
+        if self.run_id_file is not None:
+            self.run_id_file.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.run_id_file, json.dumps({"run_id": self.run_id}) + "\n")
 
     def on_step(self, info: StepInfo) -> None:
         self._add("train_loss", info.loss, info.step)

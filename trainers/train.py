@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from trainers.cli import EXIT_FAILED, EXIT_OK, check_writable, run_cli, write_json
@@ -26,6 +28,8 @@ from trainers.summary import predicted_seconds, resume_command, summary_lines
 from trainers.window import WindowGuard
 
 EXIT_RESUMABLE = 3  # stopped by the window or a signal, with a checkpoint
+log = logging.getLogger(__name__)
+MLFLOW_RUN_FILE = "mlflow_run.json"  # in the output dir: the run a resume continues
 # Without a checkpoint setting in the preset or on the command line, the full run saves this
 # often: a long run without checkpoints cannot be resumed or rolled back.
 DEFAULT_CHECKPOINT_MINUTES = 30.0
@@ -271,7 +275,10 @@ def _tracker(
     params = {k: v for k, v in spec.to_dict().items() if k not in ("lora", "recovery")}
     params.update({f"lora_{k}": v for k, v in spec.to_dict()["lora"].items()})
     params["effective_batch_size"] = spec.effective_batch_size
-    return MlflowRun(
+    # A resumed training continues its MLflow run: one run, one curve, in the UI.
+    run_file = Path(spec.output_dir) / MLFLOW_RUN_FILE
+    earlier = _earlier_run_id(run_file) if args.resume else None
+    tracker = MlflowRun(
         uri,
         experiment_name=args.experiment_name,
         run_name=f"full-{provenance.get('study', 'run')}",
@@ -279,7 +286,21 @@ def _tracker(
         tags=tags,
         parent_run_id=provenance.get("mlflow_parent_run_id"),
         predicted_seconds=predicted,
+        continue_run_id=earlier,
+        run_id_file=run_file,
     )
+    if earlier and not tracker.continued:
+        log.warning("MLflow run %s is not in this tracking store: starting a new run", earlier)
+    return tracker
+
+
+def _earlier_run_id(path: Path) -> str | None:
+    """The MLflow run id an earlier attempt of this training recorded, if any."""
+    try:
+        run_id = json.loads(path.read_text(encoding="utf-8")).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run_id if isinstance(run_id, str) and run_id else None
 
 
 if __name__ == "__main__":
