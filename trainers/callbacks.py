@@ -58,7 +58,17 @@ class EvalInfo:
 
 
 class TrainingCallback:
-    """Base class with no-op hooks; override what you need."""
+    """Base class with no-op hooks; override what you need.
+
+    A hook that returns True stops the run; the result then carries `stop_status` and
+    `stop_reason(hook)`.
+    """
+
+    stop_status = "stopped"
+
+    def stop_reason(self, hook: str) -> str:
+        """Why this callback stopped the run (the result's `stop_reason`)."""
+        return f"{type(self).__name__}.{hook}"
 
     def on_train_begin(self, info: RunInfo) -> bool | None:
         return None

@@ -208,11 +208,11 @@ class Bridge(TrainerCallback):
     def fan_out(self, hook: str, payload: Any, control: Any) -> None:
         for callback in self.callbacks:
             if getattr(callback, hook)(payload):
-                self.request_stop(control, f"{type(callback).__name__}.{hook}", "stopped")
+                self.request_stop(control, callback.stop_reason(hook), callback.stop_status)
 
     def request_stop(self, control: Any, reason: str, status: str) -> None:
         control.should_training_stop = True
-        if self.checkpointing or status == "stopped_by_window":
+        if self.checkpointing or status in ("stopped_by_window", "stopped_by_signal"):
             control.should_save = True  # a stopped run can be resumed
         res = self.rec.result
         if res.stop_reason is None:

@@ -49,5 +49,10 @@ class StopOnSignal(TrainingCallback):
         signal.signal(sig, self._previous.pop(sig, signal.SIG_DFL))
         log.warning("%s received: stopping after this step with a checkpoint", sig.name)
 
+    stop_status = "stopped_by_signal"
+
+    def stop_reason(self, hook: str) -> str:
+        return self.received or "signal"
+
     def on_step(self, info: StepInfo) -> bool:
         return self.received is not None

@@ -82,8 +82,8 @@ class MlflowRun(TrainingCallback):
                 experiment_id = self._experiment(experiment_name, parent_run_id)
                 run = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
         except Exception as exc:
-            shown = redact(tracking_uri)
-            raise BadInputError(f"cannot use MLflow tracking store {shown}: {exc}") from None
+            shown, reason = redact(tracking_uri), redact(str(exc))
+            raise BadInputError(f"cannot use MLflow tracking store {shown}: {reason}") from None
         self.run_id: str = run.info.run_id
         self.experiment_id = str(run.info.experiment_id)
         if not self.continued:  # a continued run has its params (MLflow forbids changing them)
@@ -95,7 +95,9 @@ class MlflowRun(TrainingCallback):
             return None
         try:
             run = self.client.get_run(run_id)
-        except Exception:  # tracked elsewhere before, or deleted: start a new run
+        except Exception:  # tracked in another store before: start a new run
+            return None
+        if run.info.lifecycle_stage == "deleted":  # deleted in the UI since
             return None
         self.client.update_run(run_id, status="RUNNING")
         return run

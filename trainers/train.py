@@ -235,8 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with logging_redirect_tqdm(), stop:
             result = train(spec, callbacks, resume=args.resume, window=guard)
-        if stop.received and result.status == "stopped":
-            result.status, result.stop_reason = "stopped_by_signal", stop.received
     except GaveUp as exc:
         if exc.result is None:
             raise
