@@ -26,9 +26,9 @@ from typing import Any
 
 from analysis.calibration import Calibration, RunMeasurements, fit, load_for
 from analysis.timemodel import HardwareInfo, ModelProfile, fingerprint, prior_coefficients
-from trainers.cli import EXIT_OK, check_writable, run_cli
-from trainers.errors import BadInputError
-from trainers.redact import redact
+from common.cli import EXIT_OK, check_writable, run_cli
+from common.errors import BadInputError
+from common.redact import redact
 
 TRIAL_ATTR = "time_model_run"  # user attribute of a trained trial: hardware, model, run
 STUDY_CONFIG_ATTR = "hpo_config"  # the study's config, where hpo.study records its work dir
@@ -183,7 +183,7 @@ def run_probes(
     Returns:
         One trainer result dict per run, with `eval_samples` added.
     """
-    from trainers.run import train
+    from trainers.loop.run import train
     from trainers.spec import LoraSpec, TrainSpec
 
     started = time.perf_counter()
@@ -215,7 +215,7 @@ def run_probes(
 
 
 def _validation_samples(result: Mapping[str, Any], spec: Any) -> int:
-    from trainers.data import split_indices
+    from trainers.data.dataset import split_indices
 
     count = int((result.get("dataset") or {}).get("samples", 0))
     if count < 2:
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _probe(args: argparse.Namespace) -> tuple[Calibration, float]:
     from analysis.machine import this_machine
-    from trainers.paths import demo_data_path
+    from trainers.data.paths import demo_data_path
     from trainers.tiny import default_tiny_model
 
     hardware = this_machine(args.device, args.precision)

@@ -12,7 +12,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -35,7 +34,8 @@ from analysis.timemodel import (
     prior_coefficients,
     static_memory_bytes,
 )
-from trainers.errors import BadInputError
+from common.errors import BadInputError
+from common.files import write_atomic
 
 FORMAT = "hpo-calibration"
 VERSION = 1
@@ -339,18 +339,7 @@ class Calibration:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write as JSON atomically (a reader never sees half a file)."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(self.to_dict(), handle, indent=1)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(Path(path), json.dumps(self.to_dict(), indent=1))
 
 
 def _micro_rates(c: Coefficients) -> np.ndarray:

@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from analysis.timemodel import HardwareInfo, ModelProfile
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 
 
 def this_machine(device: str = "auto", precision: str = "auto") -> HardwareInfo:
-    """The device a run with these settings would train on (what `trainers.run` picks).
+    """The device a run with these settings would train on (what `trainers.loop.run` picks).
 
     Raises:
         BadInputError: A device or precision this machine cannot provide.
     """
-    from trainers.runtime import detect_runtime
+    from trainers.model.runtime import detect_runtime
 
     runtime = detect_runtime(device, precision, False)
     if runtime.device == "cpu":
@@ -53,7 +53,7 @@ def model_profile(model_path: str | Path) -> ModelProfile:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trainers.lora import apply_lora
+    from trainers.model.lora import apply_lora
     from trainers.spec import LoraSpec
 
     path = Path(model_path)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 
 DEVICE_KINDS = ("cpu", "cuda", "mps")
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
-from pathlib import Path
 from typing import Any
+
+from common import files
 
 
 def machine() -> dict[str, Any]:
@@ -37,8 +37,7 @@ def median(values: list[float]) -> float:
 
 def write_json(path: str | None, payload: dict[str, Any]) -> None:
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        files.write_json(path, payload)
         print(f"wrote {path}")
 
 

@@ -74,7 +74,7 @@ HELD_OUT = (
 
 def synthetic_data(out: Path, *, samples: int = 1200, seed: int = 0) -> Path:
     """Texts of 1 to 40 demo records each: token lengths spread from ~10 to ~400."""
-    from trainers.paths import demo_data_path
+    from trainers.data.paths import demo_data_path
 
     with demo_data_path("text").open(encoding="utf-8") as lines:
         texts = [json.loads(line)["text"] for line in lines]
@@ -90,8 +90,8 @@ def synthetic_data(out: Path, *, samples: int = 1200, seed: int = 0) -> Path:
 
 def _lengths(model: str, data: str, max_length: int, cache: Path) -> tuple[tuple[int, ...], int]:
     """Train token lengths at `max_length` and the validation count (as the study gets them)."""
-    from trainers.data import DataSpec, load_tokenized
-    from trainers.lora import load_tokenizer
+    from trainers.data.dataset import DataSpec, load_tokenized
+    from trainers.model.lora import load_tokenizer
 
     loaded = load_tokenized(
         DataSpec(path=data, max_length=max_length, cache_dir=str(cache)), load_tokenizer(model)
@@ -148,7 +148,7 @@ def size_run(
 
 def run_held_out(model: str, data: str, plan: Plan, work: Path, name: str) -> dict[str, Any]:
     """Train `plan`; return the trainer's result dict."""
-    from trainers.run import train
+    from trainers.loop.run import train
     from trainers.spec import LoraSpec, TrainSpec
 
     assert plan.max_steps is not None

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
 from hpo.tracking import Tracker, TrialMetrics  # noqa: E402
-from trainers.paths import demo_data_path  # noqa: E402
-from trainers.run import train  # noqa: E402
+from trainers.data.paths import demo_data_path  # noqa: E402
+from trainers.loop.run import train  # noqa: E402
 from trainers.spec import LoraSpec, TrainSpec  # noqa: E402
 from trainers.tiny import default_tiny_model  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""tokens/s of `trainers.run.train` against a bare PyTorch loop, side by side.
+"""tokens/s of `trainers.loop.run.train` against a bare PyTorch loop, side by side.
 
 Same tiny model, data (packed into equal-length blocks), micro-batch, accumulation,
 precision, optimizer (AdamW), gradient clipping and linear schedule. The two alternate within one process run; tokens/s counts the
@@ -20,14 +20,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
-from trainers.data import load_tokenized  # noqa: E402
-from trainers.lora import (  # noqa: E402
+from trainers.data.dataset import load_tokenized  # noqa: E402
+from trainers.data.paths import demo_data_path  # noqa: E402
+from trainers.loop.run import PadCollator, train  # noqa: E402
+from trainers.model.lora import (  # noqa: E402
     apply_lora,
     load_base_model,
     load_tokenizer,  # noqa: E402
 )
-from trainers.paths import demo_data_path  # noqa: E402
-from trainers.run import PadCollator, train  # noqa: E402
 from trainers.spec import LoraSpec, TrainSpec  # noqa: E402
 from trainers.tiny import default_tiny_model  # noqa: E402
 

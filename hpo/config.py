@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from trainers.errors import BadInputError
+from common.errors import BadInputError
+from common.files import read_yaml
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "skopt")
 PRUNERS = ("hyperband", "successive_halving", "median", "none")
@@ -200,14 +199,14 @@ def mlflow_defaults(path: Path = REPO_MLFLOW_YAML) -> dict[str, Any]:
     """Tracking URI, experiment name and server host/port from `mlflow.yaml`."""
     values = dict(_MLFLOW_DEFAULTS)
     if path.is_file():
-        loaded = _read_yaml(path)
+        loaded = read_yaml(path)
         values.update(loaded)
     return values
 
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> StudyConfig:
     """YAML file (optional) + overrides (None values ignored) -> validated config."""
-    values: dict[str, Any] = _read_yaml(Path(path)) if path else {}
+    values: dict[str, Any] = read_yaml(Path(path)) if path else {}
     budget = dict(values.pop("budget", None) or {})
     for key, value in (overrides or {}).items():
         if value is None:
@@ -235,18 +234,3 @@ def _build(cls: Any, values: dict[str, Any], where: str) -> Any:
         return cls(**values)
     except TypeError as exc:
         raise BadInputError(f"{where}: {exc}") from exc
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise BadInputError(f"config file not found: {path}")
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0]
-        raise BadInputError(f"{path}: not valid YAML ({first})") from exc
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise BadInputError(f"{path}: expected a mapping at the top level")
-    return loaded

@@ -32,14 +32,15 @@ from analysis.timemodel import (
     predict,
     prior_coefficients,
 )
+from common.errors import BadInputError
+from common.fmt import format_duration
 from search_spaces import Choice, IntRange
-from trainers.errors import BadInputError
 
 if TYPE_CHECKING:
     import optuna
 
     from hpo.config import StudyConfig
-    from hpo.runner import Prepared
+    from hpo.prepare import Prepared
     from trainers.result import TrainResult
 
 log = logging.getLogger(__name__)
@@ -207,8 +208,8 @@ class StudyEstimator:
         reasons = []
         if constraints["duration"] > 0:
             reasons.append(
-                f"predicted {_duration(full.seconds_p50)} (p90 {_duration(full.seconds_p90)}) "
-                f"> {_duration(self.available_seconds)} available"
+                f"predicted {format_duration(full.seconds_p50)} (p90 {format_duration(full.seconds_p90)}) "
+                f"> {format_duration(self.available_seconds)} available"
             )
         if constraints["memory"] > 0:
             reasons.append(
@@ -358,7 +359,7 @@ class StudyEstimator:
             if verdict.feasible:
                 raise BadInputError(
                     f"{head}; a faster profile would fit: --profiles {params['profile']} "
-                    f"({_describe(params)}, p90 {_duration(verdict.full_run.seconds_p90)})"
+                    f"({_describe(params)}, p90 {format_duration(verdict.full_run.seconds_p90)})"
                 )
         epochs = self._most_epochs(allowed)
         if epochs is not None:
@@ -449,15 +450,6 @@ def _describe(params: Mapping[str, Any]) -> str:
         f"profile {params['profile']}, micro_batch_size {params['micro_batch_size']}, "
         f"accumulation {params['gradient_accumulation_steps']}, lora_r {params['lora_r']}"
     )
-
-
-def _duration(seconds: float) -> str:
-    """Hours when long, minutes or seconds when short: `14.2 h`, `12.5 min`, `42 s`."""
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:.0f} s"
 
 
 def _rounded(value: Any) -> Any:

@@ -14,9 +14,10 @@ from typing import Any
 import optuna
 import yaml
 
+from common.cli import EXIT_OK, check_writable, run_cli
+from common.errors import BadInputError
+from common.files import write_atomic
 from hpo.storage import make_storage, redact
-from trainers.cli import EXIT_OK, check_writable, run_cli, write_atomic
-from trainers.errors import BadInputError
 from trainers.preset import preset_dict
 from trainers.spec import LoraSpec, TrainSpec
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import optuna
 
+from common.errors import BadInputError, TrainingFailed
 from hpo.tracking import RunRef, Tracker, TrialMetrics
 from search_spaces import SearchSpace, sample
-from trainers.callbacks import EvalInfo, TrainingCallback
-from trainers.errors import BadInputError, TrainingFailed
+from trainers.events import EvalInfo, TrainingCallback
 from trainers.result import TrainResult
 from trainers.spec import LoraSpec, TrainSpec
 
@@ -157,7 +157,7 @@ class Objective:
         )
         started = time.perf_counter()
         try:
-            from trainers.run import train
+            from trainers.loop.run import train
 
             result = train(spec, [reporter, metrics, *ctx.extra_callbacks])
         except BadInputError:

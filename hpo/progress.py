@@ -7,7 +7,7 @@ from typing import Any
 
 import optuna
 
-from hpo.tracking import state_counts
+from hpo.states import state_counts
 
 
 class StudyProgress:

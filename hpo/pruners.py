@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import optuna
 
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 
 
 def make_pruner(name: str, *, eval_interval: int, max_steps: int) -> optuna.pruners.BasePruner:

@@ -15,8 +15,8 @@ import warnings
 import optuna
 from optuna.samplers import BaseSampler
 
+from common.errors import BadInputError
 from hpo.skopt_sampler import SkoptSampler
-from trainers.errors import BadInputError
 
 SAMPLER_NAMES = ("tpe", "gp", "cmaes", "random", "skopt")
 

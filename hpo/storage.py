@@ -9,8 +9,8 @@ from typing import Any
 
 import optuna
 
-from trainers.errors import BadInputError
-from trainers.redact import redact
+from common.errors import BadInputError
+from common.redact import redact
 
 # Another worker may be midway through creating the schema (MLflow migrates for seconds).
 SCHEMA_RACE_ATTEMPTS = 10

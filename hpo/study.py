@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainers.cli import EXIT_OK, check_writable, run_cli, write_json
+from common.cli import EXIT_OK, check_writable, run_cli
+from common.files import write_json
 
 # flag -> (type, help); each maps to the StudyConfig / Budget field of the same name.
 _FLAGS: dict[str, tuple[Any, str]] = {

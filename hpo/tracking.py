@@ -19,9 +19,10 @@ from typing import Any
 
 import optuna
 
+from common.errors import BadInputError
+from hpo.states import STATE_NAMES, count_states
 from hpo.storage import SCHEMA_RACE_ATTEMPTS, lost_schema_race, redact
-from trainers.callbacks import EvalInfo, StepInfo, TrainingCallback
-from trainers.errors import BadInputError
+from trainers.events import EvalInfo, StepInfo, TrainingCallback
 from trainers.result import TrainResult
 
 log = logging.getLogger(__name__)
@@ -220,9 +221,9 @@ class Tracker:
         closed = 0
         for run in open_runs:
             trial = trials.get(int(run.data.tags.get("hpo.trial_number", -1)))
-            if trial is None or trial.state not in _STATE_NAMES:
+            if trial is None or trial.state not in STATE_NAMES:
                 continue  # still running in some worker
-            state = _STATE_NAMES[trial.state]
+            state = STATE_NAMES[trial.state]
             reason = (
                 trial.user_attrs.get("state_reason") or "the worker stopped before recording it"
             )
@@ -245,8 +246,8 @@ class Tracker:
     def _update_parent_now(self, parent_run_id: str, study: optuna.Study) -> None:
         from mlflow.entities import Metric
 
-        trials = study.get_trials(deepcopy=False, states=tuple(_STATE_NAMES))
-        counts = _count(trials)
+        trials = study.get_trials(deepcopy=False, states=tuple(STATE_NAMES))
+        counts = count_states(trials)
         finished = len(trials)
         now = _now_ms()
         metrics = [Metric(f"n_{k}", float(v), now, finished) for k, v in counts.items()]
@@ -306,29 +307,6 @@ class Tracker:
     def finish_parent(self, parent_run_id: str) -> None:
         self.flush()
         self.client.set_terminated(parent_run_id, status="FINISHED")
-
-
-_STATE_NAMES = {
-    optuna.trial.TrialState.COMPLETE: "complete",
-    optuna.trial.TrialState.PRUNED: "pruned",
-    optuna.trial.TrialState.FAIL: "failed",
-}
-
-
-# The states a finished trial can be in, in counting order.
-FINISHED_STATES = tuple(_STATE_NAMES)
-
-
-def state_counts(study: optuna.Study) -> dict[str, int]:
-    """Finished trials per state: complete, pruned, failed."""
-    return _count(study.get_trials(deepcopy=False, states=tuple(_STATE_NAMES)))
-
-
-def _count(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
-    counts = dict.fromkeys(_STATE_NAMES.values(), 0)
-    for trial in trials:
-        counts[_STATE_NAMES[trial.state]] += 1
-    return counts
 
 
 def _first_line(exc: Exception) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 
 if TYPE_CHECKING:
     import optuna

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 
 REQUIRED_FIELDS = (
     "micro_batch_size",

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from common.errors import BadInputError
 from search_spaces.domains import suggest
 from search_spaces.space import SearchSpace
-from trainers.errors import BadInputError
 
 if TYPE_CHECKING:
     import optuna

@@ -18,11 +18,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from common.errors import BadInputError
+from common.files import read_yaml
 from search_spaces.domains import Choice, Domain, IntRange, as_number, domain_values, parse_domain
 from search_spaces.profiles import Profile, parse_profiles
-from trainers.errors import BadInputError
 
 
 @dataclass(frozen=True)
@@ -77,17 +76,6 @@ def _packaged(name: str) -> Path:
     return Path(str(resources.files("search_spaces").joinpath(name)))
 
 
-def read_yaml(path: str | Path) -> Any:
-    """Reads a YAML file with ``yaml.safe_load``, turning I/O and syntax errors into BadInputError."""
-    try:
-        with open(path, encoding="utf-8") as stream:
-            return yaml.safe_load(stream)
-    except OSError as error:
-        raise BadInputError(f"{path}: cannot read: {error.strerror or error}") from None
-    except yaml.YAMLError as error:
-        raise BadInputError(f"{path}: not valid YAML: {' '.join(str(error).split())}") from None
-
-
 def load_space(
     path: str | Path | None = None, *, profiles_path: str | Path | None = None
 ) -> SearchSpace:
@@ -107,7 +95,7 @@ def load_space(
             ``profiles_path``.
     """
     space_file = Path(path) if path is not None else _packaged("default.yaml")
-    raw = read_yaml(space_file)
+    raw = read_yaml(space_file, mapping=False)
     own_profiles = isinstance(raw, Mapping) and "profiles" in raw
     if own_profiles and profiles_path is not None:
         raise BadInputError(
@@ -117,7 +105,7 @@ def load_space(
     profiles_data = None
     if not own_profiles:
         profiles_file = Path(profiles_path) if profiles_path else _packaged("profiles.yaml")
-        profiles_raw = read_yaml(profiles_file)
+        profiles_raw = read_yaml(profiles_file, mapping=False)
         if not isinstance(profiles_raw, Mapping) or set(profiles_raw) != {"profiles"}:
             raise BadInputError(f"{profiles_file}: expected one top-level key 'profiles'")
         try:

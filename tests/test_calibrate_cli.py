@@ -13,11 +13,11 @@ import pytest
 from analysis.calibrate import TRIAL_ATTR, ProbeConfig, calibrate_from_results, main, run_probes
 from analysis.calibration import load
 from analysis.machine import this_machine
+from common.cli import run_cli
 from hpo.config import load_config
 from hpo.estimator import CALIBRATION_FILE
 from hpo.runner import run_study
-from trainers.cli import run_cli
-from trainers.paths import demo_data_path
+from trainers.data.paths import demo_data_path
 
 
 def calibrate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -30,7 +30,7 @@ from analysis.timemodel import (
     prior_coefficients,
     static_memory_bytes,
 )
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 
 MODEL = ModelProfile(
     total_parameters=5_000_000,

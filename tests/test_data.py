@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from trainers.data import (
+from common.errors import BadInputError
+from trainers.data.dataset import (
     IGNORE_INDEX,
     DataSpec,
     Example,
@@ -17,8 +18,7 @@ from trainers.data import (
     demo_data_path,
     load_tokenized,
 )
-from trainers.errors import BadInputError
-from trainers.make_demo_data import write_demo_data
+from trainers.data.make_demo_data import write_demo_data
 
 EOS = "<|endoftext|>"
 

@@ -19,10 +19,11 @@ from analysis.calibrate import TRIAL_ATTR
 from analysis.calibration import fit, load
 from analysis.machine import model_profile, this_machine
 from analysis.timemodel import Coefficients, HardwareInfo, prior_coefficients
+from common.errors import BadInputError
 from hpo.config import StudyConfig, load_config
 from hpo.estimator import CALIBRATION_FILE, StudyEstimator
-from hpo.runner import Prepared, prepare, run_study
-from trainers.errors import BadInputError
+from hpo.prepare import Prepared, prepare
+from hpo.runner import run_study
 
 HARDWARE = this_machine()
 # Known rates: 10 ms a micro-step, 1 ms an optimizer step, a 1 s start-up, +-10 % band.
@@ -117,16 +118,16 @@ def budget_study(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         safety_margin_minutes=0.0,
     )
     calls: list[str] = []
-    import trainers.run
+    import trainers.loop.run
 
-    real_train = trainers.run.train
+    real_train = trainers.loop.run.train
 
     def counting_train(spec: Any, callbacks: Any = ()) -> Any:
         calls.append(Path(spec.output_dir).name)
         return real_train(spec, callbacks)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(trainers.run, "train", counting_train)
+        patch.setattr(trainers.loop.run, "train", counting_train)
         summary = run_study(
             config, progress=False, estimator_factory=lambda c, p, _study: pinned(c, p)
         )

@@ -14,17 +14,17 @@ import pytest
 import torch
 import yaml
 
-from trainers import checkpoint
-from trainers.callbacks import StepInfo, TrainingCallback
-from trainers.cli import run_cli
-from trainers.errors import BadInputError, GaveUp, TrainingFailed
-from trainers.measured import MeasuredTrainer
-from trainers.paths import demo_data_path
+from common.cli import run_cli
+from common.errors import BadInputError, GaveUp, TrainingFailed
+from trainers.data.paths import demo_data_path
+from trainers.events import StepInfo, TrainingCallback
+from trainers.loop import checkpoint
+from trainers.loop.measured import MeasuredTrainer
+from trainers.loop.run import train
+from trainers.loop.window import WindowGuard
 from trainers.preset import preset_dict
-from trainers.run import train
 from trainers.spec import LoraSpec, RecoverySpec, TrainSpec
 from trainers.train import main
-from trainers.window import WindowGuard
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_a_corrupted_latest_checkpoint_falls_back(
     _, out = uninterrupted
     copy = shutil.copytree(out, tmp_path / "out")
     corrupt(copy / "checkpoint-12")
-    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainers.loop.checkpoint"):
         assert checkpoint.latest_valid(copy) == copy / "checkpoint-8"
     assert "checkpoint-12 is not usable" in caplog.text
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainers.errors import BadInputError
-from trainers.lora import apply_lora, load_base_model
+from common.errors import BadInputError
+from trainers.model.lora import apply_lora, load_base_model
 from trainers.spec import LoraSpec
 from trainers.tiny import build_tiny
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainers.redact import redact
+from common.redact import redact
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainers.errors import BadInputError
-from trainers.runtime import choose_runtime
+from common.errors import BadInputError
+from trainers.model.runtime import choose_runtime
 
 
 def _choose(**overrides: object):

@@ -12,9 +12,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from common.errors import BadInputError
 from hpo.samplers import SAMPLER_NAMES, make_sampler
 from hpo.skopt_sampler import SkoptSampler
-from trainers.errors import BadInputError
 
 STARTUP = 3  # few random trials, so the short studies below exercise every model
 CHOICES = ("a", "b", None, 3)

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from optuna.distributions import CategoricalDistribution
 
+from common.errors import BadInputError
 from hpo.samplers import SAMPLER_NAMES, make_sampler
 from search_spaces import (
     Choice,
@@ -25,7 +26,6 @@ from search_spaces import (
     params_from_trial_params,
     sample,
 )
-from trainers.errors import BadInputError
 
 DROP = object()  # marks a key a case removes
 BASE: dict[str, Any] = {

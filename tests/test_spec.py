@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 from trainers.spec import LoraSpec, TrainSpec
 
 

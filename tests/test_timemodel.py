@@ -22,7 +22,7 @@ from analysis.timemodel import (
     predict,
     prior_coefficients,
 )
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 
 MODEL = ModelProfile(
     total_parameters=5_000_000,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 from trainers.tiny import (
     ARCHS,
     RECIPE_FILE,

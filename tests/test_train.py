@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from trainers.callbacks import EvalInfo, StepInfo, TrainingCallback
-from trainers.paths import demo_data_path
-from trainers.run import train
+from trainers.data.paths import demo_data_path
+from trainers.events import EvalInfo, StepInfo, TrainingCallback
+from trainers.loop.run import train
 from trainers.spec import LoraSpec, TrainSpec
 
 

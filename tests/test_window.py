@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from trainers import checkpoint
-from trainers.callbacks import EvalInfo, RunInfo, StepInfo
-from trainers.errors import BadInputError, GaveUp
-from trainers.recovery import DivergenceMonitor, RecoveryState
+from common.errors import BadInputError, GaveUp
+from trainers.events import EvalInfo, RunInfo, StepInfo
+from trainers.loop import checkpoint
+from trainers.loop.recovery import DivergenceMonitor, RecoveryState
+from trainers.loop.window import WindowGuard
 from trainers.spec import RecoverySpec, TrainSpec
-from trainers.window import WindowGuard
 
 
 class FakeClock:

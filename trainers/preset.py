@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from trainers.errors import BadInputError
+from common.errors import BadInputError
+from common.files import read_yaml
 from trainers.spec import TrainSpec
 
 PRESET_VERSION = 1
@@ -46,15 +45,7 @@ def preset_dict(
 
 def load_preset(path: str | Path, **overrides: Any) -> Preset:
     """Read and validate a preset; `overrides` replace training fields (command line)."""
-    file = Path(path)
-    if not file.is_file():
-        raise BadInputError(f"preset file not found: {path}")
-    try:
-        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise BadInputError(f"{path}: not valid YAML ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise BadInputError(f"{path}: a preset must be a mapping")
+    raw = read_yaml(path)
     version = raw.get("version")
     if version != PRESET_VERSION:
         raise BadInputError(f"{path}: unsupported preset version {version!r} (expected 1)")

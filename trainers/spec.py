@@ -6,10 +6,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 
 if TYPE_CHECKING:
-    from trainers.data import DataSpec
+    from trainers.data.dataset import DataSpec
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -193,7 +193,7 @@ class TrainSpec:
 
     def data_spec(self) -> DataSpec:
         """How this run reads and tokenizes its data."""
-        from trainers.data import DataSpec
+        from trainers.data.dataset import DataSpec
 
         return DataSpec(
             path=self.data,

@@ -7,8 +7,9 @@ import shlex
 import sys
 from typing import Any
 
+from common.fmt import format_duration
+from trainers.loop.window import WindowGuard
 from trainers.result import TrainResult
-from trainers.window import WindowGuard, format_duration
 
 
 def predicted_seconds(estimate: dict[str, Any]) -> float | None:

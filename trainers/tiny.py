@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainers.errors import BadInputError
-from trainers.paths import cache_root, demo_data_path
+from common.errors import BadInputError
+from trainers.data.paths import cache_root, demo_data_path
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -34,7 +34,7 @@ TOKENIZER_VOCAB_SIZE = 1000
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
-# The template trainers.data falls back to, written out so the tiny tokenizer has a real one.
+# The template trainers.data.dataset falls back to, written out so the tiny tokenizer has a real one.
 # transformers renders templates with trim_blocks, which eats a newline written right after a
 # block tag, hence the explicit "\n" expressions.
 CHAT_TEMPLATE = (

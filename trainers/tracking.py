@@ -14,12 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainers.callbacks import EvalInfo, RunInfo, StepInfo, TrainingCallback
-from trainers.cli import write_atomic
-from trainers.errors import BadInputError
-from trainers.redact import redact
+from common.errors import BadInputError
+from common.files import write_atomic
+from common.redact import redact
+from trainers.events import EvalInfo, Forecast, RunInfo, StepInfo, TrainingCallback
 from trainers.result import TrainResult
-from trainers.window import Forecast
 
 MAX_METRICS_PER_CALL = 1000  # MLflow's log_batch limits
 MAX_PARAMS_PER_CALL = 100

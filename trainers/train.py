@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainers.cli import EXIT_FAILED, EXIT_OK, check_writable, run_cli, write_json
-from trainers.errors import BadInputError, GaveUp
-from trainers.preemption import StopOnSignal
+from common.cli import EXIT_FAILED, EXIT_OK, check_writable, run_cli
+from common.errors import BadInputError, GaveUp
+from common.files import write_json
+from trainers.loop.preemption import StopOnSignal
+from trainers.loop.window import WindowGuard
 from trainers.preset import Preset
 from trainers.spec import TrainSpec
 from trainers.summary import predicted_seconds, resume_command, summary_lines
-from trainers.window import WindowGuard
 
 EXIT_RESUMABLE = 3  # stopped by the window or a signal, with a checkpoint
 log = logging.getLogger(__name__)
@@ -222,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from trainers.progress import TqdmProgress
-    from trainers.run import train
+    from trainers.loop.progress import TqdmProgress
+    from trainers.loop.run import train
 
     callbacks: list[Any] = [] if args.quiet else [TqdmProgress(file=sys.stderr)]
     tracker = _tracker(args, preset, spec, predicted)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 
 DEMO_DATA_DIR = Path(__file__).resolve().parent / "demo_data"
 _DEMO_FILES = {

@@ -11,7 +11,6 @@ tensors and plain containers.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -21,6 +20,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from common.files import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def commit(staging: Path, output_dir: str | Path, step: int, run_state: dict[str
     for path in sorted(p for p in staging.rglob("*") if p.is_file()):
         files[path.relative_to(staging).as_posix()] = {
             "bytes": path.stat().st_size,
-            "sha256": _sha256(path, sync=True),
+            "sha256": sha256_file(path, sync=True),
         }
     manifest = {
         "format": MANIFEST_FORMAT,
@@ -106,7 +107,7 @@ def verify(path: str | Path) -> str | None:
             return f"{name} is missing"
         if file.stat().st_size != expected.get("bytes"):
             return f"{name} has {file.stat().st_size} bytes, manifest says {expected.get('bytes')}"
-        if _sha256(file) != expected.get("sha256"):
+        if sha256_file(file) != expected.get("sha256"):
             return f"{name} does not match its sha256"
     return None
 
@@ -191,16 +192,6 @@ def _best(found: list[tuple[int, Path]]) -> Path | None:
         if isinstance(loss, (int, float)) and (best is None or loss < best[0]):
             best = (float(loss), path)
     return best[1] if best else None
-
-
-def _sha256(path: Path, *, sync: bool = False) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-        if sync:
-            os.fsync(handle.fileno())
-    return digest.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from trainers.callbacks import EvalInfo, RunInfo, StepInfo, TrainingCallback
+from common.fmt import format_duration
+from trainers.events import EvalInfo, Forecast, RunInfo, StepInfo, TrainingCallback
 from trainers.result import TrainResult
-from trainers.window import Forecast, format_duration
 
 
 class TqdmProgress(TrainingCallback):

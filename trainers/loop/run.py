@@ -1,9 +1,9 @@
 """One training run: data, model + LoRA, transformers' Trainer, measurements, recovery.
 
-The Trainer does the loop (`trainers.measured` times it and bridges its events to plain
+The Trainer does the loop (`trainers.loop.measured` times it and bridges its events to plain
 callbacks). This module sets the run up, resumes it from a verified checkpoint, and, when
 recovery is on, restarts it after out-of-memory errors or a diverging loss
-(`trainers.recovery` decides how).
+(`trainers.loop.recovery` decides how).
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ from typing import Any
 
 import torch
 
-from trainers import checkpoint
-from trainers.callbacks import RunInfo, TrainingCallback
-from trainers.data import load_tokenized
-from trainers.errors import BadInputError, Diverged, GaveUp, TrainingFailed
-from trainers.lora import apply_lora, load_base_model, load_tokenizer
-from trainers.measured import Bridge, Clock, Recorder, now_iso, rss_bytes
-from trainers.recovery import DivergenceMonitor, RecoveryState
+from common.errors import BadInputError, Diverged, GaveUp, TrainingFailed
+from trainers.data.dataset import load_tokenized
+from trainers.events import RunInfo, TrainingCallback
+from trainers.loop import checkpoint
+from trainers.loop.measured import Bridge, Clock, Recorder, now_iso, rss_bytes
+from trainers.loop.recovery import DivergenceMonitor, RecoveryState
+from trainers.loop.trainer_setup import PadCollator, build_trainer
+from trainers.loop.window import WindowGuard
+from trainers.model.lora import apply_lora, load_base_model, load_tokenizer
+from trainers.model.runtime import detect_runtime
 from trainers.result import TrainResult
-from trainers.runtime import detect_runtime
 from trainers.spec import TrainSpec
-from trainers.trainer_setup import PadCollator, build_trainer
-from trainers.window import WindowGuard
 
 __all__ = ["PadCollator", "train"]  # PadCollator: imported from here by the benchmarks
 

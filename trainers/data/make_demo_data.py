@@ -5,7 +5,7 @@ optimizer steps: templated facts about made-up people (where they live, what the
 colour), small additions, reversing spelled-out words and counting on. The same world backs
 the three record shapes, so the tiny tokenizer (trained on all three files) fits each of them.
 
-Run ``python -m trainers.make_demo_data`` to rewrite the files; the output only depends on
+Run ``python -m trainers.data.make_demo_data`` to rewrite the files; the output only depends on
 ``--seed`` and ``--samples``.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainers.paths import DEMO_DATA_DIR, demo_data_path
+from trainers.data.paths import DEMO_DATA_DIR, demo_data_path
 
 SHAPES = ("text", "prompt_completion", "messages")
 

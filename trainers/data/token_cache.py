@@ -2,23 +2,22 @@
 
 The format is plain numpy arrays (no pickle): all input ids and labels concatenated, the
 offsets where each sample starts, and a JSON string of metadata. Files are written to a temp
-file and moved into place with ``os.replace``, so a reader sees a whole file or none.
+file and moved into place (`common.files.write_atomic`), so a reader sees a whole file or none.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from common.files import write_atomic
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -29,15 +28,6 @@ CACHE_FORMAT = 1
 """Bump when the tokenized content changes for the same inputs (rendering, labels, format)."""
 
 Sample = tuple[list[int], list[int]]
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 hex digest of a file's bytes."""
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
@@ -89,19 +79,16 @@ def save(path: Path, shape: str, samples: Sequence[Sample], meta: dict[str, Any]
     input_ids = np.fromiter((t for ids, _ in samples for t in ids), dtype=np.int64)
     labels = np.fromiter((t for _, lab in samples for t in lab), dtype=np.int64)
     header = np.array(json.dumps({"shape": shape, **meta}))
-    temp_name = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as stream:
-            np.savez(stream, input_ids=input_ids, labels=labels, offsets=offsets, meta=header)
-        os.replace(temp_name, path)
+        write_atomic(
+            path,
+            lambda stream: np.savez(
+                stream, input_ids=input_ids, labels=labels, offsets=offsets, meta=header
+            ),
+        )
         return True
     except OSError as error:
         logger.warning("could not write the tokenized cache %s: %s", path, error)
-        if temp_name is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temp_name)
         return False
 
 

@@ -15,10 +15,10 @@ import torch
 from transformers import TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from trainers.data import Example, TokenizedData
-from trainers.measured import Bridge, MeasuredTrainer
-from trainers.recovery import RecoveryState
-from trainers.runtime import RuntimeChoice
+from trainers.data.dataset import Example, TokenizedData
+from trainers.loop.measured import Bridge, MeasuredTrainer
+from trainers.loop.recovery import RecoveryState
+from trainers.model.runtime import RuntimeChoice
 from trainers.spec import TrainSpec
 
 

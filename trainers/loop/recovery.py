@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainers.errors import GaveUp
+from common.errors import GaveUp
 from trainers.spec import RecoverySpec, TrainSpec
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from trainers.callbacks import StepInfo, TrainingCallback
+from trainers.events import StepInfo, TrainingCallback
 
 log = logging.getLogger(__name__)
 

@@ -10,101 +10,14 @@ would cross the deadline.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
 
-from trainers.callbacks import EvalInfo, RunInfo, StepInfo, TrainingCallback
+from trainers.events import EvalInfo, Forecast, RunInfo, StepInfo, TrainingCallback
 
 UNMEASURED_SAVE_SECONDS = 0.5
-
-
-def format_duration(seconds: float) -> str:
-    """`3h 05m`, `40m`, `12s`: short enough for a progress bar."""
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    minutes = int(round(seconds / 60))
-    if minutes < 60:
-        return f"{minutes}m"
-    return f"{minutes // 60}h {minutes % 60:02d}m"
-
-
-@dataclass(frozen=True)
-class Forecast:
-    """Where the run stands after `step`, and where it will end."""
-
-    step: int
-    total_steps: int
-    elapsed_seconds: float
-    remaining_seconds: float
-    step_seconds: float  # median of the recent optimizer steps
-    window_seconds: float | None
-    margin_seconds: float
-    stop_step: int  # where the run will end: `total_steps` when on track
-    should_stop: bool  # save now and stop: one more step would cross the deadline
-    eta_unix: float  # wall-clock time of the predicted end
-
-    @property
-    def progress(self) -> float:
-        return self.step / self.total_steps if self.total_steps else 1.0
-
-    @property
-    def projected_seconds(self) -> float:
-        return self.elapsed_seconds + self.remaining_seconds
-
-    @property
-    def deadline_seconds(self) -> float | None:
-        if self.window_seconds is None:
-            return None
-        return self.window_seconds - self.margin_seconds
-
-    @property
-    def on_track(self) -> bool:
-        deadline = self.deadline_seconds
-        return deadline is None or self.projected_seconds <= deadline
-
-    @property
-    def behind_seconds(self) -> float:
-        deadline = self.deadline_seconds
-        return 0.0 if deadline is None else max(0.0, self.projected_seconds - deadline)
-
-    @property
-    def recommendation(self) -> str | None:
-        """What to change when the run will not finish inside the window."""
-        if self.on_track:
-            return None
-        hours = math.ceil((self.projected_seconds + self.margin_seconds) / 360) / 10
-        return (
-            f"behind schedule by {format_duration(self.behind_seconds)}: the run will stop at "
-            f"step {self.stop_step:,} of {self.total_steps:,}; consider a larger micro-batch or "
-            f"fewer epochs (--max-steps {self.stop_step} fits), or --window-hours {hours:g}; "
-            "a stopped run continues with --resume"
-        )
-
-    def line(self) -> str:
-        eta = time.strftime("%H:%M", time.localtime(self.eta_unix))
-        text = (
-            f"step {self.step:,}/{self.total_steps:,} ({100 * self.progress:.1f}%), "
-            f"elapsed {format_duration(self.elapsed_seconds)}, "
-            f"remaining ~{format_duration(self.remaining_seconds)}, ETA {eta}"
-        )
-        if self.window_seconds is not None:
-            state = "on track" if self.on_track else "BEHIND"
-            text += (
-                f"; {state} for the {format_duration(self.window_seconds)} window "
-                f"(margin {format_duration(self.margin_seconds)})"
-            )
-        return text
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(progress=self.progress, on_track=self.on_track, behind_s=self.behind_seconds)
-        return out
 
 
 class WindowGuard(TrainingCallback):

@@ -1,8 +1,8 @@
 """transformers' Trainer, measured and guarded.
 
 A thin Trainer subclass times each micro-step (forward + backward), evaluation and checkpoint
-save, and writes checkpoints through `trainers.checkpoint` (staged, with a manifest, rotated).
-A bridge callback turns Trainer events into the plain callbacks of `trainers.callbacks`,
+save, and writes checkpoints through `trainers.loop.checkpoint` (staged, with a manifest, rotated).
+A bridge callback turns Trainer events into the plain callbacks of `trainers.events`,
 asks the window guard after every step, and honours stop requests.
 """
 
@@ -19,14 +19,14 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 
-from trainers import checkpoint
-from trainers.callbacks import EvalInfo, RunInfo, StepInfo, TrainingCallback
-from trainers.errors import Diverged
-from trainers.recovery import DivergenceMonitor
+from common.errors import Diverged
+from trainers.events import EvalInfo, RunInfo, StepInfo, TrainingCallback
+from trainers.loop import checkpoint
+from trainers.loop.recovery import DivergenceMonitor
+from trainers.loop.window import WindowGuard
 from trainers.result import TrainResult
-from trainers.window import WindowGuard
 
-log = logging.getLogger("trainers.run")
+log = logging.getLogger("trainers.loop.run")
 
 
 class Clock:

@@ -6,7 +6,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 from trainers.spec import LoraSpec
 
 # PEFT's shorthand for "every nn.Linear / Conv1D except the output layer", found from the

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainers.errors import BadInputError
+from common.errors import BadInputError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

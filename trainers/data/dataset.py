@@ -5,11 +5,11 @@ A file holds one of three record shapes (detected from its first good record):
 - ``{"text": ...}``: causal LM on the whole text, followed by eos.
 - ``{"prompt": ..., "completion": ...}``: loss on the completion (and eos) only.
 - ``{"messages": [{"role": ..., "content": ...}, ...]}``: chat; loss on assistant turns only,
-  rendered with the tokenizer's chat template or a simple fallback (see ``trainers.records``).
+  rendered with the tokenizer's chat template or a simple fallback (see ``trainers.data.records``).
 
 Samples longer than ``max_length`` are truncated, or with ``overflow="pack"`` concatenated
 (train and validation separately) and cut into ``max_length`` blocks. The tokenized records are
-cached (see ``trainers.token_cache``), so a second load skips parsing and tokenizing.
+cached (see ``trainers.data.token_cache``), so a second load skips parsing and tokenizing.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainers import token_cache
-from trainers.errors import BadInputError
-from trainers.paths import cache_root, demo_data_path
-from trainers.records import IGNORE_INDEX, read_pieces, tokenize_pieces
+from common.errors import BadInputError
+from common.files import sha256_file
+from trainers.data import token_cache
+from trainers.data.paths import cache_root, demo_data_path
+from trainers.data.records import IGNORE_INDEX, read_pieces, tokenize_pieces
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -156,7 +157,7 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
     if tokenizer.eos_token_id is None:
         raise BadInputError(f"tokenizer {type(tokenizer).__name__} has no eos token")
     key = token_cache.cache_key(
-        data_sha256=token_cache.file_sha256(path),
+        data_sha256=sha256_file(path),
         tokenizer=tokenizer,
         max_length=spec.max_length,
         overflow=spec.overflow,

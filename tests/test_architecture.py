@@ -1,0 +1,138 @@
+"""The layers stay as DESIGN.md draws them, and no module imports itself in a circle.
+
+Every import counts: module level, inside functions, and type-only imports under
+`TYPE_CHECKING` (a cycle of type-only imports is still a knot a reader has to untie).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("common", "trainers", "search_spaces", "analysis", "hpo")
+# What each package may import besides itself (hpo -> {analysis, search_spaces, trainers}
+# -> common; analysis reads trainers' results and runs its probes through trainers).
+ALLOWED = {
+    "common": set(),
+    "trainers": {"common"},
+    "search_spaces": {"common"},
+    "analysis": {"common", "trainers"},
+    "hpo": {"common", "trainers", "search_spaces", "analysis"},
+}
+
+
+def project_modules() -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join(parts)] = path
+    return modules
+
+
+def imported_names(path: Path, module: str) -> Iterator[str]:
+    """Every module name an import statement in `path` can refer to."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                prefix = ".".join([*base, node.module] if node.module else base)
+            else:
+                prefix = node.module or ""
+            yield prefix
+            for alias in node.names:  # `from trainers.loop import checkpoint` names a module
+                yield f"{prefix}.{alias.name}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for target in imported_names(path, name):
+            if target in modules and target != name and not _is_package_of(target, name):
+                graph[name].add(target)
+    return graph
+
+
+def _is_package_of(target: str, module: str) -> bool:
+    return module.startswith(target + ".")
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_walk_sees_the_imports_it_must_see() -> None:
+    graph = import_graph()
+    # A relative, a function-level and a type-only import are all found.
+    assert "trainers.loop.run" in graph["hpo.objective"] or any(
+        "trainers" in t for t in graph["hpo.objective"]
+    )
+    assert "common.errors" in graph["trainers.spec"]
+    assert "trainers.result" in graph["trainers.events"]  # under TYPE_CHECKING
+
+
+def test_cycle_finder_finds_a_planted_cycle() -> None:
+    planted = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(planted) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(import_graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_from_a_higher_layer(package: str) -> None:
+    wrong = sorted(
+        f"{source} imports {target}"
+        for source, targets in import_graph().items()
+        if source.split(".")[0] == package
+        for target in targets
+        if target.split(".")[0] not in ALLOWED[package] | {package}
+    )
+    assert not wrong, "\n".join(wrong)
