@@ -402,59 +402,55 @@ def fit(
     """
     prior = prior if prior is not None else prior_coefficients(hardware)
     stored = tuple(run.capped() for run in runs)[-MAX_STORED_RUNS:]
+    coefficients, counts = _fit_coefficients(stored, model, hardware, prior)
+    key = fingerprint(hardware, model)
+    content = json.dumps(
+        [key, coefficients.to_dict(), [r.to_dict() for r in stored]], sort_keys=True
+    )
+    calibration_id = hashlib.sha256(content.encode()).hexdigest()[:10]
+    return Calibration(
+        version=VERSION,
+        fingerprint=key,
+        hardware=hardware,
+        model=model,
+        coefficients=dataclasses.replace(coefficients, source=f"calibration:{calibration_id}"),
+        prior=prior,
+        n_measurements=counts,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        calibration_id=calibration_id,
+        runs=stored,
+    )
+
+
+def _fit_coefficients(
+    stored: Sequence[RunMeasurements],
+    model: ModelProfile,
+    hardware: HardwareInfo,
+    prior: Coefficients,
+) -> tuple[Coefficients, dict[str, int]]:
+    """Every term of the time and memory model, each fitted to its own measurements."""
     p = prior
     n_params = float(model.total_parameters)
-
     micro_rows = [_micro_rows(run, model) for run in stored]
     x, y = _stack(micro_rows, 4)
-    micro, res = _robust_positive_fit(
-        x,
-        y,
-        _micro_rates(p),
-    )
-    opt_x, opt_y = _stack(
+    micro, res = _robust_positive_fit(x, y, _micro_rates(p))
+    optimizer, n_optimizer = _fit_two_terms(
         [
             _pairs(r.optimizer_step_seconds[r.optimizer_warmup_steps :], r.trainable_parameters)
             for r in stored
         ],
-        2,
+        (p.optimizer_fixed_seconds, p.optimizer_seconds_per_parameter),
     )
-    optimizer, _ = _robust_positive_fit(
-        opt_x, opt_y, np.array([p.optimizer_fixed_seconds, p.optimizer_seconds_per_parameter])
+    evals, n_eval = _fit_evaluations(stored, n_params, p)
+    checkpoint, n_checkpoint = _fit_two_terms(
+        [_pairs(r.checkpoint_seconds, r.trainable_parameters) for r in stored],
+        (p.checkpoint_fixed_seconds, p.checkpoint_seconds_per_parameter),
     )
-    ev_x, ev_y = _stack(
-        [
-            (
-                np.column_stack(
-                    [
-                        np.ones(len(r.eval_tokens)),
-                        np.full(len(r.eval_tokens), float(r.eval_batches)),
-                        2.0 * n_params * np.asarray(r.eval_tokens, dtype=np.float64),
-                    ]
-                ),
-                np.asarray(r.eval_seconds, dtype=np.float64),
-            )
-            for r in stored
-        ],
-        3,
-    )
-    evals, _ = _robust_positive_fit(
-        ev_x,
-        ev_y,
-        np.array([p.eval_fixed_seconds, p.eval_seconds_per_batch, p.eval_seconds_per_flop]),
-    )
-    ck_x, ck_y = _stack([_pairs(r.checkpoint_seconds, r.trainable_parameters) for r in stored], 2)
-    checkpoint, _ = _robust_positive_fit(
-        ck_x, ck_y, np.array([p.checkpoint_fixed_seconds, p.checkpoint_seconds_per_parameter])
-    )
-    st_x, st_y = _stack(
-        [_pairs([r.startup_seconds], n_params) for r in stored if r.startup_seconds > 0], 2
-    )
-    startup, _ = _robust_positive_fit(
-        st_x, st_y, np.array([p.startup_fixed_seconds, p.startup_seconds_per_parameter])
+    startup, n_startup = _fit_two_terms(
+        [_pairs([r.startup_seconds], n_params) for r in stored if r.startup_seconds > 0],
+        (p.startup_fixed_seconds, p.startup_seconds_per_parameter),
     )
     memory, n_memory = _fit_memory(stored, model, hardware, prior)
-
     spread = _spread(res, [len(rows[1]) for rows in micro_rows], prior)
     loops = [r.loop_seconds / r.loop_micro_steps for r in stored if r.loop_micro_steps > 0]
     loop = max(float(np.median(loops)), 0.0) if loops else prior.loop_seconds_per_micro_step
@@ -493,32 +489,50 @@ def fit(
     counts = {
         "runs": len(stored),
         "micro_step": int(np.isfinite(res).sum()),
-        "optimizer_step": int(opt_y.size),
-        "eval": int(ev_y.size),
-        "checkpoint": int(ck_y.size),
-        "startup": int(st_y.size),
+        "optimizer_step": n_optimizer,
+        "eval": n_eval,
+        "checkpoint": n_checkpoint,
+        "startup": n_startup,
         "memory": n_memory,
         "loop": len(loops),
         "warmup": len(warmups),
     }
-    content = json.dumps(
-        [fingerprint(hardware, model), coefficients.to_dict(), [r.to_dict() for r in stored]],
-        sort_keys=True,
+    return coefficients, counts
+
+
+def _fit_two_terms(
+    rows: list[tuple[np.ndarray, np.ndarray]], prior: tuple[float, float]
+) -> tuple[np.ndarray, int]:
+    """A fixed cost plus a rate per unit (parameters): the fit and how many measurements."""
+    x, y = _stack(rows, 2)
+    coefficients, _ = _robust_positive_fit(x, y, np.array(prior))
+    return coefficients, int(y.size)
+
+
+def _fit_evaluations(
+    stored: Sequence[RunMeasurements], n_params: float, p: Coefficients
+) -> tuple[np.ndarray, int]:
+    """One evaluation = a fixed cost + a cost per batch + a cost per forward FLOP."""
+    x, y = _stack(
+        [
+            (
+                np.column_stack(
+                    [
+                        np.ones(len(r.eval_tokens)),
+                        np.full(len(r.eval_tokens), float(r.eval_batches)),
+                        2.0 * n_params * np.asarray(r.eval_tokens, dtype=np.float64),
+                    ]
+                ),
+                np.asarray(r.eval_seconds, dtype=np.float64),
+            )
+            for r in stored
+        ],
+        3,
     )
-    calibration_id = hashlib.sha256(content.encode()).hexdigest()[:10]
-    coefficients = dataclasses.replace(coefficients, source=f"calibration:{calibration_id}")
-    return Calibration(
-        version=VERSION,
-        fingerprint=fingerprint(hardware, model),
-        hardware=hardware,
-        model=model,
-        coefficients=coefficients,
-        prior=prior,
-        n_measurements=counts,
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        calibration_id=calibration_id,
-        runs=stored,
+    coefficients, _ = _robust_positive_fit(
+        x, y, np.array([p.eval_fixed_seconds, p.eval_seconds_per_batch, p.eval_seconds_per_flop])
     )
+    return coefficients, int(y.size)
 
 
 def _warmup_extra(run: RunMeasurements, model: ModelProfile, c: Coefficients) -> float:

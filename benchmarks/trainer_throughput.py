@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
 from trainers.data.dataset import load_tokenized  # noqa: E402
 from trainers.data.paths import demo_data_path  # noqa: E402
-from trainers.loop.run import PadCollator, train  # noqa: E402
+from trainers.loop.run import train  # noqa: E402
+from trainers.loop.trainer_setup import PadCollator  # noqa: E402
 from trainers.model.lora import (  # noqa: E402
     apply_lora,
     load_base_model,

@@ -15,7 +15,6 @@ from common.files import read_yaml
 from trainers.spec import TrainSpec
 
 PRESET_VERSION = 1
-SECTIONS = ("model", "lora", "data", "training", "estimate", "provenance")
 _DATA_FIELDS = ("max_length", "overflow", "skip_bad_lines", "validation_fraction")
 _NOT_TRAINING = {"model", "data", "lora", "output_dir", "cache_dir", *_DATA_FIELDS}
 

@@ -13,6 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -60,24 +61,39 @@ class Recorder:
         self.step_tokens = 0
 
 
-class MeasuredTrainer(Trainer):
-    """Trainer that times its work and writes verified checkpoints.
+@dataclass
+class TrainerHooks:
+    """What the run lends its Trainer, the same for every attempt.
 
-    Set after construction: `recorder`, `bridge`, `keep_checkpoints`, `run_state` (the
-    `run_state.json` content for a step), `lr_ratio_on_load` (learning-rate correction when
-    resuming from a checkpoint saved at another learning-rate scale) and `divergence`
-    (None: no divergence check).
+    Attributes:
+        recorder: Collects the measurements.
+        bridge: Trainer events -> plain callbacks and the window guard.
+        keep_checkpoints: Latest checkpoints kept when rotating.
+        run_state: The `run_state.json` content of a checkpoint saved at a step.
+        divergence: Watches validation losses (None: no divergence check).
+        lr_ratio_on_load: Learning-rate correction when resuming from a checkpoint saved at
+            another learning-rate scale (set before each attempt).
     """
 
     recorder: Recorder
     bridge: Bridge
-    keep_checkpoints: int = 2
+    keep_checkpoints: int
     run_state: Callable[[int], dict[str, Any]]
-    lr_ratio_on_load: float = 1.0
     divergence: DivergenceMonitor | None = None
+    lr_ratio_on_load: float = 1.0
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+
+class MeasuredTrainer(Trainer):
+    """Trainer that times its work and writes verified checkpoints."""
+
+    def __init__(self, *args: Any, hooks: TrainerHooks, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.recorder = hooks.recorder
+        self.bridge = hooks.bridge
+        self.keep_checkpoints = hooks.keep_checkpoints
+        self.run_state = hooks.run_state
+        self.divergence = hooks.divergence
+        self.lr_ratio_on_load = hooks.lr_ratio_on_load
         self._flops_per_token: int | None = None
         if isinstance(self.model, torch.nn.Module):
             _skip_redundant_mode_switches(self.model)

@@ -8,31 +8,31 @@ recovery is on, restarts it after out-of-memory errors or a diverging loss
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from common.errors import BadInputError, Diverged, GaveUp, TrainingFailed
-from trainers.data.dataset import load_tokenized
+from trainers.data.dataset import TokenizedData, load_tokenized
 from trainers.events import RunInfo, TrainingCallback
 from trainers.loop import checkpoint
-from trainers.loop.measured import Bridge, Clock, Recorder, now_iso, rss_bytes
+from trainers.loop.measured import Bridge, Clock, Recorder, TrainerHooks, now_iso, rss_bytes
 from trainers.loop.recovery import DivergenceMonitor, RecoveryState
-from trainers.loop.trainer_setup import PadCollator, build_trainer
+from trainers.loop.trainer_setup import build_trainer
 from trainers.loop.window import WindowGuard
-from trainers.model.lora import apply_lora, load_base_model, load_tokenizer
-from trainers.model.runtime import detect_runtime
+from trainers.model.lora import ModelInfo, apply_lora, load_base_model, load_tokenizer
+from trainers.model.runtime import RuntimeChoice, detect_runtime
 from trainers.result import TrainResult
 from trainers.spec import TrainSpec
-
-__all__ = ["PadCollator", "train"]  # PadCollator: imported from here by the benchmarks
 
 log = logging.getLogger(__name__)
 
@@ -60,32 +60,116 @@ def train(
             off), or recovery gave up (`GaveUp`, carrying the partial result).
     """
     from transformers import set_seed
-    from transformers.utils import logging as hf_logging
 
     wall_start = time.perf_counter()
     resume_dir = _starting_checkpoint(spec, resume)
     saved = checkpoint.read_run_state(resume_dir) if resume_dir else {}
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()  # "Loading weights" bars, once per trial
     runtime = detect_runtime(spec.device, spec.precision, spec.compile)
     set_seed(spec.seed)
-
-    tokenizer = load_tokenizer(spec.model)
-    data = load_tokenized(spec.data_spec(), tokenizer)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
-        base = load_base_model(spec.model)
-        model, info = apply_lora(base, spec.lora)
+    loaded = _load(spec)
     # Logged once the inputs are known good, so a bad-input error stays the only line.
     log.info("runtime: %s", runtime.reason)
     if runtime.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    if saved:
+        log.info("resuming from %s (step %d)", resume_dir, saved["step"])
 
     clock = Clock(runtime.device)
     recovery = RecoveryState.from_dict(saved) if saved else RecoveryState.from_spec(spec)
-    if saved:
-        log.info("resuming from %s (step %d)", resume_dir, saved["step"])
-    result = TrainResult(
+    result = _new_result(spec, runtime, loaded, recovery, saved, resume_dir)
+    previous_wall = float(saved.get("cumulative_wall_seconds", 0.0))
+    recorder = Recorder(result, clock)
+    bridge = Bridge(
+        recorder,
+        callbacks,
+        window or WindowGuard(),
+        wall_start=wall_start,
+        run_info=functools.partial(_run_info, spec, result),
+        checkpointing=spec.checkpointing,
+        checkpoint_minutes=spec.checkpoint_minutes,
+        report_forecasts=window is not None,
+    )
+    hooks = TrainerHooks(
+        recorder=recorder,
+        bridge=bridge,
+        keep_checkpoints=spec.keep_checkpoints,
+        run_state=RunStateWriter(result, recovery, clock, wall_start, previous_wall),
+        divergence=DivergenceMonitor(spec.recovery.divergence_ratio, spec.recovery.divergence_evals)
+        if spec.recovery.enabled
+        else None,
+    )
+    initial_adapter = _trainable_state(loaded.model) if spec.recovery.enabled else {}
+    saved_lr_scale = float(saved.get("lr_scale", 1.0))
+
+    def close() -> TrainResult:
+        begin = bridge.train_begin or clock.now()
+        _finish(result, recorder, begin - wall_start, clock.now() - wall_start, previous_wall)
+        result.micro_batch_size = recovery.micro_batch_size
+        result.gradient_accumulation_steps = recovery.gradient_accumulation_steps
+        for callback in callbacks:
+            callback.on_train_end(result)
+        return result
+
+    while True:
+        hooks.lr_ratio_on_load = recovery.lr_scale / saved_lr_scale
+        trainer = build_trainer(
+            spec, recovery, runtime, loaded.model, loaded.data, loaded.tokenizer, hooks
+        )
+        try:
+            _train_to_the_end(trainer, resume_dir, result)
+            break
+        except (torch.OutOfMemoryError, Diverged) as exc:
+            try:
+                reason = _recovery_reason(exc, spec, recovery, runtime, trainer)
+            except GaveUp as gave_up:
+                result.status, result.stop_reason = "gave_up", str(gave_up)
+                gave_up.result = close()
+                raise gave_up from exc
+            safe_step = exc.safe_step if isinstance(exc, Diverged) else None
+        del trainer
+        resume_dir, back_to, saved_lr_scale = _restart_point(
+            spec, loaded.model, initial_adapter, safe_step
+        )
+        _forget_after(result, hooks.divergence, back_to)
+        log.warning("recovery: %s; continuing from step %d", reason, back_to)
+        if runtime.device == "cuda":
+            torch.cuda.empty_cache()
+    return close()
+
+
+@dataclass
+class _Loaded:
+    """The inputs of a run: tokenizer, tokenized data, the model with its adapter."""
+
+    tokenizer: Any
+    data: TokenizedData
+    model: Any
+    info: ModelInfo
+
+
+def _load(spec: TrainSpec) -> _Loaded:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # "Loading weights" bars, once per trial
+    tokenizer = load_tokenizer(spec.model)
+    data = load_tokenized(spec.data_spec(), tokenizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
+        model, info = apply_lora(load_base_model(spec.model), spec.lora)
+    return _Loaded(tokenizer, data, model, info)
+
+
+def _new_result(
+    spec: TrainSpec,
+    runtime: RuntimeChoice,
+    loaded: _Loaded,
+    recovery: RecoveryState,
+    saved: dict[str, Any],
+    resume_dir: Path | None,
+) -> TrainResult:
+    info = loaded.info
+    return TrainResult(
         device=runtime.device,
         precision=runtime.precision,
         runtime_reason=runtime.reason,
@@ -101,106 +185,95 @@ def train(
         max_length=spec.max_length,
         lora_r=spec.lora.r,
         gradient_checkpointing=spec.gradient_checkpointing,
-        dataset={k: v for k, v in data.stats.to_dict().items() if k != "lengths"},
+        dataset={k: v for k, v in loaded.data.stats.to_dict().items() if k != "lengths"},
         resumed_from_step=saved.get("step"),
         recoveries=recovery.recoveries,
         checkpoint_dir=str(resume_dir.resolve()) if resume_dir else None,
     )
-    previous_wall = float(saved.get("cumulative_wall_seconds", 0.0))
 
-    def run_state(step: int) -> dict[str, Any]:
+
+class RunStateWriter:
+    """The `run_state.json` of a checkpoint saved at some step: what a resume needs."""
+
+    def __init__(
+        self,
+        result: TrainResult,
+        recovery: RecoveryState,
+        clock: Clock,
+        wall_start: float,
+        previous_wall: float,
+    ) -> None:
+        self.result = result
+        self.recovery = recovery
+        self.clock = clock
+        self.wall_start = wall_start
+        self.previous_wall = previous_wall
+
+    def __call__(self, step: int) -> dict[str, Any]:
+        result = self.result
         last_eval = result.eval_losses[-1] if result.eval_losses else None
         return {
             "step": step,
-            **recovery.to_dict(),
+            **self.recovery.to_dict(),
             "train_loss": result.train_losses[-1][1] if result.train_losses else None,
             "val_loss": last_eval[1] if last_eval and last_eval[0] == step else None,
             "last_val_loss": list(last_eval) if last_eval else None,
-            "cumulative_wall_seconds": previous_wall + clock.now() - wall_start,
+            "cumulative_wall_seconds": self.previous_wall + self.clock.now() - self.wall_start,
             "saved_at": now_iso(),
         }
 
-    def run_info(total_steps: int, start_step: int) -> RunInfo:
-        return RunInfo(
-            total_steps=total_steps,
-            trainable_parameters=result.trainable_parameters,
-            total_parameters=result.total_parameters,
-            device=result.device,
-            precision=result.precision,
-            start_step=start_step,
-            eval_interval=spec.eval_interval,
-            checkpoint_interval=spec.checkpoint_interval,
-            checkpoint_minutes=spec.checkpoint_minutes,
-        )
 
-    recorder = Recorder(result, clock)
-    bridge = Bridge(
-        recorder,
-        callbacks,
-        window or WindowGuard(),
-        wall_start=wall_start,
-        run_info=run_info,
-        checkpointing=spec.checkpointing,
+def _run_info(spec: TrainSpec, result: TrainResult, total_steps: int, start_step: int) -> RunInfo:
+    return RunInfo(
+        total_steps=total_steps,
+        trainable_parameters=result.trainable_parameters,
+        total_parameters=result.total_parameters,
+        device=result.device,
+        precision=result.precision,
+        start_step=start_step,
+        eval_interval=spec.eval_interval,
+        checkpoint_interval=spec.checkpoint_interval,
         checkpoint_minutes=spec.checkpoint_minutes,
-        report_forecasts=window is not None,
     )
-    divergence = (
-        DivergenceMonitor(spec.recovery.divergence_ratio, spec.recovery.divergence_evals)
-        if spec.recovery.enabled
-        else None
-    )
-    initial_adapter = _trainable_state(model) if spec.recovery.enabled else {}
-    saved_lr_scale = float(saved.get("lr_scale", 1.0))
 
-    def close() -> TrainResult:
-        begin = bridge.train_begin or clock.now()
-        _finish(result, recorder, begin - wall_start, clock.now() - wall_start, previous_wall)
-        result.micro_batch_size = recovery.micro_batch_size
-        result.gradient_accumulation_steps = recovery.gradient_accumulation_steps
-        for callback in callbacks:
-            callback.on_train_end(result)
-        return result
 
-    while True:
-        trainer = build_trainer(spec, recovery, runtime, model, data, tokenizer, bridge)
-        trainer.recorder = recorder
-        trainer.run_state = run_state
-        trainer.divergence = divergence
-        trainer.lr_ratio_on_load = recovery.lr_scale / saved_lr_scale
-        try:
-            trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
-            last_eval = result.eval_losses[-1][0] if result.eval_losses else -1
-            if last_eval != trainer.state.global_step and result.stop_reason is None:
-                trainer.evaluate()
-            break
-        except (torch.OutOfMemoryError, Diverged) as exc:
-            if not spec.recovery.enabled:
-                if isinstance(exc, Diverged):
-                    raise
-                raise TrainingFailed(f"out of memory on {runtime.device}: {exc}") from exc
-            try:
-                if isinstance(exc, Diverged):
-                    reason = recovery.after_divergence(str(exc), spec.recovery)
-                else:
-                    step = int(trainer.state.global_step)
-                    reason = recovery.after_out_of_memory(_first_line(exc), step)
-            except GaveUp as gave_up:
-                result.status, result.stop_reason = "gave_up", str(gave_up)
-                gave_up.result = close()
-                raise gave_up from exc
-            safe_step = exc.safe_step if isinstance(exc, Diverged) else None
-        del trainer
-        resume_dir, back_to, saved_lr_scale = _restart_point(
-            spec, model, initial_adapter, safe_step
-        )
-        result.train_losses[:] = [x for x in result.train_losses if x[0] <= back_to]
-        result.eval_losses[:] = [x for x in result.eval_losses if x[0] <= back_to]
-        if divergence is not None:
-            divergence.forget_after(back_to)
-        log.warning("recovery: %s; continuing from step %d", reason, back_to)
-        if runtime.device == "cuda":
-            torch.cuda.empty_cache()
-    return close()
+def _train_to_the_end(trainer: Any, resume_dir: Path | None, result: TrainResult) -> None:
+    """One attempt; the final step is always evaluated (unless a callback stopped the run)."""
+    trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
+    last_eval = result.eval_losses[-1][0] if result.eval_losses else -1
+    if last_eval != trainer.state.global_step and result.stop_reason is None:
+        trainer.evaluate()
+
+
+def _recovery_reason(
+    exc: BaseException,
+    spec: TrainSpec,
+    recovery: RecoveryState,
+    runtime: RuntimeChoice,
+    trainer: Any,
+) -> str:
+    """What recovery changes after `exc`; re-raises when recovery is off.
+
+    Raises:
+        Diverged: Recovery is off and the loss diverged.
+        TrainingFailed: Recovery is off and the device ran out of memory.
+        GaveUp: Recovery ran out of options.
+    """
+    if not spec.recovery.enabled:
+        if isinstance(exc, Diverged):
+            raise exc
+        raise TrainingFailed(f"out of memory on {runtime.device}: {exc}") from exc
+    if isinstance(exc, Diverged):
+        return recovery.after_divergence(str(exc), spec.recovery)
+    return recovery.after_out_of_memory(_first_line(exc), int(trainer.state.global_step))
+
+
+def _forget_after(result: TrainResult, divergence: DivergenceMonitor | None, back_to: int) -> None:
+    """Drop what the abandoned branch measured after the step the run continues from."""
+    result.train_losses[:] = [x for x in result.train_losses if x[0] <= back_to]
+    result.eval_losses[:] = [x for x in result.eval_losses if x[0] <= back_to]
+    if divergence is not None:
+        divergence.forget_after(back_to)
 
 
 def _starting_checkpoint(spec: TrainSpec, resume: bool) -> Path | None:

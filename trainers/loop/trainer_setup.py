@@ -16,7 +16,7 @@ from transformers import TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from trainers.data.dataset import Example, TokenizedData
-from trainers.loop.measured import Bridge, MeasuredTrainer
+from trainers.loop.measured import MeasuredTrainer, TrainerHooks
 from trainers.loop.recovery import RecoveryState
 from trainers.model.runtime import RuntimeChoice
 from trainers.spec import TrainSpec
@@ -59,7 +59,7 @@ def build_trainer(
     model: Any,
     data: TokenizedData,
     tokenizer: Any,
-    bridge: Bridge,
+    hooks: TrainerHooks,
 ) -> MeasuredTrainer:
     """A Trainer for the next attempt, with the micro-batch and learning rate recovery chose."""
     attempt = dataclasses.replace(
@@ -74,10 +74,9 @@ def build_trainer(
         train_dataset=ListDataset(data.train),
         eval_dataset=ListDataset(data.validation[: spec.eval_samples]),
         data_collator=PadCollator(int(tokenizer.pad_token_id)),
-        callbacks=[bridge],
+        callbacks=[hooks.bridge],
+        hooks=hooks,
     )
-    trainer.bridge = bridge
-    trainer.keep_checkpoints = spec.keep_checkpoints
     # The Trainer's own printer/progress output would interleave with ours.
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)

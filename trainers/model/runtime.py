@@ -22,7 +22,6 @@ class RuntimeChoice:
     fused_adamw: bool
     pin_memory: bool
     compile: bool
-    grad_scaler: bool  # fp16 needs loss scaling; bf16 does not
     device_name: str
     reason: str
 
@@ -93,7 +92,6 @@ def choose_runtime(
             fused_adamw=True,
             pin_memory=True,
             compile=compile,
-            grad_scaler=precision == "fp16",
             device_name=device_name,
             reason=reason + (", torch.compile" if compile else ""),
         )
@@ -109,7 +107,6 @@ def choose_runtime(
         fused_adamw=False,
         pin_memory=False,
         compile=False,  # compile pays off only on GPUs; on CPU it costs minutes of start-up
-        grad_scaler=False,
         device_name=device_name or device,
         reason=f"{device}: fp32" + (" (torch.compile ignored off CUDA)" if compile else ""),
     )
