@@ -15,7 +15,13 @@ from common.files import read_yaml
 from trainers.spec import TrainSpec
 
 PRESET_VERSION = 1
-_DATA_FIELDS = ("max_length", "overflow", "skip_bad_lines", "validation_fraction")
+_DATA_FIELDS = (
+    "max_length",
+    "eval_max_length",
+    "overflow",
+    "skip_bad_lines",
+    "validation_fraction",
+)
 _NOT_TRAINING = {"model", "data", "lora", "output_dir", "cache_dir", *_DATA_FIELDS}
 
 

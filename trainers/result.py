@@ -46,6 +46,7 @@ class TrainResult:
     timings: dict[str, float] = field(default_factory=dict)
     wall_seconds: float = 0.0
     tokens_seen: int = 0
+    samples_seen: int = 0  # training samples through the model (the data a run has seen)
     tokens_per_second: float = 0.0
     peak_memory_bytes: int = 0
     final_train_loss: float | None = None

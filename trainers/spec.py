@@ -116,6 +116,13 @@ class TrainSpec:
     )
     epochs: float = 1.0
     max_length: int = 128
+    eval_max_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens per validation sample (none: max_length). A study sets one length "
+            "for every run, so all its losses are on one scale."
+        },
+    )
     overflow: str = field(default="truncate", metadata={"help": "'truncate' or 'pack'."})
     skip_bad_lines: bool = False
     validation_fraction: float = 0.1
@@ -125,6 +132,13 @@ class TrainSpec:
     eval_samples: int = field(default=64, metadata={"help": "Validation samples per evaluation."})
     checkpoint_interval: int = field(
         default=0, metadata={"help": "Optimizer steps between checkpoints (0: none)."}
+    )
+    stop_after_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Stop after this many optimizer steps of the schedule (a trial is the "
+            "start of its full run: same schedule, same data order, cut short)."
+        },
     )
     checkpoint_minutes: float = field(
         default=0.0, metadata={"help": "Minutes between checkpoints (0: by steps only)."}
@@ -168,6 +182,13 @@ class TrainSpec:
             self.checkpoint_minutes >= 0,
             f"checkpoint_minutes must be >= 0, but got {self.checkpoint_minutes=}",
         )
+        for name in ("eval_max_length", "stop_after_steps"):
+            value = getattr(self, name)
+            _require(
+                value is None
+                or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+                f"{name} must be an integer >= 1, but got {name}={value!r}",
+            )
         _require(
             self.max_steps is None or (isinstance(self.max_steps, int) and self.max_steps >= 1),
             f"max_steps must be >= 1, but got {self.max_steps=}",

@@ -119,6 +119,7 @@ class MeasuredTrainer(Trainer):
         rec.result.micro_step_tokens.append(int(ids.numel()))
         rec.result.micro_step_seq_len.append(int(ids.shape[1]))
         rec.step_tokens += int(ids.numel())
+        rec.result.samples_seen += int(ids.shape[0])
         # Trainer scales each micro-step loss so that their sum is the optimizer-step loss.
         rec.step_loss = rec.step_loss + loss.detach().float().cpu()
         rec.last_micro_end = end
@@ -136,7 +137,14 @@ class MeasuredTrainer(Trainer):
         n_tokens = sum(len(e.input_ids) for e in examples)
         rec.result.eval_losses.append([step, loss])
         rec.result.eval_records.append(
-            {"step": step, "loss": loss, "seconds": seconds, "tokens": n_tokens}
+            {
+                "step": step,
+                "loss": loss,
+                "seconds": seconds,
+                "tokens": n_tokens,
+                "samples_seen": rec.result.samples_seen,
+                "tokens_seen": rec.result.tokens_seen,
+            }
         )
         rec.mark = end  # the next step interval starts after the evaluation
         info = EvalInfo(step=step, loss=loss, seconds=seconds)
@@ -207,6 +215,7 @@ class Bridge(TrainerCallback):
         checkpointing: bool,
         checkpoint_minutes: float,
         report_forecasts: bool,
+        stop_after_steps: int | None = None,
     ) -> None:
         self.rec = recorder
         self.callbacks = list(callbacks)
@@ -216,6 +225,7 @@ class Bridge(TrainerCallback):
         self.checkpointing = checkpointing
         self.checkpoint_minutes = checkpoint_minutes
         self.report_forecasts = report_forecasts
+        self.stop_after_steps = stop_after_steps
         self.train_begin = 0.0
         self.last_save = 0.0
         self.started = False
@@ -296,6 +306,10 @@ class Bridge(TrainerCallback):
             self.request_stop(control, "window", "stopped_by_window")
         if self.checkpoint_minutes > 0 and now - self.last_save >= 60 * self.checkpoint_minutes:
             control.should_save = True
+        if self.stop_after_steps is not None and step >= self.stop_after_steps:
+            # The planned end of a trial, not a stop request: the run still ends with an
+            # evaluation at this step and counts as finished.
+            control.should_training_stop = True
         if self.checkpointing and step >= state.max_steps:
             control.should_save = True  # the finished adapter, whatever the intervals
 

@@ -8,6 +8,7 @@ recovery is on, restarts it after out-of-memory errors or a diverging loss
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import json
@@ -66,7 +67,7 @@ def train(
     saved = checkpoint.read_run_state(resume_dir) if resume_dir else {}
     runtime = detect_runtime(spec.device, spec.precision, spec.compile)
     set_seed(spec.seed)
-    loaded = _load(spec)
+    loaded = load_inputs(spec)
     # Logged once the inputs are known good, so a bad-input error stays the only line.
     log.info("runtime: %s", runtime.reason)
     if runtime.device == "cuda":
@@ -88,6 +89,7 @@ def train(
         checkpointing=spec.checkpointing,
         checkpoint_minutes=spec.checkpoint_minutes,
         report_forecasts=window is not None,
+        stop_after_steps=spec.stop_after_steps,
     )
     hooks = TrainerHooks(
         recorder=recorder,
@@ -138,7 +140,7 @@ def train(
 
 
 @dataclass
-class _Loaded:
+class RunInputs:
     """The inputs of a run: tokenizer, tokenized data, the model with its adapter."""
 
     tokenizer: Any
@@ -147,23 +149,30 @@ class _Loaded:
     info: ModelInfo
 
 
-def _load(spec: TrainSpec) -> _Loaded:
+def load_inputs(spec: TrainSpec) -> RunInputs:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # "Loading weights" bars, once per trial
     tokenizer = load_tokenizer(spec.model)
     data = load_tokenized(spec.data_spec(), tokenizer)
+    if spec.eval_max_length is not None and spec.eval_max_length != spec.max_length:
+        # The same validation samples at one length for every run of a study: the split
+        # depends on the records and the seed only, so it is the same at every length.
+        at_eval_length = dataclasses.replace(spec.data_spec(), max_length=spec.eval_max_length)
+        data = dataclasses.replace(
+            data, validation=load_tokenized(at_eval_length, tokenizer).validation
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
         model, info = apply_lora(load_base_model(spec.model), spec.lora)
-    return _Loaded(tokenizer, data, model, info)
+    return RunInputs(tokenizer, data, model, info)
 
 
 def _new_result(
     spec: TrainSpec,
     runtime: RuntimeChoice,
-    loaded: _Loaded,
+    loaded: RunInputs,
     recovery: RecoveryState,
     saved: dict[str, Any],
     resume_dir: Path | None,
