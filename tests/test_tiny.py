@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.errors import BadInputError
+from trainers.data.paths import demo_data_path
 from trainers.tiny import (
     ARCHS,
     RECIPE_FILE,
@@ -123,3 +124,28 @@ def test_cli_builds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--out", str(tmp_path / "m"), "--arch", "qwen2", "--seed", "3"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "m")
     assert is_complete(tmp_path / "m")
+
+
+def test_pretrained_tiny_model_knows_the_demo_language(tmp_path: Path) -> None:
+    """`--pretrain-steps`: LoRA then adapts a model that already knows the language."""
+    random_init = default_tiny_model(tmp_path)
+    pretrained = default_tiny_model(tmp_path, pretrain_steps=60)
+    assert pretrained != random_init and pretrained.name == "llama-xs-pretrained60"
+    assert json.loads((pretrained / RECIPE_FILE).read_text())["pretrain_steps"] == 60
+    assert default_tiny_model(tmp_path, pretrain_steps=60) == pretrained  # cached
+
+    tokenizer = AutoTokenizer.from_pretrained(pretrained)
+    text = json.loads(demo_data_path("text").open().readline())["text"]
+    batch = tokenizer(text, return_tensors="pt")
+
+    def loss(folder: Path) -> float:
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        with torch.no_grad():
+            return float(model(**batch, labels=batch["input_ids"]).loss)
+
+    assert loss(pretrained) < 0.6 * loss(random_init)
+
+
+def test_cli_rejects_negative_pretrain_steps(tmp_path: Path) -> None:
+    assert main(["--out", str(tmp_path / "m"), "--pretrain-steps", "-1"]) == 2
+    assert not (tmp_path / "m").exists()

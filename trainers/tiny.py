@@ -9,6 +9,7 @@ them like any hub model.
 Command line::
 
     python -m trainers.tiny --out DIR [--arch llama|qwen2|gpt_neox|gpt2] [--size xs|s] [--seed N]
+        [--pretrain-steps N]
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from common.errors import BadInputError
 from trainers.data.paths import cache_root, demo_data_path
@@ -48,6 +49,9 @@ CHAT_TEMPLATE = (
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 RECIPE_FILE = "hpo_tiny.json"
 RECIPE_VERSION = 2
+PRETRAIN_LENGTH = 64  # tokens per pre-training sample
+PRETRAIN_BATCH = 16
+PRETRAIN_LR = 3e-3
 """Bump when a build changes (tokenizer, dimensions, init) so cached tiny models get rebuilt."""
 
 
@@ -179,7 +183,12 @@ def build_config(arch: str, size: str, tokenizer: PreTrainedTokenizerBase) -> Pr
 
 
 def build_tiny(
-    out_dir: str | Path, *, arch: str = "llama", size: str = "xs", seed: int = 0
+    out_dir: str | Path,
+    *,
+    arch: str = "llama",
+    size: str = "xs",
+    seed: int = 0,
+    pretrain_steps: int = 0,
 ) -> Path:
     """Build a tiny model and its tokenizer and save both into ``out_dir``.
 
@@ -188,6 +197,9 @@ def build_tiny(
         arch: ``"llama"``, ``"qwen2"``, ``"gpt_neox"`` or ``"gpt2"``.
         size: ``"xs"`` (hidden 64, 2 layers) or ``"s"`` (hidden 128, 4 layers).
         seed: Seed of the random weight initialisation.
+        pretrain_steps: Full-parameter training steps on the bundled text data after the
+            random initialisation, so that LoRA later adapts a model that already knows the
+            language, as it does in real use (0: random weights).
 
     Returns:
         The folder, loadable with ``from_pretrained``.
@@ -203,13 +215,55 @@ def build_tiny(
     config = build_config(arch, size, tokenizer)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if pretrain_steps:
+        pretrain(model, tokenizer, steps=pretrain_steps, seed=seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    recipe = {"recipe_version": RECIPE_VERSION, "arch": arch, "size": size, "seed": seed}
+    recipe = {
+        "recipe_version": RECIPE_VERSION,
+        "arch": arch,
+        "size": size,
+        "seed": seed,
+        "pretrain_steps": pretrain_steps,
+    }
     (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def pretrain(
+    model: Any, tokenizer: PreTrainedTokenizerBase, *, steps: int, seed: int = 0
+) -> list[float]:
+    """Train every weight of `model` on the bundled text data for `steps` AdamW steps.
+
+    Returns:
+        The training loss of every step (it falls: the model learns the demo language).
+    """
+    import torch
+
+    texts = [json.loads(line)["text"] for line in demo_data_path("text").open(encoding="utf-8")]
+    ids = [tokenizer(t + EOS_TOKEN)["input_ids"][:PRETRAIN_LENGTH] for t in texts]
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR, weight_decay=0.0)
+    pad = int(tokenizer.pad_token_id)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        rows = [ids[i] for i in torch.randint(len(ids), (PRETRAIN_BATCH,), generator=generator)]
+        width = max(len(r) for r in rows)
+        batch = torch.full((len(rows), width), pad, dtype=torch.long)
+        labels = torch.full((len(rows), width), -100, dtype=torch.long)
+        for n, row in enumerate(rows):
+            batch[n, : len(row)] = torch.tensor(row)
+            labels[n, : len(row)] = torch.tensor(row)
+        loss = model(input_ids=batch, attention_mask=(labels != -100).long(), labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
 
 
 def is_complete(model_dir: Path) -> bool:
@@ -223,7 +277,9 @@ def is_complete(model_dir: Path) -> bool:
     return isinstance(recipe, dict) and recipe.get("recipe_version") == RECIPE_VERSION
 
 
-def default_tiny_model(root: Path | None = None, arch: str = "llama", size: str = "xs") -> Path:
+def default_tiny_model(
+    root: Path | None = None, arch: str = "llama", size: str = "xs", *, pretrain_steps: int = 0
+) -> Path:
     """Path of a cached tiny model, built on first use.
 
     The build goes to a temporary folder next to the target and is renamed into place, so a
@@ -235,20 +291,22 @@ def default_tiny_model(root: Path | None = None, arch: str = "llama", size: str 
             ``~/.cache/hpo``).
         arch: Architecture, as for ``build_tiny``.
         size: Size, as for ``build_tiny``.
+        pretrain_steps: As for ``build_tiny``; a pre-trained model is cached on its own.
 
     Returns:
-        ``<root>/<arch>-<size>``.
+        ``<root>/<arch>-<size>`` (``-pretrained<steps>`` appended when pre-trained).
     """
     _check_choice(arch, size)
     base = Path(root) if root is not None else cache_root() / "models"
-    target = base / f"{arch}-{size}"
+    suffix = f"-pretrained{pretrain_steps}" if pretrain_steps else ""
+    target = base / f"{arch}-{size}{suffix}"
     if is_complete(target):
         return target
     base.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=base))
     try:
         staging.chmod(0o755)  # mkdtemp makes it private; the model is not
-        build_tiny(staging, arch=arch, size=size)
+        build_tiny(staging, arch=arch, size=size, pretrain_steps=pretrain_steps)
         if target.exists() and not is_complete(target):
             shutil.rmtree(target)  # incomplete, or built by an older recipe
         try:
@@ -273,6 +331,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arch", default="llama", help=f"one of {', '.join(ARCHS)}")
     parser.add_argument("--size", default="xs", help=f"one of {', '.join(SIZES)}")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
+    parser.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=0,
+        help="full-parameter steps on the bundled text data after initialisation (0: none)",
+    )
     args = parser.parse_args(argv)
     try:
         _check_choice(args.arch, args.size)
@@ -282,7 +346,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a bar for writing one 0.7 MB file is only noise here
-    out = build_tiny(args.out, arch=args.arch, size=args.size, seed=args.seed)
+    if args.pretrain_steps < 0:
+        print(
+            f"error: --pretrain-steps must be >= 0, but got {args.pretrain_steps}", file=sys.stderr
+        )
+        return 2
+    out = build_tiny(
+        args.out,
+        arch=args.arch,
+        size=args.size,
+        seed=args.seed,
+        pretrain_steps=args.pretrain_steps,
+    )
     print(out)
     return 0
 
