@@ -14,7 +14,6 @@ the calibration file lands where `python -m hpo.study` looks for it (the work di
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 import tempfile
@@ -25,14 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from analysis.calibration import Calibration, RunMeasurements, fit, load_for
+from analysis.plans import probe_spec
+from analysis.records import CALIBRATION_FILE, TRIAL_ATTR, read_trial_record
 from analysis.timemodel import HardwareInfo, ModelProfile, fingerprint, prior_coefficients
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.redact import redact
+from trainers.spec import TrainSpec
 
-TRIAL_ATTR = "time_model_run"  # user attribute of a trained trial: hardware, model, run
 STUDY_CONFIG_ATTR = "hpo_config"  # the study's config, where hpo.study records its work dir
-CALIBRATION_FILE = "calibration.json"
 DEFAULT_WORK_DIR = "hpo-runs"  # hpo.study's default work dir
 PROBE_BUDGET_SECONDS = 60.0
 PROBE_MICRO_STEPS = 40  # 3 warm-up + 37 steady micro-steps per probe run
@@ -77,15 +77,6 @@ PROBE_DESIGN: tuple[ProbeConfig, ...] = (
 )
 
 
-def trial_record(hardware: HardwareInfo, model: ModelProfile, run: RunMeasurements) -> dict:
-    """What a study stores per trained trial so that this command can refit from it."""
-    return {
-        "hardware": dataclasses.asdict(hardware),
-        "model": dataclasses.asdict(model),
-        "run": run.to_dict(),
-    }
-
-
 # ----------------------------------------------------------------------------- from a study
 
 
@@ -115,9 +106,7 @@ def calibrate_from_study(
         if not isinstance(record, Mapping):
             continue
         try:
-            hardware = HardwareInfo(**record["hardware"])
-            model = ModelProfile(**record["model"])
-            run = RunMeasurements.from_result_dict(record["run"])
+            hardware, model, run = read_trial_record(record)
         except (KeyError, TypeError) as exc:
             raise BadInputError(
                 f"trial {trial.number} of '{study_name}': malformed {TRIAL_ATTR}: {exc!r}"
@@ -184,7 +173,6 @@ def run_probes(
         One trainer result dict per run, with `eval_samples` added.
     """
     from trainers.loop.run import train
-    from trainers.spec import LoraSpec, TrainSpec
 
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
@@ -192,21 +180,18 @@ def run_probes(
     for index, point in enumerate(design):
         if index >= 3 and time.perf_counter() - started > budget_seconds * 0.75:
             break  # the next run would likely overrun the budget
-        spec = TrainSpec(
+        spec = probe_spec(
+            point,
             model=model_path,
             data=data_path,
-            output_dir=str(work / f"probe-{index}"),
-            lora=LoraSpec(r=point.lora_r, alpha=2.0 * point.lora_r),
-            micro_batch_size=point.micro_batch_size,
-            gradient_accumulation_steps=point.gradient_accumulation_steps,
-            max_length=point.max_length,
+            work_dir=work,
+            name=f"probe-{index}",
             max_steps=point.max_steps,
-            eval_interval=point.max_steps,
-            eval_samples=eval_samples,
+            eval_interval=point.max_steps,  # one evaluation and one save, at the end
             checkpoint_interval=point.max_steps,
+            eval_samples=eval_samples,
             device=device,
             precision=precision,
-            cache_dir=str(work / "cache"),
         )
         result = train(spec).to_dict()
         result["eval_samples"] = min(eval_samples, _validation_samples(result, spec))
@@ -214,7 +199,7 @@ def run_probes(
     return results
 
 
-def _validation_samples(result: Mapping[str, Any], spec: Any) -> int:
+def _validation_samples(result: Mapping[str, Any], spec: TrainSpec) -> int:
     from trainers.data.dataset import split_indices
 
     count = int((result.get("dataset") or {}).get("samples", 0))

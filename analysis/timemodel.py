@@ -6,7 +6,7 @@ Every term is a small linear model over physical features (FLOPs of the frozen w
 of the adapters, attention, parameters, tokens) whose coefficients are either priors from
 the device's peak FLOP/s or fitted to measured steps (`analysis.calibration`).
 
-Pure numpy: importable without torch.
+Pure numpy (and the step count of `trainers.spec`): importable without torch.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import BadInputError
+from trainers.spec import optimizer_steps
 
 DEVICE_KINDS = ("cpu", "cuda", "mps")
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -344,20 +345,6 @@ def prior_coefficients(
 # ----------------------------------------------------------------------------- features
 
 
-def optimizer_steps(plan: Plan) -> int:
-    """Optimizer steps of the full run.
-
-    Each epoch is ceil(samples / micro_batch_size) micro-batches, grouped by
-    gradient_accumulation_steps into ceil(...) optimizer steps (a short last group still
-    makes a step).
-    """
-    if plan.max_steps is not None:
-        return plan.max_steps
-    micro_per_epoch = math.ceil(len(plan.token_lengths) / plan.micro_batch_size)
-    steps_per_epoch = math.ceil(micro_per_epoch / plan.gradient_accumulation_steps)
-    return max(1, math.ceil(plan.epochs * steps_per_epoch - 1e-9))
-
-
 def _max_moments(lengths: np.ndarray, batch: int) -> tuple[float, float]:
     """E[max] and E[max^2] of the lengths of `batch` distinct samples drawn uniformly.
 
@@ -419,18 +406,6 @@ def adapter_flops(
 ) -> float:
     """Matmul FLOPs of the LoRA adapters (trained fully: 6P per token, +2P recomputed)."""
     return (8.0 if gradient_checkpointing else 6.0) * trainable_parameters * tokens
-
-
-def dense_flops(
-    total_parameters: float,
-    trainable_parameters: float,
-    tokens: float,
-    gradient_checkpointing: bool,
-) -> float:
-    """Matmul FLOPs of one LoRA training micro-step: frozen weights plus adapters."""
-    return frozen_flops(total_parameters, tokens, gradient_checkpointing) + adapter_flops(
-        trainable_parameters, tokens, gradient_checkpointing
-    )
 
 
 def attention_flops(
@@ -497,11 +472,6 @@ class Estimate:
     source: str = "prior"
     extra: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def hours_p50(self) -> float:
-        """Median duration in hours."""
-        return self.seconds_p50 / 3600.0
-
     def cost(self, price_per_hour: float) -> dict[str, float]:
         """Money for the run at `price_per_hour`, for p10/p50/p90."""
         if price_per_hour < 0:
@@ -522,39 +492,25 @@ def _occurrences(steps: int, interval: int) -> int:
 
 
 def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
-    """Predict the full run described by `plan`."""
+    """Predict the full run described by `plan`: duration with its interval, peak memory."""
     c, model = coefficients, plan.model
     lengths = _clipped(plan.token_lengths, plan.max_length)
-    n, batch = lengths.size, plan.micro_batch_size
-    trainable = plan.trainable_parameters
-
-    steps = optimizer_steps(plan)
+    steps = optimizer_steps(plan, lengths.size)
     micro_steps = steps * plan.gradient_accumulation_steps
-    tokens, square = _epoch_averages(lengths, n, batch)
-    micro = (
-        c.micro_fixed_seconds
-        + c.micro_seconds_per_flop
-        * frozen_flops(model.total_parameters, tokens, plan.gradient_checkpointing)
-        + c.adapter_seconds_per_flop * adapter_flops(trainable, tokens, plan.gradient_checkpointing)
-        + c.micro_seconds_per_attention_flop
-        * attention_flops(model, square, plan.gradient_checkpointing)
-    ) * c.step_mean_ratio
-    optimizer = c.optimizer_fixed_seconds + c.optimizer_seconds_per_parameter * trainable
+    tokens, square = _epoch_averages(lengths, lengths.size, plan.micro_batch_size)
+    micro = _micro_step_seconds(plan, c, tokens, square)
+    optimizer = c.optimizer_fixed_seconds + c.optimizer_seconds_per_parameter * (
+        plan.trainable_parameters
+    )
     train = micro_steps * (micro + c.loop_seconds_per_micro_step) + steps * optimizer
-
     # The Trainer evaluates and saves at every multiple of the interval and once more at the
     # last step when that is not a multiple: ceil(steps / interval) of each.
     n_evals = _occurrences(steps, plan.eval_interval_steps)
-    # The trainer records unpadded eval tokens, so the fitted rate already includes padding.
-    eval_tokens = plan.eval_samples * float(lengths.mean())
-    eval_batches = math.ceil(plan.eval_samples / batch)
-    one_eval = (
-        c.eval_fixed_seconds
-        + c.eval_seconds_per_batch * eval_batches
-        + c.eval_seconds_per_flop * 2.0 * model.total_parameters * eval_tokens
-    )
+    one_eval = _eval_seconds(plan, c, lengths)
     n_ckpt = _occurrences(steps, plan.checkpoint_interval_steps)
-    one_ckpt = c.checkpoint_fixed_seconds + c.checkpoint_seconds_per_parameter * trainable
+    one_ckpt = c.checkpoint_fixed_seconds + c.checkpoint_seconds_per_parameter * (
+        plan.trainable_parameters
+    )
     breakdown = {
         "startup": c.startup_fixed_seconds
         + c.startup_seconds_per_parameter * model.total_parameters,
@@ -565,37 +521,15 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
         "checkpoint": n_ckpt * one_ckpt,
     }
     total = sum(breakdown.values())
-
-    # Two kinds of error. Per-step noise is independent between steps, so its relative sd
-    # over the sum of M micro-steps shrinks as 1/sqrt(M) (stalls shift the mean, which
-    # `step_mean_ratio` already carries). Systematic error (a wrong coefficient, another
-    # machine state for the whole run) hits every step alike and does not average out.
-    # The two are independent, so their quantile offsets add in quadrature.
-    noise = Z90 * c.step_noise_sd / math.sqrt(max(micro_steps, 1)) * (train / total)
-    low = math.exp(-math.hypot(c.systematic_log_p10, noise))
-    high = math.exp(math.hypot(c.systematic_log_p90, noise))
-
+    low, high = _interval(c, micro_steps, train / total)
     train_tokens = micro_steps * tokens
-    peak = (
-        c.memory_fixed_bytes
-        + static_memory_bytes(model, trainable, plan.precision)
-        + c.activation_memory_scale
-        * activation_bytes(
-            model,
-            batch,
-            int(lengths.max()),
-            plan.precision,
-            plan.gradient_checkpointing,
-            plan.device_kind,
-        )
-    )
     return Estimate(
         seconds_p10=total * low,
         seconds_p50=total,
         seconds_p90=total * high,
         breakdown=breakdown,
         tokens_per_second=train_tokens / train if train > 0 else 0.0,
-        peak_memory_bytes=int(peak),
+        peak_memory_bytes=_peak_memory_bytes(plan, c, int(lengths.max())),
         optimizer_steps=steps,
         micro_steps=micro_steps,
         n_evaluations=n_evals,
@@ -609,3 +543,61 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
             "checkpoint_seconds_each": one_ckpt,
         },
     )
+
+
+def _micro_step_seconds(plan: Plan, c: Coefficients, tokens: float, square: float) -> float:
+    """Mean micro-step: frozen weights, adapters and attention over the mean padded batch."""
+    checkpointing = plan.gradient_checkpointing
+    return (
+        c.micro_fixed_seconds
+        + c.micro_seconds_per_flop
+        * frozen_flops(plan.model.total_parameters, tokens, checkpointing)
+        + c.adapter_seconds_per_flop
+        * adapter_flops(plan.trainable_parameters, tokens, checkpointing)
+        + c.micro_seconds_per_attention_flop * attention_flops(plan.model, square, checkpointing)
+    ) * c.step_mean_ratio
+
+
+def _eval_seconds(plan: Plan, c: Coefficients, lengths: np.ndarray) -> float:
+    """One evaluation of `plan.eval_samples` samples, in micro-batches of the training size."""
+    # The trainer records unpadded eval tokens, so the fitted rate already includes padding.
+    eval_tokens = plan.eval_samples * float(lengths.mean())
+    eval_batches = math.ceil(plan.eval_samples / plan.micro_batch_size)
+    return (
+        c.eval_fixed_seconds
+        + c.eval_seconds_per_batch * eval_batches
+        + c.eval_seconds_per_flop * 2.0 * plan.model.total_parameters * eval_tokens
+    )
+
+
+def _interval(c: Coefficients, micro_steps: int, train_share: float) -> tuple[float, float]:
+    """Factors that turn the median duration into p10 and p90.
+
+    Two kinds of error. Per-step noise is independent between steps, so its relative sd
+    over the sum of M micro-steps shrinks as 1/sqrt(M) (stalls shift the mean, which
+    `step_mean_ratio` already carries). Systematic error (a wrong coefficient, another
+    machine state for the whole run) hits every step alike and does not average out.
+    The two are independent, so their quantile offsets add in quadrature.
+    """
+    noise = Z90 * c.step_noise_sd / math.sqrt(max(micro_steps, 1)) * train_share
+    low = math.exp(-math.hypot(c.systematic_log_p10, noise))
+    high = math.exp(math.hypot(c.systematic_log_p90, noise))
+    return low, high
+
+
+def _peak_memory_bytes(plan: Plan, c: Coefficients, longest: int) -> int:
+    """Fixed overhead + weights and optimizer state + the activations of the longest batch."""
+    peak = (
+        c.memory_fixed_bytes
+        + static_memory_bytes(plan.model, plan.trainable_parameters, plan.precision)
+        + c.activation_memory_scale
+        * activation_bytes(
+            plan.model,
+            plan.micro_batch_size,
+            longest,
+            plan.precision,
+            plan.gradient_checkpointing,
+            plan.device_kind,
+        )
+    )
+    return int(peak)

@@ -22,6 +22,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analysis.calibrate import PROBE_DESIGN, calibrate_from_results, run_probes  # noqa: E402
 from analysis.calibration import Calibration  # noqa: E402
+from analysis.plans import plan_for, probe_spec  # noqa: E402
 from analysis.timemodel import Estimate, Plan, predict  # noqa: E402
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
+from trainers.spec import TrainSpec  # noqa: E402
 
 EVAL_SAMPLES = 16
 HOLDOUT_FACTOR = 12.0  # held-out runs are sized to ~12x the longest probe (>= 10x measured)
@@ -88,53 +91,67 @@ def synthetic_data(out: Path, *, samples: int = 1200, seed: int = 0) -> Path:
     return out
 
 
-def _lengths(model: str, data: str, max_length: int, cache: Path) -> tuple[tuple[int, ...], int]:
-    """Train token lengths at `max_length` and the validation count (as the study gets them)."""
-    from trainers.data.dataset import DataSpec, load_tokenized
+def held_out_spec(
+    model: str,
+    data: str,
+    config: HeldOut,
+    work: Path,
+    name: str,
+    *,
+    steps: int,
+    evaluations: bool = True,
+) -> TrainSpec:
+    """A held-out run of `steps` optimizer steps: about three evaluations and two saves."""
+    return probe_spec(
+        config,
+        model=model,
+        data=data,
+        work_dir=work,
+        name=name,
+        max_steps=steps,
+        eval_interval=max(1, steps // 3) if evaluations else 0,
+        checkpoint_interval=max(1, steps // 2) if evaluations else 0,
+        eval_samples=EVAL_SAMPLES,
+    )
+
+
+def lengths_of(spec: TrainSpec) -> tuple[tuple[int, ...], int]:
+    """Train token lengths at the spec's max_length and the validation count (as it trains)."""
+    from trainers.data.dataset import load_tokenized
     from trainers.model.lora import load_tokenizer
 
-    loaded = load_tokenized(
-        DataSpec(path=data, max_length=max_length, cache_dir=str(cache)), load_tokenizer(model)
-    )
+    loaded = load_tokenized(spec.data_spec(), load_tokenizer(spec.model))
     return tuple(len(e.input_ids) for e in loaded.train), len(loaded.validation)
-
-
-def _plan(
-    calibration: Calibration,
-    config: HeldOut,
-    lengths: tuple[int, ...],
-    n_validation: int,
-    steps: int,
-) -> Plan:
-    return Plan(
-        model=calibration.model,
-        token_lengths=lengths,
-        epochs=1.0,
-        micro_batch_size=config.micro_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        max_length=config.max_length,
-        lora_r=config.lora_r,
-        eval_interval_steps=max(1, steps // 3),
-        eval_samples=min(EVAL_SAMPLES, n_validation),
-        checkpoint_interval_steps=max(1, steps // 2),
-        precision=calibration.hardware.precision,
-        device_kind=calibration.hardware.device_kind,
-        max_steps=steps,
-    )
 
 
 def size_run(
     calibration: Calibration,
-    config: HeldOut,
+    spec_of: Callable[[int], TrainSpec],
     lengths: tuple[int, ...],
     n_validation: int,
     target_seconds: float,
-) -> tuple[Plan, Estimate]:
-    """The fewest optimizer steps whose predicted median reaches `target_seconds`."""
+) -> tuple[TrainSpec, Plan, Estimate]:
+    """The fewest optimizer steps whose predicted median reaches `target_seconds`.
+
+    Args:
+        calibration: The fitted time model.
+        spec_of: The run of a given number of optimizer steps.
+        lengths: Its train token lengths.
+        n_validation: Its validation samples.
+        target_seconds: The duration to reach.
+    """
+
+    def plan(steps: int) -> Plan:
+        return plan_for(
+            spec_of(steps),
+            calibration.model,
+            lengths,
+            n_validation=n_validation,
+            hardware=calibration.hardware,
+        )
 
     def seconds(steps: int) -> float:
-        plan = _plan(calibration, config, lengths, n_validation, steps)
-        return predict(plan, calibration.coefficients).seconds_p50
+        return predict(plan(steps), calibration.coefficients).seconds_p50
 
     low, high = 1, 2
     while seconds(high) < target_seconds:
@@ -142,30 +159,13 @@ def size_run(
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if seconds(middle) < target_seconds else (low, middle)
-    plan = _plan(calibration, config, lengths, n_validation, high)
-    return plan, predict(plan, calibration.coefficients)
+    return spec_of(high), plan(high), predict(plan(high), calibration.coefficients)
 
 
-def run_held_out(model: str, data: str, plan: Plan, work: Path, name: str) -> dict[str, Any]:
-    """Train `plan`; return the trainer's result dict."""
+def run_held_out(spec: TrainSpec) -> dict[str, Any]:
+    """Train `spec`; return the trainer's result dict."""
     from trainers.loop.run import train
-    from trainers.spec import LoraSpec, TrainSpec
 
-    assert plan.max_steps is not None
-    spec = TrainSpec(
-        model=model,
-        data=data,
-        output_dir=str(work / name),
-        lora=LoraSpec(r=plan.lora_r, alpha=2.0 * plan.lora_r),
-        micro_batch_size=plan.micro_batch_size,
-        gradient_accumulation_steps=plan.gradient_accumulation_steps,
-        max_length=plan.max_length,
-        max_steps=plan.max_steps,
-        eval_interval=plan.eval_interval_steps,
-        eval_samples=EVAL_SAMPLES,
-        checkpoint_interval=plan.checkpoint_interval_steps,
-        cache_dir=str(work / "cache"),
-    )
     return train(spec).to_dict()
 
 
@@ -191,11 +191,16 @@ def held_out_row(
 ) -> dict[str, Any]:
     """Predict one held-out configuration, then train it and compare."""
     calibration: Calibration = probes["calibration"]
-    lengths, n_validation = _lengths(model, data, config.max_length, work / "cache")
-    plan, estimate = size_run(
-        calibration, config, lengths, n_validation, HOLDOUT_FACTOR * probes["longest_seconds"]
+    name = f"held-out-{index}"
+
+    def spec_of(steps: int) -> TrainSpec:
+        return held_out_spec(model, data, config, work, name, steps=steps)
+
+    lengths, n_validation = lengths_of(spec_of(1))
+    spec, plan, estimate = size_run(
+        calibration, spec_of, lengths, n_validation, HOLDOUT_FACTOR * probes["longest_seconds"]
     )
-    result = run_held_out(model, data, plan, work, f"held-out-{index}")
+    result = run_held_out(spec)
     measured = float(result["wall_seconds"])
     memory = float(result["peak_memory_bytes"])
     return {

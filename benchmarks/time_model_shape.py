@@ -34,29 +34,32 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analysis.calibration import WARMUP_MICRO_STEPS, Calibration  # noqa: E402
+from analysis.plans import plan_for  # noqa: E402
 from analysis.timemodel import Plan, predict  # noqa: E402
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
 from benchmarks.time_model_accuracy import (  # noqa: E402
     HELD_OUT,
     HeldOut,
-    _lengths,
     calibrate,
+    held_out_spec,
+    lengths_of,
     run_held_out,
     synthetic_data,
 )
-from benchmarks.time_model_accuracy import _plan as held_out_plan  # noqa: E402
+from trainers.spec import TrainSpec  # noqa: E402
 
 MICRO_STEPS = 80  # per short run: 3 warm-up + 77 steady micro-steps
 
 
-def _plan(calibration: Calibration, config: HeldOut, lengths: tuple[int, ...]) -> Plan:
+def short_run(model: str, data: str, config: HeldOut, work: Path) -> TrainSpec:
     """A short run of about `MICRO_STEPS` micro-steps, without evaluations or saves."""
     steps = -(-MICRO_STEPS // config.gradient_accumulation_steps)
-    return dataclasses.replace(
-        held_out_plan(calibration, config, lengths, 0, steps),
-        eval_interval_steps=0,
-        checkpoint_interval_steps=0,
-    )
+    return held_out_spec(model, data, config, work, "short", steps=steps, evaluations=False)
+
+
+def short_plan(calibration: Calibration, spec: TrainSpec, lengths: tuple[int, ...]) -> Plan:
+    """The time model's view of a short run (no evaluation samples: it evaluates none)."""
+    return plan_for(spec, calibration.model, lengths, n_validation=0, hardware=calibration.hardware)
 
 
 def predicted_micro_seconds(calibration: Calibration, plan: Plan) -> float:
@@ -103,35 +106,72 @@ def main(argv: list[str] | None = None) -> int:
         probes = calibrate(model, data, work)
         calibration: Calibration = probes["calibration"]
         print(f"calibrated from {probes['runs']} probe runs in {probes['seconds']:.1f} s")
-        plans = {}
-        for config in HELD_OUT:
-            lengths, _ = _lengths(model, data, config.max_length, work / "cache")
-            plans[config.name] = _plan(calibration, config, lengths)
+        specs = {config.name: short_run(model, data, config, work) for config in HELD_OUT}
+        plans = {
+            name: short_plan(calibration, spec, lengths_of(spec)[0]) for name, spec in specs.items()
+        }
         predicted = {name: predicted_micro_seconds(calibration, p) for name, p in plans.items()}
-        ratios: dict[str, list[float]] = {name: [] for name in plans}
-        raw: list[float] = []  # measured / predicted of every run, level not divided out
-        levels: list[float] = []
-        started = time.perf_counter()
-        for round_index in range(args.rounds):
-            order = list(plans) if round_index % 2 == 0 else list(reversed(plans))
-            this_round = {}
-            for name in order:
-                plan = plans[name]
-                result = run_held_out(model, data, plan, work, f"r{round_index}-{len(this_round)}")
-                measured = measured_micro_seconds(result, plan.gradient_accumulation_steps)
-                this_round[name] = measured / predicted[name]
-            level = median(list(this_round.values()))
-            levels.append(level)
-            raw.extend(this_round.values())
-            for name, ratio in this_round.items():
-                ratios[name].append(ratio / level)
-            print(
-                f"round {round_index + 1}/{args.rounds}: level {level:.3f} "
-                f"({time.perf_counter() - started:.0f} s)",
-                flush=True,
-            )
+        ratios, raw, levels = run_rounds(specs, plans, predicted, work, args.rounds)
+    summary = summarize(predicted, ratios, raw, levels)
+    summary.update(
+        rounds=args.rounds,
+        micro_steps_per_run=MICRO_STEPS,
+        calibration_id=calibration.calibration_id,
+        torch_threads=torch.get_num_threads(),
+        machine=machine(),
+    )
+    print_report(summary)
+    write_json(args.json, summary)
+    return 0
+
+
+def run_rounds(
+    specs: dict[str, TrainSpec],
+    plans: dict[str, Plan],
+    predicted: dict[str, float],
+    work: Path,
+    rounds: int,
+) -> tuple[dict[str, list[float]], list[float], list[float]]:
+    """Every run, round-robin (every other round reversed).
+
+    Returns:
+        Per configuration its ratios with the round's level divided out; every run's raw
+        measured / predicted; the level of each round.
+    """
+    ratios: dict[str, list[float]] = {name: [] for name in plans}
+    raw: list[float] = []  # measured / predicted of every run, level not divided out
+    levels: list[float] = []
+    started = time.perf_counter()
+    for round_index in range(rounds):
+        order = list(plans) if round_index % 2 == 0 else list(reversed(plans))
+        this_round = {}
+        for name in order:
+            output_dir = str(work / f"r{round_index}-{len(this_round)}")
+            result = run_held_out(dataclasses.replace(specs[name], output_dir=output_dir))
+            measured = measured_micro_seconds(result, plans[name].gradient_accumulation_steps)
+            this_round[name] = measured / predicted[name]
+        level = median(list(this_round.values()))
+        levels.append(level)
+        raw.extend(this_round.values())
+        for name, ratio in this_round.items():
+            ratios[name].append(ratio / level)
+        print(
+            f"round {round_index + 1}/{rounds}: level {level:.3f} "
+            f"({time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
+    return ratios, raw, levels
+
+
+def summarize(
+    predicted: dict[str, float],
+    ratios: dict[str, list[float]],
+    raw: list[float],
+    levels: list[float],
+) -> dict[str, Any]:
+    """The shape error per configuration and over all of them, and the machine's levels."""
     rows = []
-    for name in plans:
+    for name in predicted:
         shape = median(ratios[name])
         rows.append(
             {
@@ -144,19 +184,18 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     errors = [r["shape_abs_pct_error"] for r in rows]
-    summary = {
+    return {
         "median_shape_abs_pct_error": median(errors),
         "p90_shape_abs_pct_error": float(np.percentile(errors, 90)),
         "levels": levels,
         "run_ratios": raw,
         "level_spread_pct": 100 * (max(levels) - min(levels)) / median(levels),
-        "rounds": args.rounds,
-        "micro_steps_per_run": MICRO_STEPS,
-        "calibration_id": calibration.calibration_id,
-        "torch_threads": torch.get_num_threads(),
-        "machine": machine(),
         "rows": rows,
     }
+
+
+def print_report(summary: dict[str, Any]) -> None:
+    rows, levels = summary["rows"], summary["levels"]
     print()
     print(
         table(
@@ -174,9 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(f'{v:.3f}' for v in levels)} (spread {summary['level_spread_pct']:.0f} %)"
     )
     print("\nmeasured / predicted of every short run (the machine's states show as clusters):")
-    print(histogram(raw))
-    write_json(args.json, summary)
-    return 0
+    print(histogram(summary["run_ratios"]))
 
 
 def histogram(values: list[float], width: float = 0.05) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from common.errors import BadInputError
 from common.files import read_yaml
+from trainers.spec import DEVICES, PRECISIONS
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "skopt")
 PRUNERS = ("hyperband", "successive_halving", "median", "none")
@@ -30,16 +31,16 @@ class Budget:
     """The window a full run must fit into, and what an hour costs."""
 
     window_hours: float = field(
-        default=12.0, metadata={"help": "Wall-clock window of the full run."}
+        default=12.0, metadata={"help": "The full run's wall-clock window, in hours."}
     )
     safety_margin_minutes: float = field(
         default=30.0, metadata={"help": "Kept free at the end of the window."}
     )
     price_per_hour: float = field(
-        default=0.0, metadata={"help": "Machine price, for the cost estimate."}
+        default=0.0, metadata={"help": "Machine price per hour, for the cost estimate."}
     )
     max_memory_gb: float | None = field(
-        default=None, metadata={"help": "Memory limit (default: the device's)."}
+        default=None, metadata={"help": "Memory limit in GB. Default: the device's memory."}
     )
 
     def __post_init__(self) -> None:
@@ -73,16 +74,16 @@ class StudyConfig:
     """Everything `python -m hpo.study` needs. Defaults give the embedded demo study."""
 
     model: str | None = field(
-        default=None, metadata={"help": "Local model folder; none: the tiny demo model."}
+        default=None, metadata={"help": "Local model folder. Default: the tiny demo model."}
     )
     data: str | None = field(
-        default=None, metadata={"help": "JSONL data; none: the bundled demo data."}
+        default=None, metadata={"help": "JSONL data. Default: the bundled demo data."}
     )
     space: str | None = field(
-        default=None, metadata={"help": "Search-space YAML; none: the default space."}
+        default=None, metadata={"help": "Search-space YAML. Default: search_spaces/default.yaml."}
     )
     profiles: tuple[str, ...] | None = field(
-        default=None, metadata={"help": "Profiles allowed (default: all)."}
+        default=None, metadata={"help": "Profiles allowed, comma-separated. Default: all."}
     )
     trial_max_steps: int = field(
         default=30, metadata={"help": "Optimizer steps of one trial (the fidelity)."}
@@ -100,16 +101,25 @@ class StudyConfig:
     full_checkpoint_interval: int = field(
         default=500, metadata={"help": "Steps between checkpoints in the full run."}
     )
-    budget: Budget = field(default_factory=Budget)
-    sampler: str = "tpe"
-    pruner: str = "hyperband"
+    budget: Budget = field(
+        default_factory=Budget,
+        metadata={"help": "The window a full run must fit into, and what an hour costs."},
+    )
+    sampler: str = field(
+        default="tpe", metadata={"help": f"Optuna sampler: {' | '.join(SAMPLERS)}."}
+    )
+    pruner: str = field(
+        default="hyperband", metadata={"help": f"Optuna pruner: {' | '.join(PRUNERS)}."}
+    )
     n_trials: int = field(
         default=10, metadata={"help": "Trials in the study (all workers, all runs)."}
     )
-    timeout: float | None = field(default=None, metadata={"help": "Seconds this worker may spend."})
-    seed: int = 0
+    timeout: float | None = field(
+        default=None, metadata={"help": "Seconds this worker may spend. Default: no limit."}
+    )
+    seed: int = field(default=0, metadata={"help": "Random seed of the sampler and the trials."})
     storage: str | None = field(
-        default=None, metadata={"help": "Optuna storage URL; none: SQLite in work_dir."}
+        default=None, metadata={"help": "Optuna storage URL. Default: SQLite in the work dir."}
     )
     heartbeat_seconds: int = field(
         default=30,
@@ -120,13 +130,27 @@ class StudyConfig:
     grace_seconds: int = field(
         default=120, metadata={"help": "Silence after which a worker counts as dead."}
     )
-    study_name: str = "hpo-demo"
-    work_dir: str = "hpo-runs"
-    tracking_uri: str | None = None
-    experiment_name: str | None = None
-    device: str = "auto"
-    precision: str = "auto"
-    validation_fraction: float = 0.1
+    study_name: str = field(
+        default="hpo-demo", metadata={"help": "Study name (same name + storage = resume)."}
+    )
+    work_dir: str = field(
+        default="hpo-runs", metadata={"help": "Where databases, caches and presets go."}
+    )
+    tracking_uri: str | None = field(
+        default=None, metadata={"help": "MLflow tracking URI. Default: the one in mlflow.yaml."}
+    )
+    experiment_name: str | None = field(
+        default=None, metadata={"help": "MLflow experiment. Default: the one in mlflow.yaml."}
+    )
+    device: str = field(
+        default="auto", metadata={"help": f"Training device: {' | '.join(DEVICES)}."}
+    )
+    precision: str = field(
+        default="auto", metadata={"help": f"Training precision: {' | '.join(PRECISIONS)}."}
+    )
+    validation_fraction: float = field(
+        default=0.1, metadata={"help": "Share of the samples held out for validation."}
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.budget, dict):
@@ -205,13 +229,23 @@ def mlflow_defaults(path: Path = REPO_MLFLOW_YAML) -> dict[str, Any]:
 
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> StudyConfig:
-    """YAML file (optional) + overrides (None values ignored) -> validated config."""
+    """YAML file (optional) + overrides -> validated config.
+
+    Args:
+        path: The study YAML, if any.
+        overrides: Field values that replace the YAML's; None values are ignored. Budget
+            fields may come flat (``window_hours``) or nested (``budget: {window_hours: ...}``).
+    """
     values: dict[str, Any] = read_yaml(Path(path)) if path else {}
     budget = dict(values.pop("budget", None) or {})
-    for key, value in (overrides or {}).items():
+    budget_fields = {f.name for f in dataclasses.fields(Budget)}
+    given = dict(overrides or {})
+    nested = given.pop("budget", None)
+    given.update(nested if isinstance(nested, dict) else {})
+    for key, value in given.items():
         if value is None:
             continue
-        if key in {f.name for f in dataclasses.fields(Budget)}:
+        if key in budget_fields:
             budget[key] = value
         else:
             values[key] = value

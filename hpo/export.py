@@ -17,9 +17,10 @@ import yaml
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_atomic
+from hpo.runspec import stored_config, train_spec
 from hpo.storage import make_storage, redact
 from trainers.preset import preset_dict
-from trainers.spec import LoraSpec, TrainSpec
+from trainers.spec import TrainSpec
 
 CONFIG_ATTR = "hpo_config"
 MODEL_ATTR = "hpo_model_path"
@@ -46,7 +47,6 @@ def best_complete_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
 
 def full_run_spec(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> TrainSpec:
     """The full training the trial's configuration becomes (all epochs, checkpoints on)."""
-    config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
     attrs = trial.user_attrs
     missing = [k for k in PARAM_KEYS if k not in attrs]
     if missing or MODEL_ATTR not in study.user_attrs:
@@ -54,30 +54,12 @@ def full_run_spec(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Train
             f"trial {trial.number} of '{study.study_name}' was not recorded by hpo.study "
             f"(missing {', '.join(missing) or MODEL_ATTR})"
         )
-    return TrainSpec(
+    return train_spec(
+        stored_config(study.user_attrs.get(CONFIG_ATTR) or {}),
+        attrs,
         model=study.user_attrs[MODEL_ATTR],
         data=study.user_attrs[DATA_ATTR],
-        output_dir=f"train-output/{study.study_name}",
-        lora=LoraSpec(
-            r=int(attrs["lora_r"]),
-            alpha=float(attrs["lora_alpha"]),
-            dropout=float(attrs["lora_dropout"]),
-        ),
-        micro_batch_size=int(attrs["micro_batch_size"]),
-        gradient_accumulation_steps=int(attrs["gradient_accumulation_steps"]),
-        learning_rate=float(attrs["learning_rate"]),
-        weight_decay=float(attrs.get("weight_decay", 0.0)),
-        warmup_ratio=float(attrs.get("warmup_ratio", 0.0)),
-        max_length=int(attrs["max_length"]),
-        gradient_checkpointing=bool(attrs["gradient_checkpointing"]),
-        epochs=float(config.get("epochs", 1.0)),
-        eval_interval=int(config.get("full_eval_interval", 200)),
-        eval_samples=int(config.get("eval_samples", 64)),
-        checkpoint_interval=int(config.get("full_checkpoint_interval", 500)),
-        validation_fraction=float(config.get("validation_fraction", 0.1)),
-        device=str(config.get("device", "auto")),
-        precision=str(config.get("precision", "auto")),
-        seed=int(config.get("seed", 0)),
+        full_run=True,
     )
 
 

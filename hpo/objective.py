@@ -2,38 +2,37 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
 
 from common.errors import BadInputError, TrainingFailed
+from hpo.config import StudyConfig
+from hpo.estimator import StudyEstimator
+from hpo.runspec import train_spec
 from hpo.tracking import RunRef, Tracker, TrialMetrics
 from search_spaces import SearchSpace, sample
 from trainers.events import EvalInfo, TrainingCallback
 from trainers.result import TrainResult
-from trainers.spec import LoraSpec, TrainSpec
-
-log = logging.getLogger(__name__)
+from trainers.spec import optimizer_steps
 
 
 @dataclass
 class StudyContext:
     """What every trial of one study shares."""
 
-    config: Any  # hpo.config.StudyConfig
+    config: StudyConfig
     space: SearchSpace
     model_path: str
     data_path: str
     train_samples: int
     tracker: Tracker
     parent_run_id: str
-    estimator: Any = None  # hpo.estimator.StudyEstimator, when the time model is on
-    extra_callbacks: list[TrainingCallback] = field(default_factory=list)
+    estimator: StudyEstimator
 
 
 class OptunaReporter(TrainingCallback):
@@ -51,50 +50,6 @@ class OptunaReporter(TrainingCallback):
         return False
 
 
-def spec_for(
-    context: StudyContext, params: dict[str, Any], *, full_run: bool, output_dir: str
-) -> TrainSpec:
-    """The training a configuration becomes: a short trial, or the full run of the preset."""
-    config = context.config
-    lora = LoraSpec(
-        r=int(params["lora_r"]),
-        alpha=float(params["lora_alpha"]),
-        dropout=float(params["lora_dropout"]),
-    )
-    return TrainSpec(
-        model=context.model_path,
-        data=context.data_path,
-        output_dir=output_dir,
-        lora=lora,
-        micro_batch_size=int(params["micro_batch_size"]),
-        gradient_accumulation_steps=int(params["gradient_accumulation_steps"]),
-        learning_rate=float(params["learning_rate"]),
-        weight_decay=float(params.get("weight_decay", 0.0)),
-        warmup_ratio=float(params.get("warmup_ratio", 0.0)),
-        max_length=int(params["max_length"]),
-        gradient_checkpointing=bool(params["gradient_checkpointing"]),
-        max_steps=None if full_run else config.trial_max_steps,
-        epochs=config.epochs,
-        eval_interval=config.full_eval_interval if full_run else config.eval_interval,
-        eval_samples=config.eval_samples,
-        checkpoint_interval=config.full_checkpoint_interval if full_run else 0,
-        validation_fraction=config.validation_fraction,
-        device=config.device,
-        precision=config.precision,
-        seed=config.seed,
-        cache_dir=str(Path(config.work_dir).resolve() / "cache"),
-    )
-
-
-def full_run_steps(
-    train_samples: int, micro_batch_size: int, accumulation: int, epochs: float
-) -> int:
-    """Optimizer steps of the full run, counted the way transformers' Trainer counts them."""
-    batches = math.ceil(train_samples / micro_batch_size)
-    per_epoch = max(1, math.ceil(batches / accumulation))
-    return max(1, math.ceil(per_epoch * epochs))
-
-
 class Objective:
     """Callable handed to `study.optimize`."""
 
@@ -105,15 +60,12 @@ class Objective:
         ctx = self.context
         config = ctx.config
         params = sample(trial, ctx.space, config.profiles)
+        full_run = train_spec(
+            config, params, model=ctx.model_path, data=ctx.data_path, full_run=True
+        )
         derived = {
-            "effective_batch_size": params["micro_batch_size"]
-            * params["gradient_accumulation_steps"],
-            "full_run_steps": full_run_steps(
-                ctx.train_samples,
-                params["micro_batch_size"],
-                params["gradient_accumulation_steps"],
-                config.epochs,
-            ),
+            "effective_batch_size": full_run.effective_batch_size,
+            "full_run_steps": optimizer_steps(full_run, ctx.train_samples),
         }
         for key, value in {**params, **derived}.items():
             trial.set_user_attr(key, value)
@@ -134,66 +86,83 @@ class Objective:
         run_id: RunRef,
     ) -> float:
         ctx = self.context
-        config = ctx.config
-
-        verdict = ctx.estimator.check(trial, params, derived) if ctx.estimator else None
-        if verdict is not None and not verdict.feasible:
-            trial.set_user_attr("state_reason", verdict.reason)
-            ctx.tracker.end_trial(
-                run_id,
-                "pruned",
-                metrics=verdict.metrics(),
-                tags={"reason": verdict.reason, "never_trained": "true"},
-            )
+        verdict = ctx.estimator.check(trial, params)
+        if not verdict.feasible:
+            reason = verdict.reason
+            self._end(trial, run_id, "pruned", reason, verdict.metrics(), never_trained="true")
             raise optuna.TrialPruned(verdict.reason)
 
         reporter = OptunaReporter(trial)
-        metrics = TrialMetrics(ctx.tracker, run_id)
-        spec = spec_for(
-            ctx,
-            params,
-            full_run=False,
-            output_dir=str(Path(config.work_dir) / "trials" / f"trial-{trial.number:03d}"),
+        result, seconds = self._train(trial, params, reporter, run_id)
+        measured = self._measurements(result, derived["full_run_steps"], seconds)
+        measured.update(ctx.estimator.observe(trial, params, result, verdict))
+        for key, value in measured.items():
+            trial.set_user_attr(key, value)
+
+        if reporter.pruned_at is not None:
+            reason = f"pruned by {ctx.config.pruner} at step {reporter.pruned_at}"
+            self._end(trial, run_id, "pruned", reason, measured)
+            raise optuna.TrialPruned(reason)
+        final_loss = result.final_eval_loss
+        if final_loss is None or not math.isfinite(final_loss):
+            reason = f"no finite validation loss (got {final_loss})"
+            self._end(trial, run_id, "failed", reason, measured)
+            raise TrainingFailed(reason)
+        ctx.tracker.end_trial(
+            run_id,
+            "complete",
+            metrics={"value": final_loss, "val_loss_final": final_loss, **measured},
         )
+        return float(final_loss)
+
+    def _train(
+        self,
+        trial: optuna.Trial,
+        params: dict[str, Any],
+        reporter: OptunaReporter,
+        run_id: RunRef,
+    ) -> tuple[TrainResult, float]:
+        """Train the trial's own short run; a failure ends the trial (bad input: the study)."""
+        ctx = self.context
+        output_dir = Path(ctx.config.work_dir) / "trials" / f"trial-{trial.number:03d}"
+        spec = train_spec(
+            ctx.config,
+            params,
+            model=ctx.model_path,
+            data=ctx.data_path,
+            full_run=False,
+            output_dir=str(output_dir),
+        )
+        metrics = TrialMetrics(ctx.tracker, run_id)
         started = time.perf_counter()
         try:
             from trainers.loop.run import train
 
-            result = train(spec, [reporter, metrics, *ctx.extra_callbacks])
+            result = train(spec, [reporter, metrics])
         except BadInputError:
             ctx.tracker.end_trial(run_id, "failed", tags={"reason": "bad input"})
             raise
         except Exception as exc:  # the study goes on: a failed trial, with its reason
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
             metrics.flush()
-            trial.set_user_attr("state_reason", reason)
-            ctx.tracker.end_trial(run_id, "failed", tags={"reason": reason})
+            self._end(trial, run_id, "failed", reason)
             raise TrainingFailed(reason) from exc
+        return result, time.perf_counter() - started
 
-        measured = self._measurements(
-            result, derived["full_run_steps"], time.perf_counter() - started
+    def _end(
+        self,
+        trial: optuna.Trial,
+        run_id: RunRef,
+        state: str,
+        reason: str,
+        metrics: dict[str, float] | None = None,
+        **tags: str,
+    ) -> None:
+        """Close a trial that did not complete: its reason in Optuna and in MLflow."""
+        trial.set_user_attr("state_reason", reason)
+        self.context.tracker.end_trial(
+            run_id, state, metrics=metrics, tags={"reason": reason, **tags}
         )
-        if verdict is not None:
-            measured.update(ctx.estimator.observe(trial, params, result, verdict))
-        for key, value in measured.items():
-            trial.set_user_attr(key, value)
-
-        if reporter.pruned_at is not None:
-            reason = f"pruned by {config.pruner} at step {reporter.pruned_at}"
-            trial.set_user_attr("state_reason", reason)
-            ctx.tracker.end_trial(run_id, "pruned", metrics=measured, tags={"reason": reason})
-            raise optuna.TrialPruned(reason)
-
-        final_loss = result.final_eval_loss
-        if final_loss is None or not math.isfinite(final_loss):
-            reason = f"no finite validation loss (got {final_loss})"
-            trial.set_user_attr("state_reason", reason)
-            ctx.tracker.end_trial(run_id, "failed", metrics=measured, tags={"reason": reason})
-            raise TrainingFailed(reason)
-        ctx.tracker.end_trial(
-            run_id, "complete", metrics={"value": final_loss, "val_loss_final": final_loss, **measured}
-        )
-        return float(final_loss)
 
     @staticmethod
     def _measurements(result: TrainResult, steps: int, seconds: float) -> dict[str, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import optuna
 
 from common.errors import BadInputError, TrainingFailed
 from hpo.config import StudyConfig
-from hpo.estimator import budget_estimator_factory
+from hpo.estimator import StudyEstimator
 from hpo.export import (
     CONFIG_ATTR,
     DATA_ATTR,
@@ -29,6 +30,7 @@ from hpo.samplers import make_sampler
 from hpo.states import FINISHED_STATES, state_counts
 from hpo.storage import make_storage
 from hpo.tracking import PARENT_ATTR, Tracker
+from hpo.what_fits import check_space
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +83,31 @@ def open_study(config: StudyConfig, prepared: Prepared) -> optuna.Study:
     return study
 
 
+EstimatorFactory = Callable[[StudyConfig, Prepared], StudyEstimator]
+
+
 def run_study(
     config: StudyConfig,
     *,
     progress: bool = True,
-    estimator_factory: Any = None,
+    estimator_factory: EstimatorFactory = StudyEstimator,
 ) -> StudySummary:
-    """Run (or continue) the study described by `config` until it holds `n_trials` trials."""
+    """Run (or continue) the study described by `config` until it holds `n_trials` trials.
+
+    Args:
+        config: The study.
+        progress: Show a progress bar.
+        estimator_factory: Builds the study's time model (tests pin its coefficients).
+
+    Raises:
+        BadInputError: Bad input, or nothing in the space fits the budget; either stops
+            before a study or an MLflow run is written.
+    """
     started = time.perf_counter()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     prepared = prepare(config)
-    if estimator_factory is None:  # the time model; stops here when nothing fits the budget
-        estimator_factory = budget_estimator_factory(config, prepared)
+    estimator = estimator_factory(config, prepared)
+    check_space(estimator)  # before anything is written: nothing fits -> exit 2
     study = open_study(config, prepared)
     tracker = Tracker(
         _tracking_uri(config),
@@ -108,10 +123,20 @@ def run_study(
         train_samples=prepared.train_samples,
         tracker=tracker,
         parent_run_id=parent,
+        estimator=estimator,
     )
-    if estimator_factory is not None:
-        context.estimator = estimator_factory(config, prepared, study)
+    _optimize(study, context, progress=progress)
+    tracker.reconcile(parent, study)
+    tracker.update_parent(parent, study)
+    summary = _summary(study, config, tracker, parent)
+    tracker.finish_parent(parent)
+    summary.elapsed_seconds = time.perf_counter() - started
+    return summary
 
+
+def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> None:
+    """Hand trials to Optuna until the study holds `n_trials` finished ones."""
+    config, tracker, parent = context.config, context.tracker, context.parent_run_id
     done = len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
     remaining = max(0, config.n_trials - done)
     bar = StudyProgress(config.n_trials, done, enabled=progress)
@@ -137,35 +162,32 @@ def run_study(
         bar.close()
         tracker.flush()
 
-    tracker.reconcile(parent, study)
-    tracker.update_parent(parent, study)
-    counts = state_counts(study)
-    preset_path: str | None = None
-    best_value: float | None = None
-    best_params: dict[str, Any] = {}
-    best_number: int | None = None
-    best_estimate: dict[str, Any] = {}
-    if counts["complete"]:
-        best = best_complete_trial(study)
-        best_value, best_number = best.value, best.number
-        best_estimate = dict(best.user_attrs.get("estimate") or {})
-        best_params = {k: best.user_attrs[k] for k in _BEST_KEYS if k in best.user_attrs}
-        out = Path(config.work_dir) / "presets" / f"{config.study_name}.yaml"
-        preset_path = str(export_study(study, out, storage_url=config.storage_url))
-    tracker.finish_parent(parent)
-    return StudySummary(
+
+def _summary(
+    study: optuna.Study, config: StudyConfig, tracker: Tracker, parent: str
+) -> StudySummary:
+    """The study's outcome; the best complete trial exported as the preset."""
+    summary = StudySummary(
         study_name=config.study_name,
-        states=counts,
-        best_value=best_value,
-        best_params=best_params,
-        best_trial=best_number,
-        best_estimate=best_estimate,
-        preset_path=preset_path,
+        states=state_counts(study),
+        best_value=None,
+        best_params={},
+        best_trial=None,
+        best_estimate={},
+        preset_path=None,
         mlflow_experiment_id=str(tracker.experiment_id),
         mlflow_parent_run_id=str(study.user_attrs.get(PARENT_ATTR, parent)),
-        elapsed_seconds=time.perf_counter() - started,
+        elapsed_seconds=0.0,  # set when the study is closed
         tracking_uri=tracker.tracking_uri,
     )
+    if summary.states["complete"]:
+        best = best_complete_trial(study)
+        summary.best_value, summary.best_trial = best.value, best.number
+        summary.best_estimate = dict(best.user_attrs.get("estimate") or {})
+        summary.best_params = {k: best.user_attrs[k] for k in _BEST_KEYS if k in best.user_attrs}
+        out = Path(config.work_dir) / "presets" / f"{config.study_name}.yaml"
+        summary.preset_path = str(export_study(study, out, storage_url=config.storage_url))
+    return summary
 
 
 _BEST_KEYS = (*PARAM_KEYS, "effective_batch_size")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -11,9 +10,7 @@ import optuna
 
 from common.errors import BadInputError
 from common.redact import redact
-
-# Another worker may be midway through creating the schema (MLflow migrates for seconds).
-SCHEMA_RACE_ATTEMPTS = 10
+from common.retry import retry_schema_race
 
 
 def make_storage(
@@ -47,26 +44,14 @@ def make_storage(
             "heartbeat_stale_trial_callback": retry,
             "engine_kwargs": {"pool_pre_ping": True, "connect_args": _connect_args(url)},
         }
-    for attempt in range(SCHEMA_RACE_ATTEMPTS):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(url, **kwargs)
-        except Exception as exc:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
-            if lost_schema_race(exc) and attempt < SCHEMA_RACE_ATTEMPTS - 1:
-                # Workers started together on an empty database race to create the tables;
-                # the loser sees a duplicate and simply finds them there on a second look.
-                time.sleep(min(2.0, 0.5 * (attempt + 1)))
-                continue
-            reason = redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
-            raise BadInputError(f"cannot open storage {redact(url)}: {reason}") from None
-    raise AssertionError("unreachable")  # the last attempt returns or raises
-
-
-def lost_schema_race(exc: Exception) -> bool:
-    """Whether `exc` is another worker having created a table or row first."""
-    text = str(exc).lower()
-    return "duplicate" in text or "already exists" in text
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # Workers started together on an empty database race to create the tables.
+            return retry_schema_race(lambda: optuna.storages.RDBStorage(url, **kwargs))
+    except Exception as exc:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
+        reason = redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
+        raise BadInputError(f"cannot open storage {redact(url)}: {reason}") from None
 
 
 def _connect_args(url: str) -> dict[str, Any]:

@@ -13,61 +13,27 @@ from typing import Any
 
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.files import write_json
-
-# flag -> (type, help); each maps to the StudyConfig / Budget field of the same name.
-_FLAGS: dict[str, tuple[Any, str]] = {
-    "model": (str, "local model folder (default: the tiny demo model)"),
-    "data": (str, "JSONL data (default: the bundled demo data)"),
-    "space": (str, "search-space YAML (default: search_spaces/default.yaml)"),
-    "trial_max_steps": (int, "optimizer steps per trial (the fidelity)"),
-    "eval_interval": (int, "steps between evaluations in a trial"),
-    "eval_samples": (int, "validation samples per evaluation"),
-    "epochs": (float, "epochs of the full run the preset describes"),
-    "full_eval_interval": (int, "steps between evaluations in the full run"),
-    "full_checkpoint_interval": (int, "steps between checkpoints in the full run"),
-    "window_hours": (float, "the full run's time window (default 12)"),
-    "safety_margin_minutes": (float, "kept free at the end of the window (default 30)"),
-    "price_per_hour": (float, "machine price per hour, for the cost estimate"),
-    "max_memory_gb": (float, "memory limit (default: the device's memory)"),
-    "sampler": (str, "tpe | gp | cmaes | random | skopt"),
-    "pruner": (str, "hyperband | successive_halving | median | none"),
-    "n_trials": (int, "trials in the study, counted over all runs and workers"),
-    "timeout": (float, "seconds this worker may spend"),
-    "seed": (int, "random seed"),
-    "storage": (str, "Optuna storage URL (default: SQLite in the work dir)"),
-    "study_name": (str, "study name (same name + storage = resume)"),
-    "heartbeat_seconds": (int, "worker heartbeat on server storages (default 30)"),
-    "grace_seconds": (int, "silence after which a worker is taken as dead (default 120)"),
-    "work_dir": (str, "where databases, caches and presets go (default ./hpo-runs)"),
-    "tracking_uri": (str, "MLflow tracking URI (default from mlflow.yaml)"),
-    "experiment_name": (str, "MLflow experiment (default from mlflow.yaml)"),
-    "device": (str, "auto | cpu | cuda | mps"),
-    "precision": (str, "auto | fp32 | bf16 | fp16"),
-}
+from common.flags import FieldFlags, add_field_flags
+from hpo.config import StudyConfig, load_config, mlflow_defaults
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> tuple[argparse.ArgumentParser, FieldFlags]:
+    """The parser: one flag per `StudyConfig` field, plus the command's own flags."""
     parser = argparse.ArgumentParser(
         prog="python -m hpo.study",
         description="Find the best LoRA configuration that fits a time budget (Optuna + MLflow).",
     )
-    parser.add_argument("--config", help="study YAML; flags override its values")
-    for name, (kind, help_text) in _FLAGS.items():
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, help=help_text)
-    parser.add_argument("--profiles", help="comma-separated profiles allowed (default: all)")
-    parser.add_argument("--json", help="write the study's result to this JSON file")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return parser
+    parser.add_argument("--config", help="Study YAML; flags override its values.")
+    flags = add_field_flags(parser, StudyConfig)
+    parser.add_argument("--json", help="Write the study's result to this JSON file.")
+    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    return parser, flags
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hpo.config import load_config, mlflow_defaults
-
-    args = build_parser().parse_args(argv)
-    overrides = {name: getattr(args, name) for name in _FLAGS}
-    if args.profiles:
-        overrides["profiles"] = [p.strip() for p in args.profiles.split(",") if p.strip()]
-    config = load_config(args.config, overrides)
+    parser, flags = build_parser()
+    args = parser.parse_args(argv)
+    config = load_config(args.config, flags.given(args))
     if args.json:
         check_writable(args.json)
 

@@ -1,178 +1,79 @@
 """MLflow tracking of a study: one parent run per study, one nested run per trial.
 
-Per-step values are buffered and sent with `log_batch` (at most 1000 metrics a call), so a
-trial costs a handful of store calls however long it trains. Those calls run in order on
-one background thread: the training loop only enqueues them. (MLflow's own asynchronous
-mode covers `log_batch` only; creating and closing runs would still block, and its queue
-thread then competes with them for SQLite's write lock.) `Tracker.flush()` waits for all
-of it; the study calls it before it reports.
+A thin user of the project's `MlflowWriter`: trial runs are created, filled and closed on its
+ordered background thread, so the training loop only enqueues them; per-step values go
+through `TrialMetrics` in batches, so a trial costs a handful of store calls however long it
+trains. `Tracker.flush()` waits for all of it; the study calls it before it reports.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from common.errors import BadInputError
+from common.mlflow_writer import MlflowWriter, Run, RunRef, metric
 from hpo.states import STATE_NAMES, count_states
-from hpo.storage import SCHEMA_RACE_ATTEMPTS, lost_schema_race, redact
-from trainers.events import EvalInfo, StepInfo, TrainingCallback
-from trainers.result import TrainResult
+from trainers.tracking import StepMetrics
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
 PARENT_ATTR = "mlflow_parent_run_id"
 EXPERIMENT_ATTR = "mlflow_experiment_id"
-MAX_METRICS_PER_CALL = 1000
-MAX_PARAMS_PER_CALL = 100
-MAX_TAGS_PER_CALL = 100
 # MLflow run status for each trial state: the runs table shows it in its status column.
 STATUS = {"complete": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}
 
-RunRef = Future  # a run id that the background writer fills in
 
+class TrialMetrics(StepMetrics):
+    """A trial's per-step metric histories, sent in batches through the study's tracker."""
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-class TrialMetrics(TrainingCallback):
-    """Buffers a trial's per-step metric histories and sends them in batches."""
-
-    def __init__(self, tracker: Tracker, run: RunRef, flush_seconds: float = 30.0) -> None:
-        self.tracker = tracker
-        self.run = run
-        self.flush_seconds = flush_seconds
-        self.buffer: list[Any] = []
-        self.last_flush = time.monotonic()
-
-    def _add(self, key: str, value: float, step: int) -> None:
-        from mlflow.entities import Metric
-
-        self.buffer.append(Metric(key, float(value), _now_ms(), step))
-
-    def on_step(self, info: StepInfo) -> None:
-        self._add("train_loss", info.loss, info.step)
-        self._add("tokens_per_second", info.tokens_per_second, info.step)
-        self._add("step_time_s", info.seconds, info.step)
-        self._add("learning_rate", info.learning_rate, info.step)
-        if (
-            len(self.buffer) >= MAX_METRICS_PER_CALL
-            or time.monotonic() - self.last_flush > self.flush_seconds
-        ):
-            self.flush()
-
-    def on_eval(self, info: EvalInfo) -> None:
-        self._add("val_loss", info.loss, info.step)
-
-    def on_train_end(self, result: TrainResult) -> None:
-        self.flush()
-
-    def flush(self) -> None:
-        if self.buffer:
-            self.tracker.log_batch(self.run, metrics=self.buffer)
-        self.buffer = []
-        self.last_flush = time.monotonic()
+    def __init__(self, tracker: Tracker, run: Run, flush_seconds: float = 30.0) -> None:
+        super().__init__(tracker.writer, run, flush_seconds=flush_seconds)
 
 
 class Tracker:
-    """The study's MLflow side. Built on `MlflowClient` (no global active-run state)."""
+    """The study's MLflow side.
+
+    Args:
+        tracking_uri: MLflow tracking URI.
+        experiment_name: The study's experiment, created when missing.
+        artifact_dir: Where a new experiment keeps its artifacts (not for HTTP stores).
+
+    Raises:
+        BadInputError: The tracking store cannot be used.
+    """
 
     def __init__(
         self, tracking_uri: str, experiment_name: str, *, artifact_dir: str | None = None
     ) -> None:
-        from mlflow import MlflowClient
-
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
-        if tracking_uri.startswith("sqlite:///"):
-            Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpo-mlflow")
-        self._pending: list[Future[Any]] = []
-        for attempt in range(SCHEMA_RACE_ATTEMPTS):
-            try:
-                # The store creates (and migrates) its tables on first contact.
-                self.client = MlflowClient(tracking_uri=tracking_uri)
-                self.experiment_id = self._experiment(experiment_name, artifact_dir)
-                break
-            except Exception as exc:
-                if lost_schema_race(exc) and attempt < SCHEMA_RACE_ATTEMPTS - 1:
-                    # Workers started together race to create the store's tables or the
-                    # experiment; the loser finds them there on a second look.
-                    time.sleep(min(2.0, 0.5 * (attempt + 1)))
-                    continue
-                raise BadInputError(
-                    f"cannot use MLflow tracking store {redact(tracking_uri)}: {_first_line(exc)}"
-                ) from None
+        self.writer = MlflowWriter(tracking_uri)
+        self.experiment_id = self.writer.experiment(experiment_name, artifact_dir=artifact_dir)
 
-    def _experiment(self, name: str, artifact_dir: str | None) -> str:
-        experiment = self.client.get_experiment_by_name(name)
-        if experiment is not None:
-            return str(experiment.experiment_id)
-        location = None
-        if artifact_dir and not self.tracking_uri.startswith(("http://", "https://")):
-            location = Path(artifact_dir).resolve().as_uri()
-        return str(
-            self.client.create_experiment(
-                name,
-                artifact_location=location,
-                # Tells the UI this is model development, so it opens on the runs table.
-                tags={"mlflow.experimentKind": "finetuning"},
-            )
-        )
-
-    # -- the background writer ---------------------------------------------------------------
-    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        self._pending = [f for f in self._pending if not f.done() or f.exception()]
-        future = self._writer.submit(fn, *args)
-        self._pending.append(future)
-        return future
+    @property
+    def client(self) -> MlflowClient:
+        """The writer's client, for the study's reads (search, get) and run bookkeeping."""
+        return self.writer.client
 
     def flush(self) -> None:
         """Wait until everything queued is in the store; raise the first failure."""
-        pending, self._pending = self._pending, []
-        errors = [f.exception() for f in pending if f.exception() is not None]
-        if errors:
-            raise errors[0]  # type: ignore[misc]
+        self.writer.flush()
 
     def log_batch(
         self,
-        run: str | RunRef,
+        run: Run,
         *,
-        metrics: Iterable[Any] = (),
+        metrics: Iterable[Metric] = (),
         params: Mapping[str, Any] | None = None,
         tags: Mapping[str, Any] | None = None,
     ) -> None:
-        """Queue metrics, params and tags, sent in as few calls as MLflow's limits allow."""
-        self._submit(self._log_batch_now, run, list(metrics), dict(params or {}), dict(tags or {}))
-
-    def _log_batch_now(
-        self,
-        run: str | RunRef,
-        metrics: list[Any],
-        params: dict[str, Any],
-        tags: dict[str, Any],
-    ) -> None:
-        from mlflow.entities import Param, RunTag
-
-        run_id = run.result() if isinstance(run, Future) else run
-        param_list = [Param(k, _param_value(v)) for k, v in params.items()]
-        tag_list = [RunTag(k, str(v)) for k, v in tags.items()]
-        while metrics or param_list or tag_list:
-            self.client.log_batch(
-                run_id,
-                metrics=metrics[:MAX_METRICS_PER_CALL],
-                params=param_list[:MAX_PARAMS_PER_CALL],
-                tags=tag_list[:MAX_TAGS_PER_CALL],
-            )
-            metrics = metrics[MAX_METRICS_PER_CALL:]
-            param_list = param_list[MAX_PARAMS_PER_CALL:]
-            tag_list = tag_list[MAX_TAGS_PER_CALL:]
+        """Queue metrics, params and tags for `run`."""
+        self.writer.log_batch(run, metrics=metrics, params=params, tags=tags)
 
     # -- the study's parent run --------------------------------------------------------------
     def ensure_parent(self, study: optuna.Study, params: Mapping[str, Any]) -> str:
@@ -186,11 +87,11 @@ class Tracker:
         if run_id and self._run_exists(run_id):
             self.client.update_run(run_id, status="RUNNING")
             return str(run_id)
-        mine = self.client.create_run(
+        mine = self.writer.create_run(
             self.experiment_id,
             run_name=study.study_name,
             tags={"hpo.study_name": study.study_name, "hpo.role": "study"},
-        ).info.run_id
+        )
         candidates = self.client.search_runs(
             [self.experiment_id],
             filter_string=f"tags.`hpo.study_name` = '{study.study_name}' and tags.`hpo.role` = 'study'",
@@ -241,23 +142,21 @@ class Tracker:
 
     def update_parent(self, parent_run_id: str, study: optuna.Study) -> None:
         """Queue the parent's best value so far and counts per state (read from the study)."""
-        self._submit(self._update_parent_now, parent_run_id, study)
+        # Reading the study costs a storage round trip: it is done on the writer's thread too.
+        self.writer.submit(self._update_parent_now, parent_run_id, study)
 
     def _update_parent_now(self, parent_run_id: str, study: optuna.Study) -> None:
-        from mlflow.entities import Metric
-
         trials = study.get_trials(deepcopy=False, states=tuple(STATE_NAMES))
         counts = count_states(trials)
         finished = len(trials)
-        now = _now_ms()
-        metrics = [Metric(f"n_{k}", float(v), now, finished) for k, v in counts.items()]
+        metrics = [metric(f"n_{k}", v, finished) for k, v in counts.items()]
         tags: dict[str, Any] = {}
         complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
         if complete:
             best = min(complete, key=lambda t: float(t.value))  # type: ignore[arg-type]
-            metrics.append(Metric("best_value", float(best.value), now, finished))  # type: ignore[arg-type]
+            metrics.append(metric("best_value", best.value, finished))  # type: ignore[arg-type]
             tags["best_trial"] = best.number
-        self._log_batch_now(parent_run_id, metrics, {}, tags)
+        self.writer.write_batch(parent_run_id, metrics, tags=tags)
 
     # -- trials ------------------------------------------------------------------------------
     def start_trial(
@@ -270,50 +169,33 @@ class Tracker:
             "hpo.trial_number": str(trial_number),
             "state": "running",
         }
-
-        def create() -> str:
-            run = self.client.create_run(
-                self.experiment_id, run_name=f"trial-{trial_number:03d}", tags=tags
-            )
-            return str(run.info.run_id)
-
-        run = self._submit(create)
+        run = self.writer.submit(
+            self.writer.create_run,
+            self.experiment_id,
+            run_name=f"trial-{trial_number:03d}",
+            tags=tags,
+        )
         self.log_batch(run, params={"trial_number": trial_number, **params})
         return run
 
     def end_trial(
         self,
-        run: str | RunRef,
+        run: Run,
         state: str,
         *,
         metrics: Mapping[str, float] | None = None,
         tags: Mapping[str, Any] | None = None,
     ) -> None:
-        from mlflow.entities import Metric
-
-        final = [Metric(k, float(v), _now_ms(), 0) for k, v in (metrics or {}).items()]
+        """Queue the trial's final values and closing its run with the status of `state`."""
+        final = [metric(k, v, 0) for k, v in (metrics or {}).items()]
         self.log_batch(run, metrics=final, tags={"state": state, **(tags or {})})
-
-        def close() -> None:
-            run_id = run.result() if isinstance(run, Future) else run
-            self.client.set_terminated(run_id, status=STATUS[state])
-
-        self._submit(close)
+        self.writer.set_terminated(run, STATUS[state])
 
     def log_artifact(self, run_id: str, path: str | Path) -> None:
-        self.flush()
-        self.client.log_artifact(run_id, str(path))
+        """Upload a file to the run once everything queued is stored."""
+        self.writer.log_artifact(run_id, path)
 
     def finish_parent(self, parent_run_id: str) -> None:
-        self.flush()
-        self.client.set_terminated(parent_run_id, status="FINISHED")
-
-
-def _first_line(exc: Exception) -> str:
-    return redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
-
-
-def _param_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
+        """Close the study's parent run and wait until everything is stored."""
+        self.writer.set_terminated(parent_run_id, "FINISHED")
+        self.writer.flush()

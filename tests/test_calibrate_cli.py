@@ -10,12 +10,12 @@ from typing import Any
 import optuna
 import pytest
 
-from analysis.calibrate import TRIAL_ATTR, ProbeConfig, calibrate_from_results, main, run_probes
+from analysis.calibrate import ProbeConfig, calibrate_from_results, main, run_probes
 from analysis.calibration import load
 from analysis.machine import this_machine
+from analysis.records import CALIBRATION_FILE, TRIAL_ATTR
 from common.cli import run_cli
 from hpo.config import load_config
-from hpo.estimator import CALIBRATION_FILE
 from hpo.runner import run_study
 from trainers.data.paths import demo_data_path
 

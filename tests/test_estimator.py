@@ -15,15 +15,16 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
-from analysis.calibrate import TRIAL_ATTR
 from analysis.calibration import fit, load
 from analysis.machine import model_profile, this_machine
+from analysis.records import CALIBRATION_FILE, TRIAL_ATTR
 from analysis.timemodel import Coefficients, HardwareInfo, prior_coefficients
 from common.errors import BadInputError
 from hpo.config import StudyConfig, load_config
-from hpo.estimator import CALIBRATION_FILE, StudyEstimator
+from hpo.estimator import StudyEstimator
 from hpo.prepare import Prepared, prepare
 from hpo.runner import run_study
+from hpo.what_fits import TIME_NEUTRAL_PARAMS, check_space
 
 HARDWARE = this_machine()
 # Known rates: 10 ms a micro-step, 1 ms an optimizer step, a 1 s start-up, +-10 % band.
@@ -87,13 +88,14 @@ def pinned(config: StudyConfig, prepared: Prepared) -> PinnedEstimator:
 
 def p90_seconds(estimator: StudyEstimator, micro_batch_size: int, accumulation: int) -> float:
     params = {
+        **TIME_NEUTRAL_PARAMS,
         "micro_batch_size": micro_batch_size,
         "gradient_accumulation_steps": accumulation,
         "max_length": 128,
         "lora_r": 8,
         "gradient_checkpointing": False,
     }
-    return estimator._verdict(params).full_run.seconds_p90
+    return estimator.verdict(params).full_run.seconds_p90
 
 
 # ----------------------------------------------------------------------------- never trained
@@ -129,7 +131,7 @@ def budget_study(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(trainers.loop.run, "train", counting_train)
         summary = run_study(
-            config, progress=False, estimator_factory=lambda c, p, _study: pinned(c, p)
+            config, progress=False, estimator_factory=pinned
         )
     study = optuna.load_study(study_name="budget", storage=config.storage_url)
     return config, summary, study, calls
@@ -230,7 +232,7 @@ def test_suggests_a_faster_profile_first(tiny_model_dir: Path, demo_prepared: An
         window_hours=window / 3600, safety_margin_minutes=0.0,
     )  # fmt: skip
     with pytest.raises(BadInputError, match="a faster profile would fit: --profiles fast"):
-        estimator.check_space()
+        check_space(estimator)
 
 
 def test_suggests_the_most_epochs_that_fit(tiny_model_dir: Path, demo_prepared: Any) -> None:
@@ -238,13 +240,13 @@ def test_suggests_the_most_epochs_that_fit(tiny_model_dir: Path, demo_prepared: 
         tiny_model_dir, demo_prepared, epochs=1000.0, window_hours=0.5, safety_margin_minutes=0.0
     )
     with pytest.raises(BadInputError, match=r"fewer epochs would fit: --epochs ") as info:
-        estimator.check_space()
+        check_space(estimator)
     epochs = float(str(info.value).rsplit("--epochs ", 1)[1])
-    best = {"micro_batch_size": 16, "gradient_accumulation_steps": 2}
-    assert estimator._verdict({**best, "max_length": 128, "lora_r": 4,
+    best = {**TIME_NEUTRAL_PARAMS, "micro_batch_size": 16, "gradient_accumulation_steps": 2}
+    assert estimator.verdict({**best, "max_length": 128, "lora_r": 4,
                                "gradient_checkpointing": False}, epochs=epochs).feasible  # fmt: skip
     # Rounded down to two significant digits, so a little more no longer fits.
-    assert not estimator._verdict({**best, "max_length": 128, "lora_r": 4,
+    assert not estimator.verdict({**best, "max_length": 128, "lora_r": 4,
                                    "gradient_checkpointing": False}, epochs=epochs * 1.1).feasible  # fmt: skip
 
 
@@ -262,10 +264,10 @@ def test_suggests_a_shorter_max_length(tiny_model_dir: Path, tmp_path: Path) -> 
                       profiles=None)  # fmt: skip
     prepared = prepare(base)
     probe = pinned(base, prepared)
-    params = {"micro_batch_size": 4, "gradient_accumulation_steps": 1, "lora_r": 4,
-              "gradient_checkpointing": False}  # fmt: skip
-    long = probe._verdict({**params, "max_length": 512}).full_run.peak_memory_bytes
-    half = probe._verdict({**params, "max_length": 256}).full_run.peak_memory_bytes
+    params = {**TIME_NEUTRAL_PARAMS, "micro_batch_size": 4, "gradient_accumulation_steps": 1,
+              "lora_r": 4, "gradient_checkpointing": False}  # fmt: skip
+    long = probe.verdict({**params, "max_length": 512}).full_run.peak_memory_bytes
+    half = probe.verdict({**params, "max_length": 256}).full_run.peak_memory_bytes
     assert half < long
     limit_gb = (half + long) / 2 / 2**30
     estimator = pinned(
@@ -274,7 +276,7 @@ def test_suggests_a_shorter_max_length(tiny_model_dir: Path, tmp_path: Path) -> 
         prepared,
     )  # fmt: skip
     with pytest.raises(BadInputError, match="a shorter max_length would fit: 256 tokens") as info:
-        estimator.check_space()
+        check_space(estimator)
     assert "GB limit" in str(info.value)
 
 
@@ -284,11 +286,11 @@ def test_says_so_when_nothing_helps(tiny_model_dir: Path, demo_prepared: Any) ->
         tiny_model_dir, demo_prepared, window_hours=0.5 / 3600, safety_margin_minutes=0.0
     )
     with pytest.raises(BadInputError, match="no faster profile, fewer epochs or shorter"):
-        estimator.check_space()
+        check_space(estimator)
 
 
 def test_something_fits_passes(tiny_model_dir: Path, demo_prepared: Any) -> None:
-    space_estimator(tiny_model_dir, demo_prepared).check_space()  # 12 h window: no error
+    check_space(space_estimator(tiny_model_dir, demo_prepared))  # 12 h window: no error
 
 
 # ----------------------------------------------------------------------------- calibration files
@@ -321,10 +323,10 @@ def test_fingerprint_mismatch_falls_back_to_priors_with_a_warning(
     foreign = fit([], model_profile(tiny_model_dir), other, prior=prior_coefficients(other))
     foreign.save(tmp_path / CALIBRATION_FILE)
     config = config_for(tmp_path, tiny_model_dir)
-    with caplog.at_level(logging.WARNING, logger="hpo.estimator"):
+    with caplog.at_level(logging.WARNING, logger="hpo.calibration_file"):
         estimator = StudyEstimator(config, prepared, cpu_probe=lambda: 1e10)
     assert estimator.calibration is None
     assert estimator.coefficients.source.startswith("prior:")
-    warnings = [r for r in caplog.records if r.name == "hpo.estimator"]
+    warnings = [r for r in caplog.records if r.name == "hpo.calibration_file"]
     assert len(warnings) == 1 and "using priors" in warnings[0].getMessage()
     assert foreign.fingerprint in warnings[0].getMessage()

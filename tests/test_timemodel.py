@@ -17,12 +17,12 @@ from analysis.timemodel import (
     cpu_matmul_flops,
     expected_padded_tokens,
     fingerprint,
-    optimizer_steps,
     peak_flops,
     predict,
     prior_coefficients,
 )
 from common.errors import BadInputError
+from trainers.spec import TrainSpec, optimizer_steps
 
 MODEL = ModelProfile(
     total_parameters=5_000_000,
@@ -70,9 +70,40 @@ def test_expected_padded_tokens_matches_enumeration(
 
 
 def test_optimizer_steps() -> None:
-    assert optimizer_steps(plan()) == 2 * math.ceil(math.ceil(500 / 4) / 4)
-    assert optimizer_steps(plan(max_steps=7)) == 7
-    assert optimizer_steps(plan(epochs=0.5)) == math.ceil(0.5 * 32)
+    assert predict(plan(), coefficients()).optimizer_steps == 2 * math.ceil(math.ceil(500 / 4) / 4)
+    assert predict(plan(max_steps=7), coefficients()).optimizer_steps == 7
+    assert predict(plan(epochs=0.5), coefficients()).optimizer_steps == math.ceil(0.5 * 32)
+
+
+@pytest.mark.parametrize(
+    ("samples", "micro_batch", "accumulation", "epochs", "steps"),
+    [
+        (500, 4, 4, 2.0, 64),  # 125 micro-batches -> 32 steps an epoch (a short last group)
+        (7, 8, 4, 3.0, 3),  # fewer samples than one micro-batch: still a step an epoch
+        (400, 4, 1, 0.1, 10),
+        # 1.1 x 100 is 110.00000000000001 in floating point; the Trainer's ceil makes it 111
+        # steps, so the time model counts 111 as well.
+        (400, 4, 1, 1.1, 111),
+    ],
+)
+def test_a_plan_and_its_train_spec_count_the_trainers_steps(
+    samples: int, micro_batch: int, accumulation: int, epochs: float, steps: int
+) -> None:
+    spec = TrainSpec(
+        model="m",
+        data="d",
+        micro_batch_size=micro_batch,
+        gradient_accumulation_steps=accumulation,
+        epochs=epochs,
+    )
+    the_plan = plan(
+        token_lengths=LENGTHS[:samples],
+        micro_batch_size=micro_batch,
+        gradient_accumulation_steps=accumulation,
+        epochs=epochs,
+    )
+    assert optimizer_steps(spec, samples) == steps
+    assert predict(the_plan, coefficients()).optimizer_steps == steps
 
 
 def test_evaluations_and_checkpoints_add_exactly_their_cost() -> None:

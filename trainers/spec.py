@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from common.errors import BadInputError
 
@@ -32,7 +33,10 @@ class LoraSpec:
     use_rslora: bool = field(default=False, metadata={"help": "Scale by alpha / sqrt(r)."})
     target_modules: str | tuple[str, ...] = field(
         default="auto",
-        metadata={"help": "'auto' = every linear projection of attention and MLP, or names."},
+        metadata={
+            "help": "'auto' (every linear projection of attention and MLP) or module names.",
+            "flag": "targets",
+        },
     )
 
     def __post_init__(self) -> None:
@@ -62,13 +66,20 @@ class RecoverySpec:
 
     enabled: bool = field(
         default=False,
-        metadata={"help": "Recover (halve the micro-batch, roll back) instead of failing."},
+        metadata={
+            "help": "Recover (halve the micro-batch, roll back) instead of failing.",
+            "flag": "recovery",
+        },
     )
     max_rollbacks: int = field(
         default=3, metadata={"help": "Rollbacks after NaN/inf or divergence before giving up."}
     )
     lr_factor: float = field(
-        default=0.5, metadata={"help": "Learning-rate multiplier applied at each rollback."}
+        default=0.5,
+        metadata={
+            "help": "Learning-rate multiplier applied at each rollback.",
+            "flag": "rollback-lr-factor",
+        },
     )
     divergence_ratio: float = field(
         default=1.5,
@@ -104,18 +115,27 @@ class TrainSpec:
     model: str = field(metadata={"help": "Local path of a transformers causal LM."})
     data: str = field(metadata={"help": "JSONL file (text, prompt/completion or messages)."})
     output_dir: str = field(default="train-output", metadata={"help": "Checkpoints and logs."})
-    lora: LoraSpec = field(default_factory=LoraSpec)
-    micro_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.0
-    scheduler: str = "linear"
-    warmup_ratio: float = 0.0
+    lora: LoraSpec = field(
+        default_factory=LoraSpec,
+        metadata={"help": "LoRA adapter settings.", "flag_prefix": "lora-"},
+    )
+    micro_batch_size: int = field(default=8, metadata={"help": "Samples per forward/backward."})
+    gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "Micro-batches per optimizer step."}
+    )
+    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    scheduler: str = field(
+        default="linear", metadata={"help": f"Learning-rate schedule: {' | '.join(SCHEDULERS)}."}
+    )
+    warmup_ratio: float = field(
+        default=0.0, metadata={"help": "Share of the optimizer steps spent warming up."}
+    )
     max_steps: int | None = field(
         default=None, metadata={"help": "Optimizer steps; overrides epochs when set."}
     )
-    epochs: float = 1.0
-    max_length: int = 128
+    epochs: float = field(default=1.0, metadata={"help": "Passes over the training set."})
+    max_length: int = field(default=128, metadata={"help": "Tokens per training sample."})
     eval_max_length: int | None = field(
         default=None,
         metadata={
@@ -123,9 +143,16 @@ class TrainSpec:
             "for every run, so all its losses are on one scale."
         },
     )
-    overflow: str = field(default="truncate", metadata={"help": "'truncate' or 'pack'."})
-    skip_bad_lines: bool = False
-    validation_fraction: float = 0.1
+    overflow: str = field(
+        default="truncate",
+        metadata={"help": f"Samples over max_length: {' | '.join(OVERFLOW_MODES)}."},
+    )
+    skip_bad_lines: bool = field(
+        default=False, metadata={"help": "Skip malformed JSONL lines instead of failing."}
+    )
+    validation_fraction: float = field(
+        default=0.1, metadata={"help": "Share of the samples held out for validation."}
+    )
     eval_interval: int = field(
         default=50, metadata={"help": "Optimizer steps between evaluations (0: only at the end)."}
     )
@@ -146,13 +173,25 @@ class TrainSpec:
     keep_checkpoints: int = field(
         default=2, metadata={"help": "Latest checkpoints kept (the best one is kept as well)."}
     )
-    recovery: RecoverySpec = field(default_factory=RecoverySpec)
-    precision: str = "auto"
-    device: str = "auto"
-    gradient_checkpointing: bool = False
+    recovery: RecoverySpec = field(
+        default_factory=RecoverySpec,
+        metadata={"help": "What the run does on out-of-memory errors and a diverging loss."},
+    )
+    precision: str = field(
+        default="auto", metadata={"help": f"Training precision: {' | '.join(PRECISIONS)}."}
+    )
+    device: str = field(
+        default="auto", metadata={"help": f"Training device: {' | '.join(DEVICES)}."}
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Recompute activations: less memory, slower steps."}
+    )
     compile: bool = field(default=False, metadata={"help": "torch.compile the model (CUDA)."})
-    seed: int = 0
-    cache_dir: str | None = None
+    seed: int = field(default=0, metadata={"help": "Random seed (data order, adapter init)."})
+    cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Tokenized-data cache folder. Default: the project's cache root."},
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.lora, dict):
@@ -276,3 +315,38 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     _require(
         value in allowed, f"{name} must be one of {', '.join(allowed)}, but got {name}={value!r}"
     )
+
+
+class Schedule(Protocol):
+    """What fixes a run's step count: a `TrainSpec`, or the time model's `Plan`."""
+
+    @property
+    def micro_batch_size(self) -> int: ...
+
+    @property
+    def gradient_accumulation_steps(self) -> int: ...
+
+    @property
+    def epochs(self) -> float: ...
+
+    @property
+    def max_steps(self) -> int | None: ...
+
+
+def optimizer_steps(run: Schedule, train_samples: int) -> int:
+    """Optimizer steps of a run's schedule, counted the way transformers' Trainer counts them.
+
+    Each epoch is ceil(train_samples / micro_batch_size) micro-batches, grouped by
+    gradient_accumulation_steps into optimizer steps (a short last group still makes a
+    step); `max_steps`, when set, replaces the count. A `stop_after_steps` cut is not part
+    of the schedule and is not counted.
+
+    Args:
+        run: The run's batch sizes, epochs and max_steps.
+        train_samples: Training samples (after the validation split).
+    """
+    if run.max_steps is not None:
+        return run.max_steps
+    micro_batches = math.ceil(train_samples / run.micro_batch_size)
+    per_epoch = max(1, math.ceil(micro_batches / run.gradient_accumulation_steps))
+    return max(1, math.ceil(per_epoch * run.epochs))

@@ -22,6 +22,7 @@ from typing import Any
 from common.cli import EXIT_FAILED, EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError, GaveUp
 from common.files import write_json
+from common.flags import FieldFlags, add_field_flags
 from trainers.loop.preemption import StopOnSignal
 from trainers.loop.window import WindowGuard
 from trainers.preset import Preset
@@ -42,130 +43,74 @@ _PROVENANCE_TAGS = {
     "mlflow_run_id": "hpo.trial_run_id",
 }
 
-# Flag name -> TrainSpec field, for the flags that map one to one.
-_FIELD_FLAGS: dict[str, tuple[type, str]] = {
-    "output_dir": (str, "checkpoints and logs"),
-    "micro_batch_size": (int, "samples per forward/backward"),
-    "gradient_accumulation_steps": (int, "micro-batches per optimizer step"),
-    "learning_rate": (float, "peak learning rate"),
-    "weight_decay": (float, "AdamW weight decay"),
-    "scheduler": (str, "linear | cosine | constant | constant_with_warmup"),
-    "warmup_ratio": (float, "share of steps spent warming up"),
-    "max_steps": (int, "optimizer steps (overrides --epochs)"),
-    "epochs": (float, "passes over the training set"),
-    "max_length": (int, "tokens per sample (longer ones are truncated or packed)"),
-    "overflow": (str, "truncate | pack"),
-    "validation_fraction": (float, "share of samples held out for validation"),
-    "eval_interval": (int, "optimizer steps between evaluations (0: at the end only)"),
-    "eval_samples": (int, "validation samples per evaluation"),
-    "checkpoint_interval": (int, "optimizer steps between checkpoints (0: none)"),
-    "checkpoint_minutes": (float, "minutes between checkpoints (default 30 when no interval)"),
-    "keep_checkpoints": (int, "newest checkpoints kept (the best one is kept as well)"),
-    "precision": (str, "auto | fp32 | bf16 | fp16"),
-    "device": (str, "auto | cpu | cuda | mps"),
-    "seed": (int, "random seed"),
-    "cache_dir": (str, "tokenized-data cache folder"),
-}
-_LORA_FLAGS: dict[str, tuple[type, str]] = {
-    "r": (int, "LoRA rank"),
-    "alpha": (float, "LoRA alpha"),
-    "dropout": (float, "LoRA dropout"),
-}
 
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> tuple[argparse.ArgumentParser, FieldFlags]:
+    """The parser: one flag per `TrainSpec` field, plus the command's own flags."""
     parser = argparse.ArgumentParser(
         prog="python -m trainers.train",
         description="Train LoRA adapters on a local causal LM, from flags or a preset file.",
+        epilog=f"A full run saves a checkpoint every {DEFAULT_CHECKPOINT_MINUTES:g} min unless "
+        "the preset or a flag sets checkpoints, and recovers from out-of-memory errors and a "
+        "diverging loss unless --no-recovery is given.",
     )
-    parser.add_argument("--preset", help="preset YAML exported by a study (python -m hpo.export)")
-    parser.add_argument("--model", help="local model folder (transformers format)")
-    parser.add_argument("--data", help="JSONL file: text, prompt/completion or messages")
-    for name, (kind, help_text) in _FIELD_FLAGS.items():
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, help=help_text)
-    for name, (kind, help_text) in _LORA_FLAGS.items():
-        parser.add_argument(f"--lora-{name}", type=kind, help=help_text)
+    parser.add_argument("--preset", help="Preset YAML exported by a study (python -m hpo.export).")
+    flags = add_field_flags(parser, TrainSpec)
     parser.add_argument(
-        "--lora-targets", help="comma-separated module names, or 'auto' (every linear projection)"
+        "--resume", action="store_true", help="Continue from the newest valid checkpoint."
     )
-    parser.add_argument("--gradient-checkpointing", action="store_true", default=None)
-    parser.add_argument("--compile", action="store_true", default=None, help="torch.compile")
-    parser.add_argument("--skip-bad-lines", action="store_true", default=None)
-    parser.add_argument(
-        "--resume", action="store_true", help="continue from the newest valid checkpoint"
-    )
+    parser.add_argument("--json", help="Write the run's measurements to this JSON file.")
+    parser.add_argument("--quiet", action="store_true", help="No progress bar.")
     window = parser.add_argument_group("time window (defaults from the preset's estimate)")
-    window.add_argument("--window-hours", type=float, help="the run must end within this")
+    window.add_argument("--window-hours", type=float, help="The run must end within this.")
     window.add_argument(
-        "--safety-margin-minutes", type=float, help="stop this long before the window ends"
+        "--safety-margin-minutes", type=float, help="Stop this long before the window ends."
     )
     window.add_argument(
         "--report-every",
         type=int,
         default=0,
-        help="steps between forecasts (0: every 1 %% of the run, at least 10)",
-    )
-    recovery = parser.add_argument_group("recovery (on by default)")
-    recovery.add_argument(
-        "--no-recovery", action="store_true", help="fail on out-of-memory and NaN instead"
-    )
-    recovery.add_argument("--max-rollbacks", type=int, help="rollbacks before giving up")
-    recovery.add_argument(
-        "--rollback-lr-factor", type=float, help="learning-rate multiplier per rollback"
+        help="Steps between forecasts (0: every 1 %% of the run, at least 10).",
     )
     tracking = parser.add_argument_group("MLflow (off unless a tracking URI is given)")
     tracking.add_argument(
-        "--tracking-uri", help="e.g. sqlite:///hpo-runs/mlflow.db ('off': no tracking)"
+        "--tracking-uri", help="E.g. sqlite:///hpo-runs/mlflow.db ('off': no tracking)."
     )
-    tracking.add_argument("--experiment-name", default="hpo-lora", help="when not the study's")
-    parser.add_argument("--json", help="write the run's measurements to this JSON file")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    return parser
+    tracking.add_argument("--experiment-name", default="hpo-lora", help="When not the study's.")
+    return parser, flags
 
 
-def spec_from_args(args: argparse.Namespace) -> Preset:
-    """Merge flags over the preset (when given); without one, estimate and provenance are empty."""
-    from dataclasses import asdict
+def load_run(preset_path: str | None, given: dict[str, Any]) -> Preset:
+    """The given flags over the preset (when there is one), else the flags alone.
 
+    Args:
+        preset_path: The preset file, if any; without one, estimate and provenance are empty.
+        given: `TrainSpec` values from the command line, nested like it (`lora`, `recovery`).
+    """
     from trainers.preset import load_preset
 
-    values: dict[str, Any] = {
-        name: getattr(args, name)
-        for name in (*_FIELD_FLAGS, "gradient_checkpointing", "compile", "skip_bad_lines")
-    }
-    values.update(model=args.model, data=args.data)
-    lora: dict[str, Any] = {n: getattr(args, f"lora_{n}") for n in _LORA_FLAGS}
-    if args.lora_targets:
-        targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
-        lora["target_modules"] = "auto" if targets == ["auto"] else targets
-    lora = {k: v for k, v in lora.items() if v is not None}
-
-    if args.preset:
-        preset = load_preset(args.preset, **values)
-        if lora:
-            merged = {**asdict(preset.spec.lora), **lora}
-            preset.spec = TrainSpec.from_dict({**preset.spec.to_dict(), "lora": merged})
-        return preset
-    if not args.model or not args.data:
-        raise BadInputError("give --preset FILE, or both --model and --data")
-    given = {k: v for k, v in values.items() if v is not None}
-    if lora:
-        given["lora"] = lora
-    return Preset(spec=TrainSpec.from_dict(given))
+    if not preset_path:
+        if not given.get("model") or not given.get("data"):
+            raise BadInputError("give --preset FILE, or both --model and --data")
+        return Preset(spec=TrainSpec.from_dict(given))
+    nested = {key: value for key, value in given.items() if isinstance(value, dict)}
+    flat = {key: value for key, value in given.items() if key not in nested}
+    preset = load_preset(preset_path, **flat)
+    if nested:
+        values = preset.spec.to_dict()
+        for key, part in nested.items():
+            values[key] = {**values[key], **part}
+        preset.spec = TrainSpec.from_dict(values)
+    return preset
 
 
-def full_run_spec(spec: TrainSpec, args: argparse.Namespace) -> TrainSpec:
-    """The CLI's defaults for a full run: checkpoints on, recovery on (unless told otherwise)."""
+def full_run_spec(spec: TrainSpec, given: dict[str, Any]) -> TrainSpec:
+    """The CLI's defaults for a full run: checkpoints on, recovery on (unless flags say no)."""
     changes: dict[str, Any] = {}
     if not spec.checkpointing:
         changes["checkpoint_minutes"] = DEFAULT_CHECKPOINT_MINUTES
-    recovery: dict[str, Any] = {"enabled": not args.no_recovery}
-    if args.max_rollbacks is not None:
-        recovery["max_rollbacks"] = args.max_rollbacks
-    if args.rollback_lr_factor is not None:
-        recovery["lr_factor"] = args.rollback_lr_factor
-    values = {**dataclasses.asdict(spec.recovery), **recovery}
-    return TrainSpec.from_dict({**spec.to_dict(), **changes, "recovery": values})
+    if "enabled" not in given.get("recovery", {}):
+        changes["recovery"] = dataclasses.replace(spec.recovery, enabled=True)
+    return dataclasses.replace(spec, **changes)
 
 
 def window_guard(
@@ -212,10 +157,12 @@ def _number(name: str, flag: float | None, estimate: dict[str, Any]) -> float | 
 def main(argv: list[str] | None = None) -> int:
     started_at = time.monotonic()  # the window opens when the command starts
     raw_argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(raw_argv)
+    parser, flags = build_parser()
+    args = parser.parse_args(raw_argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    preset = spec_from_args(args)
-    spec = full_run_spec(preset.spec, args)
+    given = flags.given(args)
+    preset = load_run(args.preset, given)
+    spec = full_run_spec(preset.spec, given)
     guard = window_guard(args, preset.estimate, started_at)
     predicted = predicted_seconds(preset.estimate)
     if args.json:
@@ -261,7 +208,7 @@ def _tracker(
     args: argparse.Namespace, preset: Preset, spec: TrainSpec, predicted: float | None
 ) -> Any:
     """The MLflow run of this training, or None when tracking is off."""
-    uri = args.tracking_uri or preset.provenance.get("tracking_uri")
+    uri = args.tracking_uri
     if not uri or uri == "off":
         return None
     from trainers.tracking import MlflowRun

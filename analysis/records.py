@@ -1,0 +1,44 @@
+"""Where the time model's evidence is kept: the calibration file and each trial's record.
+
+A study writes both (`hpo.estimator`); `python -m analysis.calibrate` reads them back. The
+names live here, below both, so neither imports the other's module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from analysis.calibration import RunMeasurements
+from analysis.timemodel import HardwareInfo, ModelProfile
+
+CALIBRATION_FILE = "calibration.json"  # in the study's work dir
+TRIAL_ATTR = "time_model_run"  # user attribute of a trained trial: hardware, model, run
+
+
+def trial_record(
+    hardware: HardwareInfo, model: ModelProfile, run: RunMeasurements
+) -> dict[str, Any]:
+    """What a study stores per trained trial so that the calibration can be refit from it."""
+    return {
+        "hardware": dataclasses.asdict(hardware),
+        "model": dataclasses.asdict(model),
+        "run": run.to_dict(),
+    }
+
+
+def read_trial_record(
+    record: Mapping[str, Any],
+) -> tuple[HardwareInfo, ModelProfile, RunMeasurements]:
+    """The hardware, model and measurements `trial_record` stored.
+
+    Raises:
+        KeyError: A section is missing.
+        TypeError: A section has unknown or missing fields.
+    """
+    return (
+        HardwareInfo(**record["hardware"]),
+        ModelProfile(**record["model"]),
+        RunMeasurements.from_result_dict(record["run"]),
+    )

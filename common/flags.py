@@ -1,0 +1,147 @@
+"""Command-line flags generated from config dataclasses: one source for name, type and help.
+
+Each field of a config dataclass becomes one flag, ``micro_batch_size`` -> ``--micro-batch-size``,
+typed by its annotation and documented by ``field(metadata={"help": ...})``. A flag the user
+does not give leaves nothing in the namespace (its default is ``argparse.SUPPRESS``), so flags
+override a YAML file or a preset exactly where they were typed.
+
+Field kinds: ``int``, ``float``, ``str``, ``bool`` (``--name`` / ``--no-name``), any of them
+``| None``, ``tuple[str, ...]`` (comma-separated: ``--profiles fast,balanced``),
+``str | tuple[str, ...]`` (one name stays a string, several make a tuple) and nested
+dataclasses, whose fields become flat flags in a help group of their own
+(``budget.window_hours`` -> ``--window-hours``).
+
+Metadata read here:
+    help: The flag's help text (required: every flag is documented).
+    flag: The flag's name without the dashes, when it is not the field's name.
+    flag_prefix: On a nested dataclass field: put before its fields' flag names (``lora-``).
+
+Why not ``transformers.HfArgumentParser``: it puts every dataclass default into the namespace
+(a flag not given would override the YAML or the preset), turns a nested dataclass into one
+``--budget`` flag, feeds a ``tuple[str, ...]`` flag's text to ``tuple`` (characters, not names),
+makes fields without a default required flags and spells every flag twice (``--a_b``, ``--a-b``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+_NONE = type(None)
+_NAMES = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FieldFlags:
+    """The flags generated from one config dataclass.
+
+    Attributes:
+        paths: argparse dest -> the field's path in the dataclass (``("budget", "window_hours")``).
+    """
+
+    paths: dict[str, tuple[str, ...]]
+
+    def given(self, args: argparse.Namespace) -> dict[str, Any]:
+        """The values the command line gave, nested like the dataclass; absent flags left out."""
+        values: dict[str, Any] = {}
+        for dest, path in self.paths.items():
+            if hasattr(args, dest):
+                node = values
+                for key in path[:-1]:
+                    node = node.setdefault(key, {})
+                node[path[-1]] = getattr(args, dest)
+        return values
+
+
+def add_field_flags(parser: argparse.ArgumentParser, config: type) -> FieldFlags:
+    """Add one flag per field of the dataclass `config` (nested dataclasses included).
+
+    Args:
+        parser: The parser; fields of nested dataclasses go into argument groups of it.
+        config: The dataclass.
+
+    Returns:
+        Which dest holds which field, to read the given values back with `FieldFlags.given`.
+
+    Raises:
+        TypeError: A field has no help text or a type no flag can parse (a programming error).
+    """
+    paths: dict[str, tuple[str, ...]] = {}
+    _add_fields(parser, parser, config, (), "", paths)
+    return FieldFlags(paths)
+
+
+def _add_fields(
+    parser: argparse.ArgumentParser,
+    target: argparse.ArgumentParser | argparse._ArgumentGroup,
+    config: type,
+    path: tuple[str, ...],
+    prefix: str,
+    paths: dict[str, tuple[str, ...]],
+) -> None:
+    hints = typing.get_type_hints(config)
+    for field in dataclasses.fields(config):
+        kind = hints[field.name]
+        where = (*path, field.name)
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            group = parser.add_argument_group(field.name, _help(config, field))
+            nested_prefix = prefix + field.metadata.get("flag_prefix", "")
+            _add_fields(parser, group, kind, where, nested_prefix, paths)
+            continue
+        name = prefix + field.metadata.get("flag", field.name.replace("_", "-"))
+        dest = ".".join(where)
+        target.add_argument(
+            "--" + name,
+            dest=dest,
+            default=argparse.SUPPRESS,
+            help=_help(config, field),
+            **_parsing(config, field.name, kind, name),
+        )
+        paths[dest] = where
+
+
+def _help(config: type, field: dataclasses.Field[Any]) -> str:
+    text = field.metadata.get("help")
+    if not text:
+        raise TypeError(f"{config.__name__}.{field.name} has no metadata help for its flag")
+    default = field.default
+    if default is not None and default is not dataclasses.MISSING and not isinstance(default, bool):
+        text = f"{text} Default: {default}."
+    return str(text).replace("%", "%%")  # argparse %-formats help strings
+
+
+def _parsing(config: type, name: str, kind: Any, flag: str) -> dict[str, Any]:
+    """The argparse keywords that parse a field of type `kind`."""
+    options = set(typing.get_args(kind)) - {_NONE} if _is_union(kind) else {kind}
+    metavar = flag.replace("-", "_").upper()
+    if options == {bool}:
+        return {"action": argparse.BooleanOptionalAction}
+    if options in ({int}, {float}, {str}):
+        return {"type": options.pop(), "metavar": metavar}
+    if options == {_NAMES}:
+        return {"type": _names, "metavar": "NAME[,NAME...]"}
+    if options == {str, _NAMES}:
+        return {"type": _name_or_names, "metavar": "NAME[,NAME...]"}
+    raise TypeError(f"{config.__name__}.{name}: no flag parses the type {kind!r}")
+
+
+def _is_union(kind: Any) -> bool:
+    return typing.get_origin(kind) in (typing.Union, types.UnionType)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """``"fast, balanced"`` -> ``("fast", "balanced")``."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, but got {text!r}")
+    return names
+
+
+def _name_or_names(text: str) -> str | tuple[str, ...]:
+    """One name stays a string (``auto``); several make a tuple."""
+    names = _names(text)
+    return names[0] if len(names) == 1 else names

@@ -1,0 +1,147 @@
+"""When nothing in the space fits the budget: stop before the study starts, saying what would.
+
+`check_space` runs between `prepare` and the creation of the Optuna study, so a budget that
+nothing fits ends the command (exit 2) before anything is written. It tries, in order: a
+faster profile of the space, fewer epochs (the most that fit, by bisection), a shorter
+max_length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from common.errors import BadInputError
+from common.fmt import format_duration
+from search_spaces import Choice, IntRange, SearchSpace
+
+if TYPE_CHECKING:
+    from hpo.estimator import StudyEstimator, Verdict
+
+# Learning rate, alpha and dropout change neither a run's duration nor its memory; the
+# candidates carry valid placeholders because the training they become needs them.
+TIME_NEUTRAL_PARAMS: dict[str, Any] = {
+    "learning_rate": 1e-3,
+    "lora_alpha": 16.0,
+    "lora_dropout": 0.0,
+}
+
+
+def check_space(estimator: StudyEstimator) -> None:
+    """Raise when no configuration of the allowed profiles fits, saying what would.
+
+    Raises:
+        BadInputError: Nothing fits; the one-line message carries the suggestion.
+    """
+    space = estimator.prepared.space
+    allowed = tuple(estimator.config.profiles or space.profile_names)
+    fastest, params = _fastest(estimator, allowed)
+    if fastest.feasible:
+        return
+    head = (
+        f"no configuration fits the budget: the fastest ({_describe(params)}) is {fastest.reason}"
+    )
+    others = tuple(name for name in space.profiles if name not in allowed)
+    if others:
+        verdict, params = _fastest(estimator, others)
+        if verdict.feasible:
+            raise BadInputError(
+                f"{head}; a faster profile would fit: --profiles {params['profile']} "
+                f"({_describe(params)}, p90 {format_duration(verdict.full_run.seconds_p90)})"
+            )
+    epochs = _most_epochs(estimator, allowed)
+    if epochs is not None:
+        raise BadInputError(f"{head}; fewer epochs would fit: --epochs {epochs:g}")
+    shorter = _shorter_max_length(estimator, allowed)
+    if shorter is not None:
+        length, profile = shorter
+        raise BadInputError(
+            f"{head}; a shorter max_length would fit: {length} tokens with profile "
+            f"'{profile}' (set max_length in the space's profiles)"
+        )
+    raise BadInputError(
+        f"{head}; no faster profile, fewer epochs or shorter max_length fits either: "
+        "a longer window, more memory or faster hardware is needed"
+    )
+
+
+def candidates(space: SearchSpace, profiles: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """Every time-relevant discrete choice of these profiles, as a complete configuration."""
+    ranks = _values(space.domains.get("lora_r"), default=8)
+    for name in profiles:
+        profile = space.profiles[name]
+        for mb in profile.micro_batch_size:
+            for ga in profile.gradient_accumulation_steps:
+                for rank in ranks:
+                    yield {
+                        **TIME_NEUTRAL_PARAMS,
+                        "profile": name,
+                        "micro_batch_size": mb,
+                        "gradient_accumulation_steps": ga,
+                        "max_length": profile.max_length,
+                        "gradient_checkpointing": profile.gradient_checkpointing,
+                        "lora_r": rank,
+                    }
+
+
+def _fastest(
+    estimator: StudyEstimator, profiles: Sequence[str], **plan_changes: Any
+) -> tuple[Verdict, dict[str, Any]]:
+    """The feasible candidate with the lowest p90, else the fastest one, and its verdict."""
+    best: tuple[tuple[bool, float], Verdict, dict[str, Any]] | None = None
+    for params in candidates(estimator.prepared.space, profiles):
+        verdict = estimator.verdict(params, **plan_changes)
+        key = (not verdict.feasible, verdict.full_run.seconds_p90)
+        if best is None or key < best[0]:
+            best = (key, verdict, params)
+    if best is None:
+        raise BadInputError(f"profiles: {list(profiles)} offer no configuration")
+    return best[1], best[2]
+
+
+def _most_epochs(estimator: StudyEstimator, profiles: Sequence[str]) -> float | None:
+    """The largest epoch count (2 significant digits, rounded down) that fits, if any."""
+    low, high = estimator.config.epochs * 1e-4, estimator.config.epochs
+    if not _fastest(estimator, profiles, epochs=low)[0].feasible:
+        return None
+    for _ in range(30):  # bisection in log space: low fits, high does not
+        middle = math.sqrt(low * high)
+        if _fastest(estimator, profiles, epochs=middle)[0].feasible:
+            low = middle
+        else:
+            high = middle
+    digits = 1 - math.floor(math.log10(low))
+    rounded = math.floor(low * 10**digits) / 10**digits
+    return rounded if rounded > 0 else None
+
+
+def _shorter_max_length(
+    estimator: StudyEstimator, profiles: Sequence[str]
+) -> tuple[int, str] | None:
+    """The longest max_length (halving from the longest) at which something fits."""
+    space = estimator.prepared.space
+    length = max(space.profiles[name].max_length for name in profiles) // 2
+    while length >= 16:
+        longer = [n for n in profiles if space.profiles[n].max_length > length]
+        verdict, params = _fastest(estimator, longer, max_length=length)
+        if verdict.feasible:
+            return length, str(params["profile"])
+        length //= 2
+    return None
+
+
+def _values(domain: object, *, default: int) -> tuple[int, ...]:
+    """The integer choices of a discrete domain; a range's two ends (time is monotone)."""
+    if isinstance(domain, Choice):
+        return tuple(int(v) for v in domain.values if isinstance(v, (int, float)))
+    if isinstance(domain, IntRange):
+        return (domain.low, domain.high)
+    return (default,)
+
+
+def _describe(params: Mapping[str, Any]) -> str:
+    return (
+        f"profile {params['profile']}, micro_batch_size {params['micro_batch_size']}, "
+        f"accumulation {params['gradient_accumulation_steps']}, lora_r {params['lora_r']}"
+    )

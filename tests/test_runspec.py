@@ -1,0 +1,218 @@
+"""A trial, its exported preset and the time model describe the same training.
+
+One real (tiny) study; its trial is exported and read back as a preset, and the preset's
+full run is compared field by field with `train_spec` of the trial's parameters and with the
+plan the time model predicted. Every configured value differs from the defaults and from
+the trial's own schedule, so a translation that drops or swaps one fails here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from analysis.machine import model_profile, this_machine
+from analysis.plans import plan_for
+from analysis.timemodel import Plan
+from hpo.config import StudyConfig, load_config
+from hpo.estimator import StudyEstimator
+from hpo.export import CONFIG_ATTR, build_preset, write_preset
+from hpo.prepare import Prepared, prepare
+from hpo.runner import run_study
+from hpo.runspec import stored_config, train_spec
+from search_spaces.sampling import params_from_trial_params
+from trainers.preset import Preset, load_preset
+from trainers.spec import TrainSpec, optimizer_steps
+
+SPACE = """\
+profile: {choice: [only]}
+learning_rate: 2.0e-3
+lora_r: {choice: [4]}
+lora_alpha_ratio: 3
+lora_dropout: 0.07
+weight_decay: 0.01
+warmup_ratio: 0.1
+profiles:
+  only:
+    micro_batch_size: [2]
+    gradient_accumulation_steps: [3]
+    max_length: 96
+    gradient_checkpointing: true
+"""
+# Unlike every default (TrainSpec's and StudyConfig's) and unlike each other.
+SETTINGS: dict[str, Any] = {
+    "trial_max_steps": 2,
+    "eval_interval": 1,
+    "eval_samples": 5,
+    "epochs": 0.37,
+    "full_eval_interval": 13,
+    "full_checkpoint_interval": 29,
+    "validation_fraction": 0.15,
+    "device": "cpu",
+    "precision": "fp32",
+    "seed": 5,
+}
+# What a preset does not carry: the full run picks its own folders.
+NOT_IN_PRESET = {"cache_dir"}
+
+
+@dataclasses.dataclass
+class Exported:
+    config: StudyConfig
+    prepared: Prepared
+    trial: optuna.trial.FrozenTrial
+    params: dict[str, Any]
+    preset: Preset
+    stored: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Exported:
+    work = tmp_path_factory.mktemp("runspec")
+    space = work / "space.yaml"
+    space.write_text(SPACE)
+    config = load_config(
+        None,
+        {
+            "model": str(tiny_model_dir),
+            "space": str(space),
+            "work_dir": str(work),
+            "study_name": "runspec",
+            "n_trials": 1,
+            "sampler": "random",
+            "pruner": "none",
+            **SETTINGS,
+        },
+    )
+    summary = run_study(config, progress=False)
+    assert summary.states["complete"] == 1, summary.states
+    study = optuna.load_study(study_name="runspec", storage=config.storage_url)
+    trial = study.best_trial
+    prepared = prepare(config)
+    path = write_preset(
+        build_preset(study, trial, storage_url=config.storage_url), work / "preset.yaml"
+    )
+    return Exported(
+        config=config,
+        prepared=prepared,
+        trial=trial,
+        # What the sampler drew, rebuilt from Optuna's own record (not the user attributes
+        # the export reads).
+        params=params_from_trial_params(trial.params, prepared.space),
+        preset=load_preset(path),
+        stored=study.user_attrs[CONFIG_ATTR],
+    )
+
+
+def full_run(exported: Exported) -> TrainSpec:
+    return train_spec(
+        exported.config,
+        exported.params,
+        model=exported.prepared.model_path,
+        data=exported.prepared.data_path,
+        full_run=True,
+    )
+
+
+def preset_plan(exported: Exported) -> Plan:
+    """The time model's plan of the preset's run, on the data the study tokenized."""
+    spec, prepared = exported.preset.spec, exported.prepared
+    lengths = prepared.dataset_stats[spec.max_length].lengths
+    n_train = prepared.train_samples
+    return plan_for(
+        spec,
+        model_profile(spec.model),
+        lengths[:n_train],
+        n_validation=len(lengths) - n_train,
+        hardware=this_machine(spec.device, spec.precision),
+    )
+
+
+@pytest.mark.parametrize(
+    "name", [f.name for f in dataclasses.fields(TrainSpec) if f.name not in NOT_IN_PRESET]
+)
+def test_the_preset_is_the_full_run_of_the_trial(exported: Exported, name: str) -> None:
+    assert getattr(exported.preset.spec, name) == getattr(full_run(exported), name)
+
+
+def test_the_full_run_follows_the_study_config(exported: Exported) -> None:
+    spec, config = exported.preset.spec, exported.config
+    assert spec.max_steps is None
+    assert spec.epochs == config.epochs
+    assert spec.eval_interval == config.full_eval_interval
+    assert spec.checkpoint_interval == config.full_checkpoint_interval
+    assert spec.eval_samples == config.eval_samples
+    assert (spec.validation_fraction, spec.seed) == (config.validation_fraction, config.seed)
+    assert (spec.device, spec.precision) == (config.device, config.precision)
+    assert spec.lora.r == 4 and spec.lora.alpha == 12.0 and spec.lora.dropout == 0.07
+    assert (spec.micro_batch_size, spec.gradient_accumulation_steps) == (2, 3)
+    assert (spec.max_length, spec.gradient_checkpointing) == (96, True)
+    assert (spec.learning_rate, spec.weight_decay, spec.warmup_ratio) == (2e-3, 0.01, 0.1)
+
+
+def test_the_trial_is_the_start_of_the_same_configuration(exported: Exported) -> None:
+    config, trial = exported.config, exported.trial
+    spec = train_spec(
+        config,
+        exported.params,
+        model=exported.prepared.model_path,
+        data=exported.prepared.data_path,
+        full_run=False,
+    )
+    assert spec.max_steps == config.trial_max_steps
+    assert spec.eval_interval == config.eval_interval
+    assert spec.checkpoint_interval == 0
+    # The trial and its full run evaluate the same samples: their losses are on one scale.
+    assert spec.eval_samples == exported.preset.spec.eval_samples == config.eval_samples
+    assert dataclasses.replace(
+        spec, max_steps=None, eval_interval=0, checkpoint_interval=0, output_dir=""
+    ) == dataclasses.replace(
+        full_run(exported), eval_interval=0, checkpoint_interval=0, output_dir=""
+    )
+    # What the trial trained, as it recorded it.
+    assert trial.user_attrs["trained_steps"] == config.trial_max_steps
+    assert trial.user_attrs["time_model_run"]["run"]["eval_samples"] == config.eval_samples
+
+
+def test_the_time_model_plans_the_presets_run(exported: Exported) -> None:
+    plan, spec, config = preset_plan(exported), exported.preset.spec, exported.config
+    trial = exported.trial
+    n_train = exported.prepared.train_samples
+    # Counted by hand: micro-batches of 2, groups of 3, 0.37 of an epoch (the Trainer's ceil).
+    by_hand = math.ceil(math.ceil(math.ceil(n_train / 2) / 3) * config.epochs)
+    assert optimizer_steps(plan, len(plan.token_lengths)) == by_hand
+    assert trial.user_attrs["full_run_steps"] == by_hand
+    assert exported.preset.estimate["optimizer_steps"] == by_hand  # the time model's estimate
+    assert exported.preset.estimate["full_run_steps"] == by_hand
+    assert plan.micro_batch_size == trial.user_attrs["micro_batch_size"] == 2
+    assert plan.gradient_accumulation_steps == trial.user_attrs["gradient_accumulation_steps"] == 3
+    assert plan.max_length == trial.user_attrs["max_length"] == 96
+    assert plan.lora_r == trial.user_attrs["lora_r"] == 4
+    assert plan.gradient_checkpointing is trial.user_attrs["gradient_checkpointing"] is True
+    assert plan.eval_interval_steps == config.full_eval_interval
+    assert plan.eval_samples == config.eval_samples
+    assert plan.checkpoint_interval_steps == config.full_checkpoint_interval
+    assert (plan.epochs, plan.max_steps) == (config.epochs, None)
+    assert len(plan.token_lengths) == n_train
+    assert (plan.precision, plan.device_kind) == ("fp32", "cpu")
+    assert spec.max_length == plan.max_length
+
+
+def test_the_study_predicted_with_the_same_plan(exported: Exported) -> None:
+    estimator = StudyEstimator(
+        exported.config,
+        exported.prepared,
+        hardware=this_machine("cpu", "fp32"),
+        model=model_profile(exported.prepared.model_path),
+    )
+    assert estimator.plan(exported.params, full_run=True) == preset_plan(exported)
+
+
+def test_the_stored_config_reads_back(exported: Exported) -> None:
+    expected = dataclasses.replace(exported.config, model=None, data=None, space=None)
+    assert stored_config(exported.stored) == dataclasses.replace(expected, storage=None)
