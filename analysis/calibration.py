@@ -22,6 +22,7 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.stats import t as student_t
 
+from analysis.learning_curve import LossCorrection, fit_loss_correction
 from analysis.timemodel import (
     Coefficients,
     HardwareInfo,
@@ -307,6 +308,21 @@ def _robust_positive_fit(
 
 
 @dataclass(frozen=True)
+class LossRun:
+    """One full run's final validation loss against its trial's uncorrected prediction."""
+
+    run_id: str  # the full run's MLflow run id, or its result file: one record per run
+    predicted: float  # the trial's p50 before any correction
+    measured: float  # the full run's final validation loss
+
+    def __post_init__(self) -> None:
+        for name in ("predicted", "measured"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite loss > 0, but got {value=}")
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Fitted coefficients for one hardware + model fingerprint, with their evidence."""
 
@@ -320,6 +336,20 @@ class Calibration:
     created_at: str
     calibration_id: str
     runs: tuple[RunMeasurements, ...] = field(default=(), repr=False)
+    # Accuracy evidence: full runs' measured final validation loss against what their trial
+    # predicted before any correction. The correction the estimator applies is fitted from it.
+    loss_runs: tuple[LossRun, ...] = field(default=(), repr=False)
+
+    @property
+    def loss_correction(self) -> LossCorrection:
+        """Predicted -> measured final loss, fitted from `loss_runs` (identity with none)."""
+        return fit_loss_correction([(r.predicted, r.measured) for r in self.loss_runs])
+
+    def with_loss_runs(self, new: Sequence[LossRun]) -> Calibration:
+        """This calibration with more full runs' losses; a run id already held is replaced."""
+        ids = {r.run_id for r in new}
+        kept = tuple(r for r in self.loss_runs if r.run_id not in ids)
+        return dataclasses.replace(self, loss_runs=(*kept, *new)[-MAX_STORED_RUNS:])
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON document `save` writes."""
@@ -335,6 +365,10 @@ class Calibration:
             "prior": self.prior.to_dict(),
             "n_measurements": dict(self.n_measurements),
             "runs": [run.to_dict() for run in self.runs],
+            "loss": {
+                "correction": self.loss_correction.to_dict(),
+                "runs": [dataclasses.asdict(r) for r in self.loss_runs],
+            },
         }
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -387,6 +421,7 @@ def fit(
     hardware: HardwareInfo,
     *,
     prior: Coefficients | None = None,
+    loss_runs: Sequence[LossRun] = (),
 ) -> Calibration:
     """Fit the time and memory model to measured runs.
 
@@ -396,6 +431,7 @@ def fit(
         hardware: The machine the runs executed on.
         prior: Starting coefficients; components without measurements keep them.
             Defaults to `prior_coefficients(hardware)` (runs a short CPU probe on CPU).
+        loss_runs: Full runs' final losses, carried over (they do not enter the time fit).
 
     Returns:
         A calibration holding the fitted coefficients and the capped runs.
@@ -419,6 +455,7 @@ def fit(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         calibration_id=calibration_id,
         runs=stored,
+        loss_runs=tuple(loss_runs)[-MAX_STORED_RUNS:],
     )
 
 
@@ -645,7 +682,13 @@ def update(
         hardware: Required when `base` is a prior.
     """
     if isinstance(base, Calibration):
-        return fit((*base.runs, new_run), base.model, base.hardware, prior=base.prior)
+        return fit(
+            (*base.runs, new_run),
+            base.model,
+            base.hardware,
+            prior=base.prior,
+            loss_runs=base.loss_runs,
+        )
     if model is None or hardware is None:
         raise ValueError("update() from prior coefficients needs model= and hardware=")
     return fit((new_run,), model, hardware, prior=base)
@@ -685,6 +728,9 @@ def load(path: str | os.PathLike[str]) -> Calibration:
             created_at=str(data["created_at"]),
             calibration_id=str(data["calibration_id"]),
             runs=tuple(RunMeasurements.from_result_dict(r) for r in data["runs"]),
+            loss_runs=tuple(
+                LossRun(**r) for r in (data.get("loss") or {}).get("runs", [])
+            ),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BadInputError(f"{path}: malformed calibration file: {exc!r}") from exc

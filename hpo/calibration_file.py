@@ -43,7 +43,8 @@ class CalibrationFile:
         if on_disk.calibration_id == ours.calibration_id:
             return ours
         mine = [r for r in ours.runs if r not in on_disk.runs]
-        return dataclasses.replace(on_disk, runs=(*on_disk.runs, *mine))
+        merged = dataclasses.replace(on_disk, runs=(*on_disk.runs, *mine))
+        return merged.with_loss_runs([r for r in ours.loss_runs if r not in on_disk.loss_runs])
 
     def save(self, calibration: Calibration) -> None:
         """Write `calibration` (atomically: a reader never sees half a file)."""
