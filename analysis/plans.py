@@ -63,7 +63,8 @@ def plan_for(
         gradient_checkpointing=spec.gradient_checkpointing,
         precision=hardware.precision,
         device_kind=hardware.device_kind,
-        max_steps=spec.max_steps,
+        # A trial stops early in its full run's schedule: it takes only those steps.
+        max_steps=spec.stop_after_steps or spec.max_steps,
     )
 
 

@@ -13,6 +13,7 @@ from trainers.spec import DEVICES, PRECISIONS
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "skopt")
 PRUNERS = ("hyperband", "successive_halving", "median", "none")
+OBJECTIVES = ("predicted_full_run_loss", "loss_at_fidelity")
 REPO_MLFLOW_YAML = Path(__file__).resolve().parent.parent / "mlflow.yaml"
 _MLFLOW_DEFAULTS = {
     "tracking_uri": "sqlite:///{work_dir}/mlflow.db",
@@ -85,13 +86,43 @@ class StudyConfig:
     profiles: tuple[str, ...] | None = field(
         default=None, metadata={"help": "Profiles allowed, comma-separated. Default: all."}
     )
-    trial_max_steps: int = field(
-        default=30, metadata={"help": "Optimizer steps of one trial (the fidelity)."}
+    objective: str = field(
+        default="predicted_full_run_loss",
+        metadata={
+            "help": "What a trial scores: predicted_full_run_loss (its full run's final "
+            "validation loss, extrapolated from its curve) | loss_at_fidelity (its last "
+            "validation loss)."
+        },
     )
-    eval_interval: int = field(
-        default=10, metadata={"help": "Steps between evaluations in a trial."}
+    trial_fraction: float = field(
+        default=0.1,
+        metadata={
+            "help": "Share of its full run's training data a trial trains on (the "
+            "fidelity): every configuration sees the same data."
+        },
+    )
+    trial_evals: int = field(
+        default=6,
+        metadata={"help": "Evaluations per trial, evenly spaced: the learning curve's points."},
+    )
+    promote: int = field(
+        default=0,
+        metadata={
+            "help": "Continue the K best trials (by prediction) to promote_fraction of "
+            "their full run, as new points of the same configuration."
+        },
+    )
+    promote_fraction: float = field(
+        default=0.3, metadata={"help": "Share of the full run a promoted trial trains on."}
     )
     eval_samples: int = field(default=48, metadata={"help": "Validation samples per evaluation."})
+    eval_max_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens per validation sample, for every run of the study. Default: the "
+            "data's p99 token length, capped by the model's context."
+        },
+    )
     epochs: float = field(
         default=1.0, metadata={"help": "Epochs of the full run the preset describes."}
     )
@@ -159,8 +190,7 @@ class StudyConfig:
             profiles = [self.profiles] if isinstance(self.profiles, str) else self.profiles
             object.__setattr__(self, "profiles", tuple(profiles))
         for name in (
-            "trial_max_steps",
-            "eval_interval",
+            "trial_evals",
             "eval_samples",
             "n_trials",
             "full_eval_interval",
@@ -183,6 +213,27 @@ class StudyConfig:
             f"grace_seconds must be longer than heartbeat_seconds, but got {self.grace_seconds=}",
         )
         _require(self.epochs > 0, f"epochs must be > 0, but got {self.epochs=}")
+        _require(
+            self.objective in OBJECTIVES,
+            f"objective must be one of {', '.join(OBJECTIVES)}, but got objective={self.objective!r}",
+        )
+        _require(
+            0 < self.trial_fraction <= 1,
+            f"trial_fraction must be in (0, 1], but got {self.trial_fraction=}",
+        )
+        _require(
+            isinstance(self.promote, int) and self.promote >= 0,
+            f"promote must be an integer >= 0, but got {self.promote=}",
+        )
+        _require(
+            self.promote == 0 or self.trial_fraction < self.promote_fraction <= 1,
+            f"promote_fraction must be in (trial_fraction, 1], but got {self.promote_fraction=}",
+        )
+        _require(
+            self.eval_max_length is None
+            or (isinstance(self.eval_max_length, int) and self.eval_max_length >= 1),
+            f"eval_max_length must be an integer >= 1, but got {self.eval_max_length=}",
+        )
         _require(
             self.timeout is None or self.timeout > 0,
             f"timeout must be > 0, but got {self.timeout=}",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from analysis.calibration import RunMeasurements, update
+from analysis.learning_curve import LossCorrection
 from analysis.machine import model_profile, this_machine
 from analysis.plans import plan_for
 from analysis.records import TRIAL_ATTR, trial_record
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     import optuna
 
     from hpo.config import StudyConfig
+    from hpo.final_loss import FinalLoss
     from hpo.prepare import Prepared
     from trainers.result import TrainResult
 
@@ -147,6 +149,7 @@ class StudyEstimator:
             model=self.prepared.model_path,
             data=self.prepared.data_path,
             full_run=full_run,
+            train_samples=self.prepared.train_samples,
         )
         if epochs is not None or max_length is not None:
             spec = dataclasses.replace(
@@ -206,6 +209,11 @@ class StudyEstimator:
             )
         return Verdict(not reasons, "; ".join(reasons), full, own, constraints, coefficients)
 
+    @property
+    def loss_correction(self) -> LossCorrection:
+        """Predicted -> measured final loss, from full runs that reported back (else identity)."""
+        return self.calibration.loss_correction if self.calibration else LossCorrection()
+
     # -- the objective's hooks ---------------------------------------------------------------
     def check(self, trial: optuna.Trial, params: Mapping[str, Any]) -> Verdict:
         """Predict the trial's full run and its own short run; tell Optuna if it fits."""
@@ -258,6 +266,23 @@ class StudyEstimator:
         self.file.save(self.calibration)
         record = trial_record(self.hardware, self.model, run.capped(STORED_MICRO_STEPS))
         trial.set_user_attr(TRIAL_ATTR, _rounded(record))
+
+    def add_final_loss(self, trial: optuna.Trial, final: FinalLoss) -> None:
+        """Put the predicted final loss into the trial's estimate, next to the duration.
+
+        The uncorrected p50 goes along: a full run reports its measured loss against it, and
+        the correction is refitted from those pairs (a corrected value would count twice).
+        """
+        section = dict(trial.user_attrs.get(ESTIMATE_ATTR) or {})
+        correction = self.loss_correction
+        section["final_val_loss"] = final.band()
+        section["final_val_loss_uncorrected_p50"] = _rounded(final.fit.p50)
+        section["final_val_loss_method"] = final.fit.method
+        section["loss_correction"] = {
+            "scale": _rounded(correction.scale),
+            "runs": correction.n_runs,
+        }
+        trial.set_user_attr(ESTIMATE_ATTR, section)
 
     def estimate_section(self, estimate: Estimate) -> dict[str, Any]:
         """The preset's `estimate`: duration with interval, cost, throughput, budget, hardware."""

@@ -38,11 +38,26 @@ PARAM_KEYS = (
 )
 
 
-def best_complete_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
+PROMOTED_FROM_ATTR = "promoted_from"  # hpo.objective sets it on a promoted trial
+
+
+def standing_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Complete trials, each configuration once: a promoted trial replaces its first trial.
+
+    A promoted trial trained the same configuration on more data, so its prediction of the
+    full run is the better informed one.
+    """
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if not complete:
+    superseded = {t.user_attrs.get(PROMOTED_FROM_ATTR) for t in complete} - {None}
+    return [t for t in complete if t.number not in superseded]
+
+
+def best_complete_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
+    """The standing complete trial with the lowest value."""
+    standing = standing_trials(study)
+    if not standing:
         raise BadInputError(f"study '{study.study_name}' has no complete trial to export")
-    return min(complete, key=lambda t: float(t.value if t.value is not None else float("inf")))
+    return min(standing, key=lambda t: float(t.value if t.value is not None else float("inf")))
 
 
 def full_run_spec(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> TrainSpec:

@@ -13,12 +13,23 @@ import optuna
 from common.errors import BadInputError, TrainingFailed
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
+from hpo.export import PROMOTED_FROM_ATTR
+from hpo.final_loss import predict_final_loss
 from hpo.runspec import train_spec
 from hpo.tracking import RunRef, Tracker, TrialMetrics
 from search_spaces import SearchSpace, sample
 from trainers.events import EvalInfo, TrainingCallback
 from trainers.result import TrainResult
-from trainers.spec import optimizer_steps
+from trainers.spec import TrainSpec, optimizer_steps
+
+
+def _first_run_id(study: optuna.Study, number: Any) -> str | None:
+    """The MLflow run of trial `number` of `study`, if it recorded one."""
+    for frozen in study.get_trials(deepcopy=False):
+        if frozen.number == int(number):
+            run_id = frozen.user_attrs.get("mlflow_run_id")
+            return str(run_id) if run_id else None
+    return None
 
 
 @dataclass
@@ -36,14 +47,31 @@ class StudyContext:
 
 
 class OptunaReporter(TrainingCallback):
-    """Reports each validation loss to the pruner; asks the run to stop when pruned."""
+    """Reports each validation loss to the pruner; asks the run to stop when pruned.
 
-    def __init__(self, trial: optuna.Trial) -> None:
+    The pruner compares trials at equal data, not at equal optimizer steps: evaluation k of
+    a trial's `evals` comes after k / evals of its samples, whatever its batch size, and is
+    reported as step k. A promoted trial continues the grid beyond the first trial's end.
+    """
+
+    def __init__(
+        self, trial: optuna.Trial, *, stop_after_steps: int, evals: int, prune: bool = True
+    ) -> None:
         self.trial = trial
+        self.prune = prune
+        self.stop_after_steps = stop_after_steps
+        self.evals = evals
+        self.last_reported = 0
         self.pruned_at: int | None = None
 
     def on_eval(self, info: EvalInfo) -> bool:
-        self.trial.report(info.loss, info.step)
+        rung = round(self.evals * info.step / self.stop_after_steps)
+        if rung <= self.last_reported:
+            return False  # a second evaluation at the same fidelity: nothing new to compare
+        self.last_reported = rung
+        if not self.prune:
+            return False
+        self.trial.report(info.loss, rung)
         if self.trial.should_prune():
             self.pruned_at = info.step
             return True
@@ -66,12 +94,20 @@ class Objective:
         derived = {
             "effective_batch_size": full_run.effective_batch_size,
             "full_run_steps": optimizer_steps(full_run, ctx.train_samples),
+            "full_run_samples": ctx.train_samples * config.epochs,
+            "trial_fraction": self._fraction(trial),
         }
         for key, value in {**params, **derived}.items():
             trial.set_user_attr(key, value)
-        run_id = ctx.tracker.start_trial(
-            ctx.parent_run_id, config.study_name, trial.number, {**params, **derived}
-        )
+        promoted_from = trial.user_attrs.get(PROMOTED_FROM_ATTR)
+        first_run = None if promoted_from is None else _first_run_id(trial.study, promoted_from)
+        if first_run is not None:
+            # The same configuration, further: its points go on in its first trial's run.
+            run_id = ctx.tracker.continue_trial(first_run, trial.number)
+        else:
+            run_id = ctx.tracker.start_trial(
+                ctx.parent_run_id, config.study_name, trial.number, {**params, **derived}
+            )
         try:
             return self._run(trial, params, derived, run_id)
         finally:
@@ -92,47 +128,89 @@ class Objective:
             self._end(trial, run_id, "pruned", reason, verdict.metrics(), never_trained="true")
             raise optuna.TrialPruned(verdict.reason)
 
-        reporter = OptunaReporter(trial)
-        result, seconds = self._train(trial, params, reporter, run_id)
+        spec = self._spec(trial, params)
+        # The pruner's grid is the first trial's: evaluation k at k / evals of its data. A
+        # promoted trial was chosen by its prediction; the pruner does not judge it again.
+        first = self._spec(trial, params, fraction=ctx.config.trial_fraction)
+        reporter = OptunaReporter(
+            trial,
+            stop_after_steps=first.stop_after_steps or 1,
+            evals=ctx.config.trial_evals,
+            prune=trial.user_attrs.get(PROMOTED_FROM_ATTR) is None,
+        )
+        result, seconds = self._train(trial, spec, reporter, run_id)
         measured = self._measurements(result, derived["full_run_steps"], seconds)
         measured.update(ctx.estimator.observe(trial, params, result, verdict))
         for key, value in measured.items():
             trial.set_user_attr(key, value)
+        final = predict_final_loss(
+            result.eval_records,
+            full_run_samples=derived["full_run_samples"],
+            correction=ctx.estimator.loss_correction,
+            seed=trial.number,
+        )
+        tags: dict[str, str] = {}
+        if final is not None:
+            for key, value in final.user_attrs().items():
+                trial.set_user_attr(key, value)
+            ctx.estimator.add_final_loss(trial, final)
+            measured.update(final.metrics())
+            tags.update(final.tags())
 
         if reporter.pruned_at is not None:
             reason = f"pruned by {ctx.config.pruner} at step {reporter.pruned_at}"
-            self._end(trial, run_id, "pruned", reason, measured)
+            self._end(trial, run_id, "pruned", reason, measured, **tags)
             raise optuna.TrialPruned(reason)
-        final_loss = result.final_eval_loss
-        if final_loss is None or not math.isfinite(final_loss):
-            reason = f"no finite validation loss (got {final_loss})"
-            self._end(trial, run_id, "failed", reason, measured)
+        if final is None or not math.isfinite(final.last_loss):
+            reason = f"no finite validation loss (got {result.final_eval_loss})"
+            self._end(trial, run_id, "failed", reason, measured, **tags)
             raise TrainingFailed(reason)
+        value = (
+            final.predicted.p50
+            if ctx.config.objective == "predicted_full_run_loss"
+            else final.last_loss
+        )
         ctx.tracker.end_trial(
             run_id,
             "complete",
-            metrics={"value": final_loss, "val_loss_final": final_loss, **measured},
+            metrics={"value": value, "val_loss_final": final.last_loss, **measured},
+            tags=tags,
         )
-        return float(final_loss)
+        return float(value)
 
-    def _train(
-        self,
-        trial: optuna.Trial,
-        params: dict[str, Any],
-        reporter: OptunaReporter,
-        run_id: RunRef,
-    ) -> tuple[TrainResult, float]:
-        """Train the trial's own short run; a failure ends the trial (bad input: the study)."""
+    def _fraction(self, trial: optuna.Trial) -> float:
+        """The trial's share of its full run: more for a promoted trial."""
+        config = self.context.config
+        if trial.user_attrs.get(PROMOTED_FROM_ATTR) is not None:
+            return config.promote_fraction
+        return config.trial_fraction
+
+    def _spec(
+        self, trial: optuna.Trial, params: dict[str, Any], *, fraction: float | None = None
+    ) -> TrainSpec:
+        """The trial's own run: the start of its full run, cut at its fraction."""
         ctx = self.context
         output_dir = Path(ctx.config.work_dir) / "trials" / f"trial-{trial.number:03d}"
-        spec = train_spec(
+        return train_spec(
             ctx.config,
             params,
             model=ctx.model_path,
             data=ctx.data_path,
             full_run=False,
+            train_samples=ctx.train_samples,
+            fraction=self._fraction(trial) if fraction is None else fraction,
             output_dir=str(output_dir),
         )
+
+    def _train(
+        self,
+        trial: optuna.Trial,
+        spec: TrainSpec,
+        reporter: OptunaReporter,
+        run_id: RunRef,
+    ) -> tuple[TrainResult, float]:
+        """Train the trial's own short run; a failure ends the trial (bad input: the study)."""
+        ctx = self.context
         metrics = TrialMetrics(ctx.tracker, run_id)
         started = time.perf_counter()
         try:

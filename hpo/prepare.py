@@ -5,6 +5,7 @@ Bad input stops here, before a study or an MLflow run exists.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ class Prepared:
     space: SearchSpace
     train_samples: int
     dataset_stats: dict[int, Any]  # max_length -> trainers.data.dataset.DatasetStats
+    eval_max_length: int  # the one validation length of every run of the study
 
 
 def prepare(config: StudyConfig) -> Prepared:
@@ -60,10 +62,48 @@ def prepare(config: StudyConfig) -> Prepared:
         )
         stats[max_length] = data.stats
         train_samples = len(data.train)
+    eval_length = config.eval_max_length or _long_tail_length(
+        DataSpec(
+            path=data_path,
+            max_length=model_context(model_path),
+            validation_fraction=config.validation_fraction,
+            seed=config.seed,
+            cache_dir=str(work / "cache"),
+        ),
+        tokenizer,
+    )
     return Prepared(
         model_path=str(Path(model_path).resolve()),
         data_path=str(Path(data_path).resolve()),
         space=space,
         train_samples=train_samples,
         dataset_stats=stats,
+        eval_max_length=eval_length,
     )
+
+
+def model_context(model_path: str) -> int:
+    """The longest sequence the model takes (its config's position limit; 2048 if unknown)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    for name in ("max_position_embeddings", "n_positions", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+def _long_tail_length(spec: Any, tokenizer: Any) -> int:
+    """The data's p99 token length (rounded up to a multiple of 8), within the model's context.
+
+    Validation samples are then cut only in the data's rare longest 1 %, whatever the
+    profile's training `max_length`: every run of the study is scored on the same tokens.
+    """
+    import numpy as np
+
+    from trainers.data.dataset import load_tokenized
+
+    lengths = load_tokenized(spec, tokenizer).stats.lengths
+    p99 = int(math.ceil(float(np.percentile(lengths, 99)))) if lengths else spec.max_length
+    return int(min(spec.max_length, max(8, -(-p99 // 8) * 8)))

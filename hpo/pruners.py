@@ -1,4 +1,9 @@
-"""Optuna pruners by name, with resources measured in optimizer steps."""
+"""Optuna pruners by name, with resources measured in evaluations at equal data.
+
+A trial reports its k-th of `evals` evaluations as step k, after k / evals of its samples
+(`hpo.objective.OptunaReporter`), so rungs compare configurations that have seen the same
+data, whatever their batch sizes.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,16 @@ import optuna
 from common.errors import BadInputError
 
 
-def make_pruner(name: str, *, eval_interval: int, max_steps: int) -> optuna.pruners.BasePruner:
-    """Build the pruner `name`; a trial reports its validation loss every `eval_interval` steps."""
+def make_pruner(name: str, *, evals: int) -> optuna.pruners.BasePruner:
+    """Build the pruner `name`; a trial reports its validation loss `evals` times (steps 1..evals)."""
     if name == "hyperband":
         return optuna.pruners.HyperbandPruner(
-            min_resource=eval_interval, max_resource=max_steps, reduction_factor=3
+            min_resource=1, max_resource=evals, reduction_factor=3
         )
     if name == "successive_halving":
-        return optuna.pruners.SuccessiveHalvingPruner(
-            min_resource=eval_interval, reduction_factor=3
-        )
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
     if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=eval_interval)
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
     if name == "none":
         return optuna.pruners.NopPruner()
     raise BadInputError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from hpo.export import (
     DATA_ATTR,
     MODEL_ATTR,
     PARAM_KEYS,
+    PROMOTED_FROM_ATTR,
     best_complete_trial,
     export_study,
 )
@@ -48,6 +50,7 @@ class StudySummary:
     mlflow_parent_run_id: str
     elapsed_seconds: float
     tracking_uri: str
+    objective: str = "predicted_full_run_loss"
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -65,9 +68,7 @@ def open_study(config: StudyConfig, prepared: Prepared) -> optuna.Study:
         study_name=config.study_name,
         storage=storage,
         sampler=make_sampler(config.sampler, seed=config.seed),
-        pruner=make_pruner(
-            config.pruner, eval_interval=config.eval_interval, max_steps=config.trial_max_steps
-        ),
+        pruner=make_pruner(config.pruner, evals=config.trial_evals),
         direction="minimize",
         load_if_exists=True,
     )
@@ -106,9 +107,15 @@ def run_study(
     started = time.perf_counter()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     prepared = prepare(config)
+    config = _study_eval_length(config, prepared)
     estimator = estimator_factory(config, prepared)
     check_space(estimator)  # before anything is written: nothing fits -> exit 2
     study = open_study(config, prepared)
+    stored = (study.user_attrs.get(CONFIG_ATTR) or {}).get("eval_max_length")
+    if stored and stored != config.eval_max_length:
+        # A resumed study keeps the validation length its first trials were scored at.
+        config = dataclasses.replace(config, eval_max_length=int(stored))
+        estimator = estimator_factory(config, prepared)
     tracker = Tracker(
         _tracking_uri(config),
         config.experiment_name or "hpo-lora",
@@ -126,6 +133,7 @@ def run_study(
         estimator=estimator,
     )
     _optimize(study, context, progress=progress)
+    promote(study, context, progress=progress)
     tracker.reconcile(parent, study)
     tracker.update_parent(parent, study)
     summary = _summary(study, config, tracker, parent)
@@ -163,6 +171,59 @@ def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> 
         tracker.flush()
 
 
+def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> int:
+    """Continue the `promote` best configurations to `promote_fraction` of their full runs.
+
+    Each becomes a new trial of the same configuration (Optuna cannot reopen a finished
+    trial) that records `promoted_from`, continues the first trial's MLflow run and, once
+    complete, stands for the configuration in the export. A configuration is promoted once:
+    running the study again adds no duplicates.
+
+    Returns:
+        How many trials were promoted now.
+    """
+    config = context.config
+    if config.promote <= 0:
+        return 0
+    trials = study.get_trials(deepcopy=False)
+    done = {t.user_attrs.get(PROMOTED_FROM_ATTR) for t in trials} - {None}
+    firsts = [
+        t
+        for t in trials
+        if t.state == optuna.trial.TrialState.COMPLETE
+        and PROMOTED_FROM_ATTR not in t.user_attrs
+        and t.value is not None
+    ]
+    best = sorted(firsts, key=lambda t: float(t.value))[: config.promote]  # type: ignore[arg-type]
+    chosen = [t for t in best if t.number not in done]
+    for trial in chosen:
+        study.enqueue_trial(trial.params, user_attrs={PROMOTED_FROM_ATTR: trial.number})
+    if chosen:
+        log.info(
+            "promoting trials %s to %.0f %% of their full runs",
+            ", ".join(str(t.number) for t in chosen),
+            100 * config.promote_fraction,
+        )
+        bar = StudyProgress(len(chosen), 0, enabled=progress)
+        try:
+            study.optimize(
+                Objective(context),
+                n_trials=len(chosen),
+                catch=(TrainingFailed,),
+                callbacks=[bar],
+                gc_after_trial=True,
+            )
+        finally:
+            bar.close()
+            context.tracker.flush()
+    return len(chosen)
+
+
+def _study_eval_length(config: StudyConfig, prepared: Prepared) -> StudyConfig:
+    """The config with the study's one validation length (given, or the data's p99)."""
+    return dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
+
+
 def _summary(
     study: optuna.Study, config: StudyConfig, tracker: Tracker, parent: str
 ) -> StudySummary:
@@ -179,6 +240,7 @@ def _summary(
         mlflow_parent_run_id=str(study.user_attrs.get(PARENT_ATTR, parent)),
         elapsed_seconds=0.0,  # set when the study is closed
         tracking_uri=tracker.tracking_uri,
+        objective=config.objective,
     )
     if summary.states["complete"]:
         best = best_complete_trial(study)

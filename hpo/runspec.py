@@ -2,26 +2,59 @@
 
 `train_spec` is the one translation of a sampled configuration into a `TrainSpec`: the
 objective trains its trial with it, `hpo.export` writes the full run into the preset with
-it, and the estimator predicts through it (then `analysis.plans.plan_for`). A trial and its
-full run differ only in the schedule: the trial stops after `trial_max_steps` and
-evaluates every `eval_interval` steps without saving; the full run trains all `epochs`,
-evaluates every `full_eval_interval` and saves every `full_checkpoint_interval` steps. Both
-evaluate the same `eval_samples`, so their losses are on one scale.
+it, and the estimator predicts through it (then `analysis.plans.plan_for`).
+
+A trial is the start of its own full run: the same schedule (warm-up and decay horizon
+from the full run's step count), the same data order, cut short after `trial_fraction` of
+the full run's training samples (`TrainSpec.stop_after_steps`). Fidelity is therefore
+counted in data, not in optimizer steps: at a fixed step count a larger effective batch
+has seen more samples and wins by construction. The trial evaluates `trial_evals` times,
+evenly spaced, and saves nothing; the full run evaluates every `full_eval_interval` and
+saves every `full_checkpoint_interval` steps. Both evaluate the same `eval_samples` at the
+study's one `eval_max_length`, so every loss of a study is on one scale.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.errors import BadInputError
 from hpo.config import StudyConfig
-from trainers.spec import LoraSpec, TrainSpec
+from trainers.spec import LoraSpec, TrainSpec, optimizer_steps
 
 # Recorded elsewhere in the study (resolved paths), and checked only where they are read.
 _PATH_FIELDS = ("model", "data", "space")
+
+
+@dataclass(frozen=True)
+class TrialSchedule:
+    """Where a trial stops in its full run's schedule, and how often it evaluates.
+
+    Attributes:
+        stop_after_steps: Optimizer steps the trial trains (<= the full run's steps).
+        eval_interval: Steps between evaluations (the trial also evaluates at its end).
+        evals: Evaluations in the trial.
+    """
+
+    stop_after_steps: int
+    eval_interval: int
+    evals: int
+
+
+def trial_schedule(full_run_steps: int, *, fraction: float, evals: int) -> TrialSchedule:
+    """The trial's share of its full run: `fraction` of the steps, about `evals` evaluations.
+
+    The trial's length is the share rounded to whole steps, so configurations see the same
+    data to within one optimizer step; it evaluates every `eval_interval` steps and once
+    more at its end. With fewer steps than `evals` it evaluates after every step.
+    """
+    stop = min(full_run_steps, max(1, round(fraction * full_run_steps)))
+    interval = max(1, stop // evals)
+    return TrialSchedule(stop_after_steps=stop, eval_interval=interval, evals=-(-stop // interval))
 
 
 def train_spec(
@@ -31,6 +64,8 @@ def train_spec(
     model: str,
     data: str,
     full_run: bool,
+    train_samples: int | None = None,
+    fraction: float | None = None,
     output_dir: str = "train-output",
 ) -> TrainSpec:
     """The training a configuration becomes: a short trial, or the full run of the preset.
@@ -42,6 +77,10 @@ def train_spec(
         model: The model folder (the study's resolved path).
         data: The JSONL data (the study's resolved path).
         full_run: The full run instead of the trial.
+        train_samples: Training samples of the data (after the validation split): the
+            trial's length is a share of its full run's steps. Required for a trial.
+        fraction: The trial's share of the full run; default `config.trial_fraction`
+            (a promoted trial trains `config.promote_fraction`).
         output_dir: Where the run writes. The default is `TrainSpec`'s, which is also what a
             preset's full run gets: the preset does not carry an output folder.
 
@@ -49,7 +88,7 @@ def train_spec(
         KeyError: `params` lacks a sampled key.
         BadInputError: A value the trainer does not accept.
     """
-    return TrainSpec(
+    spec = TrainSpec(
         model=model,
         data=data,
         output_dir=output_dir,
@@ -65,16 +104,33 @@ def train_spec(
         warmup_ratio=float(params.get("warmup_ratio", 0.0)),
         max_length=int(params["max_length"]),
         gradient_checkpointing=bool(params["gradient_checkpointing"]),
-        max_steps=None if full_run else config.trial_max_steps,
         epochs=config.epochs,
-        eval_interval=config.full_eval_interval if full_run else config.eval_interval,
+        eval_interval=config.full_eval_interval,
         eval_samples=config.eval_samples,
-        checkpoint_interval=config.full_checkpoint_interval if full_run else 0,
+        eval_max_length=config.eval_max_length,
+        checkpoint_interval=config.full_checkpoint_interval,
         validation_fraction=config.validation_fraction,
         device=config.device,
         precision=config.precision,
         seed=config.seed,
         cache_dir=str(Path(config.work_dir).resolve() / "cache"),
+    )
+    if full_run:
+        return spec
+    if train_samples is None:
+        raise ValueError("a trial needs train_samples: its length is a share of its full run")
+    share = config.trial_fraction if fraction is None else fraction
+    schedule = trial_schedule(
+        optimizer_steps(spec, train_samples),
+        fraction=share,
+        # A longer (promoted) trial keeps the first trial's density of points.
+        evals=max(config.trial_evals, round(config.trial_evals * share / config.trial_fraction)),
+    )
+    return dataclasses.replace(
+        spec,
+        stop_after_steps=schedule.stop_after_steps,
+        eval_interval=schedule.eval_interval,
+        checkpoint_interval=0,
     )
 
 

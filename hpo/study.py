@@ -55,7 +55,12 @@ def _print_summary(summary: Any, server: dict[str, Any]) -> None:
     if summary.best_value is None:
         print("no trial completed: nothing to export")
     else:
-        print(f"best validation loss {summary.best_value:.4f} (trial {summary.best_trial}):")
+        what = (
+            "predicted final validation loss"
+            if summary.objective == "predicted_full_run_loss"
+            else "validation loss at the trials' fidelity"
+        )
+        print(f"best {what} {summary.best_value:.4f} (trial {summary.best_trial}):")
         for key, value in summary.best_params.items():
             shown = f"{value:.3g}" if isinstance(value, float) else value
             print(f"  {key:<28} {shown}")
@@ -80,6 +85,14 @@ def _print_summary(summary: Any, server: dict[str, Any]) -> None:
 
 
 def _print_estimate(estimate: dict[str, Any]) -> None:
+    loss = estimate.get("final_val_loss") or {}
+    if {"p10", "p50", "p90"} <= set(loss):
+        corrected = (estimate.get("loss_correction") or {}).get("runs", 0)
+        source = f"corrected by {corrected} full runs" if corrected else "no full run reported yet"
+        print(
+            f"full run's final validation loss: {loss['p50']:.4f} predicted "
+            f"(p10-p90 {loss['p10']:.4f} to {loss['p90']:.4f}; {source})"
+        )
     hours = estimate.get("duration_hours") or {}
     if "p50" not in hours:
         return

@@ -9,6 +9,7 @@ trains. `Tracker.flush()` waits for all of it; the study calls it before it repo
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -177,6 +178,20 @@ class Tracker:
         )
         self.log_batch(run, params={"trial_number": trial_number, **params})
         return run
+
+    def continue_trial(self, run_id: str, trial_number: int) -> RunRef:
+        """Reopen a trial's run for its promotion: the configuration's curves stay in one run.
+
+        The promoted trial trains its configuration again from the start (same schedule,
+        same data order, so its first points repeat the earlier ones) and further.
+        """
+        ref: RunRef = Future()
+        ref.set_result(run_id)
+        self.writer.submit(self.writer.client.update_run, run_id, status="RUNNING")
+        self.log_batch(
+            ref, tags={"state": "running", "hpo.promoted_trial_number": str(trial_number)}
+        )
+        return ref
 
     def end_trial(
         self,
