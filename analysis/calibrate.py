@@ -2,6 +2,7 @@
 
     python -m analysis.calibrate --study-name NAME --storage URL [--out FILE]
     python -m analysis.calibrate --probe [--model PATH] [--data FILE] [--out FILE]
+    python -m analysis.calibrate --full-run result.json [--full-run ...] [--study-name ...]
 
 From a study, the fit uses the measurements every trained trial recorded (user attribute
 `time_model_run`). The probe instead trains a few short runs over a small design of
@@ -9,6 +10,12 @@ configurations (micro-batch, accumulation, max_length and rank at two levels eac
 evaluation and one checkpoint per run), within about a minute on a laptop CPU. Either way
 the calibration file lands where `python -m hpo.study` looks for it (the work dir's
 `calibration.json`) unless `--out` says otherwise.
+
+Full runs report back (`--full-run FILE`, the `--json` file of `python -m trainers.train`,
+or every full run of an MLflow experiment with `--tracking-uri`): their final validation
+loss against the trial's prediction fits the loss correction, and their step times join
+the time fit (`analysis.full_runs`). A study also reads its experiment's full runs itself
+when it starts.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.calibration import Calibration, RunMeasurements, fit, load_for
+from analysis.calibration import Calibration, RunMeasurements, fit, load, load_for
+from analysis.full_runs import FullRun, absorb, from_mlflow, read_report
 from analysis.plans import probe_spec
 from analysis.records import CALIBRATION_FILE, TRIAL_ATTR, read_trial_record
 from analysis.timemodel import HardwareInfo, ModelProfile, fingerprint, prior_coefficients
@@ -122,18 +130,16 @@ def calibrate_from_study(
     hardware, model, _ = groups[key][0]
     config = study.user_attrs.get(STUDY_CONFIG_ATTR)
     work_dir = config.get("work_dir") if isinstance(config, Mapping) else None
+    existing = load_for(previous, key)[0] if previous is not None else None
     calibration = fit(
-        [run for _, _, run in groups[key]], model, hardware, prior=_prior(hardware, previous, key)
+        [run for _, _, run in groups[key]],
+        model,
+        hardware,
+        prior=existing.prior if existing else prior_coefficients(hardware),
+        # Full runs' losses are not in the study: keep those the file already holds.
+        loss_runs=existing.loss_runs if existing else (),
     )
     return calibration, str(work_dir) if work_dir else None
-
-
-def _prior(hardware: HardwareInfo, previous: Path | None, key: str) -> Any:
-    if previous is not None:
-        existing, _ = load_for(previous, key)
-        if existing is not None:
-            return existing.prior
-    return prior_coefficients(hardware)
 
 
 def _load_study(study_name: str, storage: str) -> Any:
@@ -244,13 +250,31 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"where the calibration goes (default: the study's work dir, else {DEFAULT_WORK_DIR})",
     )
     parser.add_argument("--out", help="calibration file (default: WORK_DIR/calibration.json)")
+    parser.add_argument(
+        "--full-run",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a full run's report (trainers.train --json); repeatable",
+    )
+    parser.add_argument(
+        "--tracking-uri", help="also read every full run's report from this MLflow store"
+    )
+    parser.add_argument(
+        "--experiment-name", default="hpo-lora", help="the MLflow experiment of --tracking-uri"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.probe == bool(args.study_name):
+    full_runs = [read_report(path) for path in args.full_run]
+    if args.probe and args.study_name:
         raise BadInputError("give either --study-name (with --storage) or --probe")
+    if not (args.probe or args.study_name or full_runs or args.tracking_uri):
+        raise BadInputError(
+            "give --study-name (with --storage), --probe, --full-run FILE or --tracking-uri"
+        )
     if args.study_name and not args.storage:
         raise BadInputError("--study-name needs --storage (the study's Optuna storage URL)")
     if args.out:
@@ -260,17 +284,46 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out or Path(args.work_dir or DEFAULT_WORK_DIR) / CALIBRATION_FILE)
         calibration, seconds = _probe(args)
         how = f"{calibration.n_measurements['runs']} probe runs in {seconds:.0f} s"
+    elif not args.study_name:
+        out = Path(args.out or Path(args.work_dir or DEFAULT_WORK_DIR) / CALIBRATION_FILE)
+        if not out.is_file():
+            raise BadInputError(
+                f"no calibration at {out} to add full runs to: calibrate from the study "
+                "(--study-name, --storage) or point --out/--work-dir at its calibration.json"
+            )
+        calibration, how = load(out), "the calibration file"
     else:
         explicit = Path(args.out) if args.out else None
         guess = explicit or Path(args.work_dir or DEFAULT_WORK_DIR) / CALIBRATION_FILE
         calibration, work_dir = calibrate_from_study(args.study_name, args.storage, previous=guess)
         out = explicit or Path(args.work_dir or work_dir or DEFAULT_WORK_DIR) / CALIBRATION_FILE
         how = f"{calibration.n_measurements['runs']} trials of study '{args.study_name}'"
+    if args.tracking_uri:
+        full_runs += _mlflow_full_runs(args.tracking_uri, args.experiment_name)
+    if full_runs:
+        calibration, losses, timed = absorb(calibration, full_runs)
+        how += f" and {len(full_runs)} full runs ({losses} final losses, {timed} timed)"
     calibration.save(out)
     for line in summary_lines(calibration):
         print(line)
     print(f"fitted from {how}; written to {out}")
     return EXIT_OK
+
+
+def _mlflow_full_runs(tracking_uri: str, experiment_name: str) -> list[FullRun]:
+    """Every reported full run of the experiment (exit 2 when the store cannot be read)."""
+    from mlflow import MlflowClient
+
+    try:
+        client = MlflowClient(tracking_uri)
+        experiment = client.get_experiment_by_name(experiment_name)
+    except Exception as exc:
+        raise BadInputError(
+            f"cannot read MLflow at {redact(tracking_uri)}: {redact(str(exc))}"
+        ) from None
+    if experiment is None:
+        raise BadInputError(f"no MLflow experiment '{experiment_name}' at {redact(tracking_uri)}")
+    return from_mlflow(client, experiment.experiment_id)
 
 
 def _probe(args: argparse.Namespace) -> tuple[Calibration, float]:
@@ -297,6 +350,13 @@ def summary_lines(calibration: Calibration) -> list[str]:
     c = calibration.coefficients
     band = math.exp(c.systematic_log_p90)
     counts = calibration.n_measurements
+    loss = calibration.loss_correction
+    accuracy = (
+        f"  final loss: x{loss.scale:.3f} on predictions (spread {loss.log_sd:.1%}), "
+        f"from {loss.n_runs} full runs"
+        if loss.n_runs
+        else "  final loss: no full run reported yet (predictions uncorrected)"
+    )
     return [
         f"calibration {calibration.calibration_id} for {calibration.hardware.device_kind} "
         f"'{calibration.hardware.device_name}' (fingerprint {calibration.fingerprint})",
@@ -305,6 +365,7 @@ def summary_lines(calibration: Calibration) -> list[str]:
         f"  micro-step: {1e3 * c.micro_fixed_seconds:.1f} ms + "
         f"{1 / c.micro_seconds_per_flop / 1e9:.2f} GFLOP/s effective; "
         f"interval p10-p90 about x{1 / band:.2f} to x{band:.2f} of the median",
+        accuracy,
     ]
 
 

@@ -12,11 +12,12 @@ shared calibration file is `hpo.calibration_file`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from analysis.calibration import RunMeasurements, update
+from analysis.full_runs import FullRun, absorb
 from analysis.learning_curve import LossCorrection
 from analysis.machine import model_profile, this_machine
 from analysis.plans import plan_for
@@ -213,6 +214,22 @@ class StudyEstimator:
     def loss_correction(self) -> LossCorrection:
         """Predicted -> measured final loss, from full runs that reported back (else identity)."""
         return self.calibration.loss_correction if self.calibration else LossCorrection()
+
+    def absorb_full_runs(self, runs: Sequence[FullRun]) -> tuple[int, int]:
+        """Learn from full runs made for this fingerprint: final losses and step times.
+
+        Returns:
+            Full runs added for accuracy and for time (0, 0 when there is no calibration
+            yet to add them to, or nothing new).
+        """
+        base = self.file.merged(self.calibration)
+        if base is None or not runs:
+            return 0, 0
+        calibration, losses, timed = absorb(base, runs)
+        if losses or timed:
+            self.calibration = calibration
+            self.file.save(calibration)
+        return losses, timed
 
     # -- the objective's hooks ---------------------------------------------------------------
     def check(self, trial: optuna.Trial, params: Mapping[str, Any]) -> Verdict:

@@ -14,9 +14,13 @@ from typing import Any
 import optuna
 import yaml
 
+from analysis.calibration import load_for
+from analysis.learning_curve import CurveFit, LossCorrection
+from analysis.records import CALIBRATION_FILE
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_atomic
+from hpo.final_loss import FIT_ATTR
 from hpo.runspec import stored_config, train_spec
 from hpo.storage import make_storage, redact
 from trainers.preset import preset_dict
@@ -78,8 +82,20 @@ def full_run_spec(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Train
     )
 
 
-def estimate_section(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
-    """The preset's `estimate`: the time model's prediction when the study had one."""
+def estimate_section(
+    study: optuna.Study,
+    trial: optuna.trial.FrozenTrial,
+    *,
+    correction: LossCorrection | None = None,
+) -> dict[str, Any]:
+    """The preset's `estimate`: the time model's prediction when the study had one.
+
+    Args:
+        study: The study.
+        trial: The exported trial.
+        correction: The loss correction as it stands now (full runs may have reported back
+            since the trial ran); default: the one the trial was scored with.
+    """
     config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
     budget = config.get("budget") or {}
     attrs = trial.user_attrs
@@ -98,7 +114,35 @@ def estimate_section(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> di
     estimate.setdefault("window_hours", float(budget.get("window_hours", 12.0)))
     estimate.setdefault("safety_margin_minutes", float(budget.get("safety_margin_minutes", 30.0)))
     estimate.setdefault("full_run_steps", int(attrs.get("full_run_steps", 0)))
+    fit = attrs.get(FIT_ATTR)
+    if correction is not None and isinstance(fit, dict):
+        band = correction.apply(CurveFit.from_dict(fit))
+        estimate["final_val_loss"] = {
+            "p10": float(f"{band.p10:.6g}"),
+            "p50": float(f"{band.p50:.6g}"),
+            "p90": float(f"{band.p90:.6g}"),
+        }
+        estimate["loss_correction"] = {
+            "scale": float(f"{correction.scale:.6g}"),
+            "runs": correction.n_runs,
+        }
     return estimate
+
+
+def current_correction(
+    study: optuna.Study, trial: optuna.trial.FrozenTrial
+) -> LossCorrection | None:
+    """The loss correction in the study's calibration file now, for the trial's fingerprint."""
+    config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
+    key = (trial.user_attrs.get("estimate") or {}).get("hardware_fingerprint")
+    work_dir = config.get("work_dir")
+    if not key or not work_dir:
+        return None
+    try:
+        calibration, _ = load_for(Path(work_dir) / CALIBRATION_FILE, str(key))
+    except BadInputError:
+        return None
+    return calibration.loss_correction if calibration else None
 
 
 def build_preset(
@@ -118,7 +162,7 @@ def build_preset(
     }
     return preset_dict(
         full_run_spec(study, trial),
-        estimate=estimate_section(study, trial),
+        estimate=estimate_section(study, trial, correction=current_correction(study, trial)),
         provenance=provenance,
     )
 

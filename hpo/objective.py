@@ -165,10 +165,10 @@ class Objective:
             reason = f"no finite validation loss (got {result.final_eval_loss})"
             self._end(trial, run_id, "failed", reason, measured, **tags)
             raise TrainingFailed(reason)
+        # The uncorrected p50: the correction is one factor, so it changes no ranking, and
+        # trials scored before and after a full run reported back stay comparable.
         value = (
-            final.predicted.p50
-            if ctx.config.objective == "predicted_full_run_loss"
-            else final.last_loss
+            final.fit.p50 if ctx.config.objective == "predicted_full_run_loss" else final.last_loss
         )
         ctx.tracker.end_trial(
             run_id,

@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 
 from common.errors import BadInputError, TrainingFailed
+from common.redact import redact
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.export import (
@@ -22,6 +23,8 @@ from hpo.export import (
     PARAM_KEYS,
     PROMOTED_FROM_ATTR,
     best_complete_trial,
+    current_correction,
+    estimate_section,
     export_study,
 )
 from hpo.objective import Objective, StudyContext
@@ -122,6 +125,7 @@ def run_study(
         artifact_dir=str(Path(config.work_dir) / "mlartifacts"),
     )
     parent = tracker.ensure_parent(study, _flat(config.to_dict()))
+    _learn_from_full_runs(tracker, estimator)
     context = StudyContext(
         config=config,
         space=prepared.space,
@@ -219,6 +223,22 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
     return len(chosen)
 
 
+def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator) -> None:
+    """Full runs of this experiment that reported back correct this study's predictions."""
+    from analysis.full_runs import from_mlflow
+
+    calibration = estimator.calibration
+    known = [r.run_id for r in calibration.loss_runs] if calibration else []
+    try:
+        runs = from_mlflow(tracker.client, str(tracker.experiment_id), known=known)
+    except Exception as exc:  # the study goes on with what it has
+        log.warning("could not read full runs from MLflow: %s", redact(str(exc)))
+        return
+    losses, timed = estimator.absorb_full_runs(runs)
+    if losses or timed:
+        log.info("learnt from full runs: %d final losses, %d timed runs", losses, timed)
+
+
 def _study_eval_length(config: StudyConfig, prepared: Prepared) -> StudyConfig:
     """The config with the study's one validation length (given, or the data's p99)."""
     return dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
@@ -245,7 +265,9 @@ def _summary(
     if summary.states["complete"]:
         best = best_complete_trial(study)
         summary.best_value, summary.best_trial = best.value, best.number
-        summary.best_estimate = dict(best.user_attrs.get("estimate") or {})
+        summary.best_estimate = estimate_section(
+            study, best, correction=current_correction(study, best)
+        )
         summary.best_params = {k: best.user_attrs[k] for k in _BEST_KEYS if k in best.user_attrs}
         out = Path(config.work_dir) / "presets" / f"{config.study_name}.yaml"
         summary.preset_path = str(export_study(study, out, storage_url=config.storage_url))

@@ -56,11 +56,11 @@ def _print_summary(summary: Any, server: dict[str, Any]) -> None:
         print("no trial completed: nothing to export")
     else:
         what = (
-            "predicted final validation loss"
+            "its full run's predicted final validation loss, before correction"
             if summary.objective == "predicted_full_run_loss"
-            else "validation loss at the trials' fidelity"
+            else "its validation loss at the trials' fidelity"
         )
-        print(f"best {what} {summary.best_value:.4f} (trial {summary.best_trial}):")
+        print(f"best trial {summary.best_trial}: score {summary.best_value:.4f} ({what})")
         for key, value in summary.best_params.items():
             shown = f"{value:.3g}" if isinstance(value, float) else value
             print(f"  {key:<28} {shown}")

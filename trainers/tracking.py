@@ -10,6 +10,7 @@ is imported only when these classes are used.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,7 @@ from trainers.events import EvalInfo, Forecast, RunInfo, StepInfo, TrainingCallb
 from trainers.result import TrainResult
 
 # MLflow run status for each way a run ends.
+REPORT_ARTIFACT = "result.json"  # the full run's report, beside its metrics
 RUN_STATUS = {
     "finished": "FINISHED",
     "stopped_by_window": "KILLED",
@@ -171,6 +173,26 @@ class MlflowRun(StepMetrics):
             tags["resumed_from_step"] = str(result.resumed_from_step)
         self.writer.log_batch(self.run_id, tags=tags)
         self.end(RUN_STATUS.get(result.status, "FAILED"))
+
+    def attach_report(self, report: Mapping[str, Any]) -> None:
+        """Attach the run's report (`result.json`) and its predicted final loss to the run.
+
+        The study that exported the preset reads it back to calibrate its predictions.
+        """
+        loss = (report.get("estimate") or {}).get("final_val_loss") or {}
+        metrics = {
+            f"predicted_final_val_loss_{q}": float(loss[q])
+            for q in ("p10", "p50", "p90")
+            if q in loss
+        }
+        if metrics:
+            self.writer.log_batch(
+                self.run_id, metrics=[metric(k, v, 0) for k, v in metrics.items()]
+            )
+        with tempfile.TemporaryDirectory(prefix="hpo-report-") as folder:
+            path = Path(folder) / REPORT_ARTIFACT
+            path.write_text(json.dumps(report, default=str), encoding="utf-8")
+            self.writer.log_artifact(self.run_id, path)
 
     def end(self, status: str = "FAILED") -> None:
         """Send what is buffered and close the run (also after a crash), then wait for both.

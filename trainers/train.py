@@ -193,8 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     result.predicted_seconds = predicted
     for line in summary_lines(result, guard):
         print(line)
+    report = run_report(result, preset)
+    if tracker is not None:
+        tracker.attach_report(report)
     if args.json:
-        write_json(args.json, result.to_dict())
+        write_json(args.json, report)
     if failure is not None:
         print(f"failed: {failure}", file=sys.stderr)
         return EXIT_FAILED
@@ -202,6 +205,20 @@ def main(argv: list[str] | None = None) -> int:
         print("resume with:\n  " + resume_command(raw_argv))
         return EXIT_RESUMABLE
     return EXIT_OK
+
+
+def run_report(result: Any, preset: Preset) -> dict[str, Any]:
+    """What the run measured, with the preset's estimate and provenance beside it.
+
+    `python -m analysis.calibrate --full-run FILE` (and the next study, through the run's
+    MLflow artifact `result.json`) compares the measured final validation loss and step
+    times with what the study predicted, and refits its corrections from them.
+    """
+    return {
+        **result.to_dict(),
+        "estimate": dict(preset.estimate),
+        "provenance": dict(preset.provenance),
+    }
 
 
 def _tracker(

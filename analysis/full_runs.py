@@ -1,0 +1,143 @@
+"""Full runs report back: their final loss and step times refit the study's predictions.
+
+`python -m trainers.train --preset FILE` writes a report (its `--json` file, and the MLflow
+artifact `result.json` of its run): what it measured, next to the preset's `estimate` and
+`provenance`. Two things are learnt from it, for the hardware + model fingerprint the
+estimate was made for:
+
+- accuracy: the measured final validation loss against the trial's uncorrected predicted
+  p50 (a `LossRun`), from which `Calibration.loss_correction` is fitted;
+- time: the run's measured micro-steps, evaluations and checkpoints join the trials' and
+  probes' in the time model's fit (a full run is the longest, most honest evidence).
+
+A run that stopped before its end (window, signal) still measured its steps, but its last
+loss is not the full run's final loss: it feeds the time fit only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.calibration import Calibration, LossRun, RunMeasurements, update
+from common.errors import BadInputError
+from common.redact import redact
+
+log = logging.getLogger(__name__)
+
+REPORT_ARTIFACT = "result.json"  # trainers.tracking.REPORT_ARTIFACT
+FULL_RUN_ROLE = "full_training"  # the `hpo.role` tag of a full run's MLflow run
+_STOPPED_EARLY = ("stopped_by_window", "stopped_by_signal")
+
+
+@dataclass(frozen=True)
+class FullRun:
+    """One full run's report, read and checked.
+
+    Attributes:
+        run_id: The MLflow run id, or the report file's path.
+        report: The report (a `TrainResult` dict plus `estimate` and `provenance`).
+    """
+
+    run_id: str
+    report: Mapping[str, Any]
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The hardware + model fingerprint the preset's estimate was made for."""
+        value = (self.report.get("estimate") or {}).get("hardware_fingerprint")
+        return str(value) if value else None
+
+    def loss_run(self) -> LossRun | None:
+        """Measured against predicted final loss; None without both, or if it stopped early."""
+        estimate = self.report.get("estimate") or {}
+        predicted = estimate.get("final_val_loss_uncorrected_p50")
+        measured = self.report.get("final_eval_loss")
+        if self.report.get("status") != "finished" or predicted is None or measured is None:
+            return None
+        try:  # a report someone edited by hand: skip it rather than stop the study
+            return LossRun(run_id=self.run_id, predicted=float(predicted), measured=float(measured))
+        except (TypeError, ValueError):
+            return None
+
+    def measurements(self) -> RunMeasurements | None:
+        """The run's step times, when it finished or was stopped after measuring steps."""
+        if self.report.get("status") not in ("finished", *_STOPPED_EARLY):
+            return None
+        if not self.report.get("micro_step_seconds"):
+            return None
+        try:
+            return RunMeasurements.from_result_dict(dict(self.report))
+        except BadInputError as exc:
+            log.warning("full run %s: %s; not used for the time model", self.run_id, exc)
+            return None
+
+
+def read_report(path: str | Path) -> FullRun:
+    """A report file written by `python -m trainers.train --json FILE`.
+
+    Raises:
+        BadInputError: Unreadable, not JSON, or not a training report.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInputError(f"cannot read full-run report {path}: {exc}") from exc
+    if not isinstance(data, dict) or "status" not in data or "final_eval_loss" not in data:
+        raise BadInputError(
+            f"{path} is not a full-run report (the --json file of python -m trainers.train)"
+        )
+    return FullRun(run_id=str(Path(path).resolve()), report=data)
+
+
+def from_mlflow(client: Any, experiment_id: str, *, known: Sequence[str] = ()) -> list[FullRun]:
+    """Finished or stopped full runs of an MLflow experiment that carry a report.
+
+    Args:
+        client: An `MlflowClient`.
+        experiment_id: The study's experiment.
+        known: Run ids already absorbed: their reports are not downloaded again.
+    """
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`hpo.role` = '{FULL_RUN_ROLE}'", max_results=500
+    )
+    found = []
+    for run in runs:
+        run_id = run.info.run_id
+        if run_id in known or run.info.status not in ("FINISHED", "KILLED"):
+            continue
+        with tempfile.TemporaryDirectory(prefix="hpo-full-run-") as folder:
+            try:
+                path = client.download_artifacts(run_id, REPORT_ARTIFACT, folder)
+                report = json.loads(Path(path).read_text(encoding="utf-8"))
+            except Exception as exc:  # a run from before reports existed, or a lost artifact
+                log.debug("full run %s has no readable report: %s", run_id, redact(str(exc)))
+                continue
+        if isinstance(report, dict):
+            found.append(FullRun(run_id=run_id, report=report))
+    return found
+
+
+def absorb(calibration: Calibration, runs: Sequence[FullRun]) -> tuple[Calibration, int, int]:
+    """Fold full runs made for `calibration`'s fingerprint into it.
+
+    Returns:
+        The calibration, and how many runs it gained for accuracy and for time.
+    """
+    mine = [r for r in runs if r.fingerprint == calibration.fingerprint]
+    held = {r.run_id for r in calibration.loss_runs}
+    losses = [lr for r in mine if (lr := r.loss_run()) is not None]
+    timed = 0
+    for run in mine:
+        measured = run.measurements()
+        if measured is None or run.run_id in held or measured.capped() in calibration.runs:
+            continue
+        calibration = update(calibration, measured)
+        timed += 1
+    new_losses = [lr for lr in losses if lr not in calibration.loss_runs]
+    return calibration.with_loss_runs(new_losses), len(new_losses), timed
