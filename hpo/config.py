@@ -14,6 +14,11 @@ from trainers.spec import DEVICES, PRECISIONS
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "skopt")
 PRUNERS = ("hyperband", "successive_halving", "median", "none")
 OBJECTIVES = ("predicted_full_run_loss", "loss_at_fidelity")
+# Fields of earlier versions: a trial's fidelity is now a share of its full run's data.
+_RENAMED = {
+    "trial_max_steps": "trial_fraction, the share of the full run's data a trial trains on",
+    "eval_interval": "trial_evals, the evaluations per trial",
+}
 REPO_MLFLOW_YAML = Path(__file__).resolve().parent.parent / "mlflow.yaml"
 _MLFLOW_DEFAULTS = {
     "tracking_uri": "sqlite:///{work_dir}/mlflow.db",
@@ -314,6 +319,8 @@ def _build(cls: Any, values: dict[str, Any], where: str) -> Any:
         raise BadInputError(f"{where} must be a mapping, but got {type(values).__name__}")
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
+    renamed = [f"{name} (now {_RENAMED[name]})" for name in unknown if name in _RENAMED]
+    _require(not renamed, f"{where}: field(s) replaced: {', '.join(renamed)}")
     _require(not unknown, f"{where}: unknown field(s): {', '.join(unknown)}")
     try:
         return cls(**values)

@@ -40,8 +40,8 @@ def recorded_study(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
             "work_dir": str(work),
             "study_name": "recorded",
             "n_trials": 2,
-            "trial_max_steps": 4,
-            "eval_interval": 2,
+            "trial_fraction": 0.015,
+            "trial_evals": 2,
             "eval_samples": 8,
             "profiles": ["fast"],
             "sampler": "random",
@@ -83,7 +83,8 @@ def test_default_out_is_the_study_work_dir(recorded_study: Any, tmp_path: Path) 
     ("args", "expected"),
     [
         (["--study-name", "nope"], "no study named 'nope'"),
-        ([], "either --study-name"),
+        ([], "give --study-name (with --storage), --probe"),
+        (["--full-run", "/nonexistent/result.json"], "cannot read full-run report"),
         (["--probe", "--study-name", "recorded"], "either --study-name"),
     ],
 )

@@ -134,7 +134,8 @@ def test_field_without_a_flag_is_a_programming_error(config: type, message: str)
 
 # The flags of the two commands before they were generated: none may go missing.
 STUDY_FLAGS = (
-    "--config --model --data --space --trial-max-steps --eval-interval --eval-samples --epochs "
+    "--config --model --data --space --objective --trial-fraction --trial-evals --promote "
+    "--promote-fraction --eval-samples --eval-max-length --epochs "
     "--full-eval-interval --full-checkpoint-interval --window-hours --safety-margin-minutes "
     "--price-per-hour --max-memory-gb --sampler --pruner --n-trials --timeout --seed --storage "
     "--study-name --heartbeat-seconds --grace-seconds --work-dir --tracking-uri "

@@ -12,6 +12,7 @@ import pytest
 
 from hpo.config import load_config
 from hpo.runner import run_study
+from hpo.runspec import trial_schedule
 from tests.servers import mlflow_server
 
 
@@ -43,8 +44,8 @@ def test_ui_shows_parent_children_params_and_histories(
                 "work_dir": str(tmp_path / "work"),
                 "study_name": "ui-check",
                 "n_trials": 2,
-                "trial_max_steps": 6,
-                "eval_interval": 3,
+                "trial_fraction": 0.06,
+                "trial_evals": 2,
                 "eval_samples": 8,
                 "profiles": ["fast"],
                 "pruner": "none",
@@ -83,12 +84,15 @@ def test_ui_shows_parent_children_params_and_histories(
             history = _get(
                 base, "metrics/get-history", run_id=child["info"]["run_id"], metric_key="train_loss"
             )
+            # 6 % of the trial's own full run, evaluated twice: at its middle and its end.
+            trial = trial_schedule(int(params["full_run_steps"]), fraction=0.06, evals=2)
             steps = [m["step"] for m in history["metrics"]]
-            assert steps == list(range(1, 7))
+            assert steps == list(range(1, trial.stop_after_steps + 1)) and len(steps) >= 5
             val = _get(
                 base, "metrics/get-history", run_id=child["info"]["run_id"], metric_key="val_loss"
             )
-            assert [m["step"] for m in val["metrics"]] == [3, 6]
+            evals = sorted({*range(trial.eval_interval, trial.stop_after_steps + 1, trial.eval_interval), trial.stop_after_steps})
+            assert [m["step"] for m in val["metrics"]] == evals
         # The runs table the study prints a link to answers too.
         with urllib.request.urlopen(base + "/", timeout=30) as response:
             assert response.status == 200

@@ -37,7 +37,7 @@ def _worker(tiny_model_dir: Path, work: Path, storage: str, tracking: str, *extr
     return subprocess.Popen(
         [sys.executable, "-m", "hpo.study", "--no-progress", "--model", str(tiny_model_dir),
          "--work-dir", str(work), "--storage", storage, "--tracking-uri", tracking,
-         "--trial-max-steps", "4", "--eval-interval", "2", "--eval-samples", "8",
+         "--trial-fraction", "0.015", "--trial-evals", "2", "--eval-samples", "8",
          "--profiles", "fast", "--pruner", "none", "--json", str(work / "summary.json"), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work,
     )  # fmt: skip
@@ -78,7 +78,7 @@ def test_two_workers_share_one_study(postgres: str, tiny_model_dir: Path, tmp_pa
 def test_a_dead_workers_trial_is_failed_and_retried(postgres: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     storage, tracking = _database(postgres, "optuna_b"), _database(postgres, "mlflow_b")
     beat = ("--heartbeat-seconds", "1", "--grace-seconds", "4", "--study-name", "crash")
-    doomed = _worker(tiny_model_dir, tmp_path / "doomed", storage, tracking, *beat, "--n-trials", "3", "--trial-max-steps", "400")
+    doomed = _worker(tiny_model_dir, tmp_path / "doomed", storage, tracking, *beat, "--n-trials", "3", "--trial-fraction", "1.0")
     deadline = time.monotonic() + 300
     running: list[optuna.trial.FrozenTrial] = []
     while not running:

@@ -46,8 +46,8 @@ profiles:
 """
 # Unlike every default (TrainSpec's and StudyConfig's) and unlike each other.
 SETTINGS: dict[str, Any] = {
-    "trial_max_steps": 2,
-    "eval_interval": 1,
+    "trial_fraction": 0.02,
+    "trial_evals": 3,
     "eval_samples": 5,
     "epochs": 0.37,
     "full_eval_interval": 13,
@@ -98,7 +98,8 @@ def exported(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         build_preset(study, trial, storage_url=config.storage_url), work / "preset.yaml"
     )
     return Exported(
-        config=config,
+        # The study's config as it ran: with its one validation length resolved.
+        config=dataclasses.replace(config, eval_max_length=prepared.eval_max_length),
         prepared=prepared,
         trial=trial,
         # What the sampler drew, rebuilt from Optuna's own record (not the user attributes
@@ -163,19 +164,26 @@ def test_the_trial_is_the_start_of_the_same_configuration(exported: Exported) ->
         model=exported.prepared.model_path,
         data=exported.prepared.data_path,
         full_run=False,
+        train_samples=exported.prepared.train_samples,
     )
-    assert spec.max_steps == config.trial_max_steps
-    assert spec.eval_interval == config.eval_interval
+    full_steps = trial.user_attrs["full_run_steps"]
+    # 2 % of the full run's steps, rounded; evaluations every third of it.
+    assert spec.stop_after_steps == round(0.02 * full_steps) >= 3
+    assert spec.eval_interval == spec.stop_after_steps // 3
+    assert spec.max_steps is None  # the full run's schedule (warm-up, decay horizon), cut short
     assert spec.checkpoint_interval == 0
     # The trial and its full run evaluate the same samples: their losses are on one scale.
     assert spec.eval_samples == exported.preset.spec.eval_samples == config.eval_samples
     assert dataclasses.replace(
-        spec, max_steps=None, eval_interval=0, checkpoint_interval=0, output_dir=""
+        spec, stop_after_steps=None, eval_interval=0, checkpoint_interval=0, output_dir=""
     ) == dataclasses.replace(
         full_run(exported), eval_interval=0, checkpoint_interval=0, output_dir=""
     )
     # What the trial trained, as it recorded it.
-    assert trial.user_attrs["trained_steps"] == config.trial_max_steps
+    assert trial.user_attrs["trained_steps"] == spec.stop_after_steps
+    assert trial.user_attrs["trial_fraction"] == config.trial_fraction
+    # Every run of the study is scored at one validation length.
+    assert spec.eval_max_length == exported.preset.spec.eval_max_length is not None
     assert trial.user_attrs["time_model_run"]["run"]["eval_samples"] == config.eval_samples
 
 
@@ -214,5 +222,11 @@ def test_the_study_predicted_with_the_same_plan(exported: Exported) -> None:
 
 
 def test_the_stored_config_reads_back(exported: Exported) -> None:
-    expected = dataclasses.replace(exported.config, model=None, data=None, space=None)
+    expected = dataclasses.replace(
+        exported.config,
+        model=None,
+        data=None,
+        space=None,
+        eval_max_length=exported.prepared.eval_max_length,
+    )
     assert stored_config(exported.stored) == dataclasses.replace(expected, storage=None)

@@ -28,8 +28,8 @@ def small_config(work: Path, tiny_model_dir: Path, **overrides: object):
         "work_dir": str(work),
         "study_name": "e2e",
         "n_trials": 4,
-        "trial_max_steps": 8,
-        "eval_interval": 4,
+        "trial_fraction": 0.06,
+        "trial_evals": 3,
         "eval_samples": 16,
         "profiles": ["fast"],
         "sampler": "random",
@@ -164,7 +164,7 @@ def test_study_cli_json(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
     proc = subprocess.run(
         [sys.executable, "-m", "hpo.study", "--model", str(tiny_model_dir), "--work-dir", str(tmp_path / "w"),
-         "--n-trials", "2", "--trial-max-steps", "4", "--eval-interval", "2", "--eval-samples", "8",
+         "--n-trials", "2", "--trial-fraction", "0.015", "--trial-evals", "2", "--eval-samples", "8",
          "--profiles", "fast", "--study-name", "cli", "--json", str(out), "--no-progress"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )  # fmt: skip

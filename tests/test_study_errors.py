@@ -28,7 +28,7 @@ def _study(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["--window-hours", "-1"], None, "window_hours"),
         (["--profiles", "turbo"], None, "turbo"),
         (["--data", "nope.jsonl"], None, "nope.jsonl"),
-        ([], "trial_max_steps: 10\nbogus_field: 1\n", "bogus_field"),
+        ([], "trial_fraction: 0.1\nbogus_field: 1\n", "bogus_field"),
         ([], "budget:\n  window_hours: 0\n", "window_hours"),
         ([], "sampler: [unclosed\n", "not valid YAML"),
         ([], "space: missing-space.yaml\n", "missing-space.yaml"),
