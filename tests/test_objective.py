@@ -1,0 +1,263 @@
+"""The study scores what the user gets: the full run's final loss, predicted, then fed back.
+
+One real study (tiny llama, bundled data) with a promotion, its exported full run trained
+for real, and the next study of the same work dir: every claim below is checked on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+
+from analysis.calibrate import main as calibrate_main
+from analysis.calibration import load
+from analysis.learning_curve import CurveFit
+from common.cli import run_cli
+from hpo.config import StudyConfig, load_config
+from hpo.export import PROMOTED_FROM_ATTR, best_complete_trial
+from hpo.final_loss import CURVE_ATTR, FIT_ATTR, PREDICTED_ATTR, curve_points
+from hpo.runner import StudySummary, run_study
+from hpo.runspec import trial_schedule
+from trainers.train import main as train_main
+
+FRACTION = 0.05
+
+
+def _config(work: Path, model: Path, **overrides: Any) -> StudyConfig:
+    values: dict[str, Any] = {
+        "model": str(model),
+        "work_dir": str(work),
+        "study_name": "objective",
+        "n_trials": 3,
+        "trial_fraction": FRACTION,
+        "trial_evals": 4,
+        "promote": 1,
+        "promote_fraction": 0.1,
+        "eval_samples": 16,
+        "epochs": 0.5,
+        "profiles": ["fast", "balanced"],
+        "sampler": "random",
+        "pruner": "none",
+        "seed": 11,
+    }
+    values.update(overrides)
+    return load_config(None, values)
+
+
+@dataclasses.dataclass
+class Studied:
+    config: StudyConfig
+    summary: StudySummary
+    study: optuna.Study
+    full_run: dict[str, Any]  # the exported preset's full run, as its --json report
+
+
+@pytest.fixture(scope="module")
+def studied(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Studied:
+    work = tmp_path_factory.mktemp("objective")
+    config = _config(work, tiny_model_dir)
+    summary = run_study(config, progress=False)
+    assert summary.preset_path
+    study = optuna.load_study(study_name="objective", storage=config.storage_url)
+    # The full run of the preset, evaluating where its trial did, tracked in the study's store.
+    trial = best_complete_trial(study)
+    interval = trial_schedule(
+        trial.user_attrs["full_run_steps"], fraction=FRACTION, evals=4
+    ).eval_interval
+    report = work / "full.json"
+    code = run_cli(
+        train_main,
+        [
+            "--preset", summary.preset_path, "--output-dir", str(work / "full"),
+            "--eval-interval", str(interval), "--json", str(report), "--quiet",
+            "--tracking-uri", config.tracking_uri or "",
+        ],
+    )  # fmt: skip
+    assert code == 0
+    return Studied(config, summary, study, json.loads(report.read_text()))
+
+
+def test_every_trained_trial_predicts_its_full_runs_final_loss(studied: Studied) -> None:
+    trained = [t for t in studied.study.trials if CURVE_ATTR in t.user_attrs]
+    assert trained
+    for trial in trained:
+        attrs = trial.user_attrs
+        band = attrs[PREDICTED_ATTR]
+        assert 0 < band["p10"] <= band["p50"] <= band["p90"]
+        fit = CurveFit.from_dict(attrs[FIT_ATTR])
+        # The fit's target is the full run's data: samples x epochs.
+        assert fit.target == pytest.approx(attrs["full_run_samples"])
+        assert attrs["full_run_samples"] == pytest.approx(
+            studied.full_run["samples_seen"], rel=0.01
+        )
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            # Before any full run reported back, the score is the uncorrected p50.
+            assert trial.value == pytest.approx(fit.p50)
+    estimate = studied.summary.best_estimate
+    assert {"p10", "p50", "p90"} <= set(estimate["final_val_loss"])
+
+
+def test_trials_see_the_same_data_whatever_their_batch(studied: Studied) -> None:
+    firsts = [
+        t
+        for t in studied.study.trials
+        if t.state == optuna.trial.TrialState.COMPLETE and PROMOTED_FROM_ATTR not in t.user_attrs
+    ]
+    seen = {t.user_attrs[CURVE_ATTR][-1][0] for t in firsts}
+    batches = {t.user_attrs["effective_batch_size"] for t in firsts}
+    assert len(batches) > 1, "the fixture should draw different effective batches"
+    target = FRACTION * firsts[0].user_attrs["full_run_samples"]
+    for samples in seen:  # the share of the data, to within one optimizer step
+        assert abs(samples - target) <= max(batches)
+
+
+def test_the_trial_is_the_start_of_its_full_run(studied: Studied) -> None:
+    exported = studied.study.trials[studied.summary.best_trial or 0]
+    trial_curve = dict(tuple(p) for p in exported.user_attrs[CURVE_ATTR])
+    full_curve = dict(curve_points(studied.full_run["eval_records"]))
+    shared = sorted(set(trial_curve) & set(full_curve))
+    assert len(shared) >= 4
+    for samples in shared:
+        assert trial_curve[samples] == pytest.approx(full_curve[samples], abs=1e-4)
+    # ... and the full run went on learning past the trial's end.
+    assert studied.full_run["final_eval_loss"] < trial_curve[shared[-1]]
+
+
+def test_promote_continues_the_best_configuration_in_its_run(studied: Studied) -> None:
+    trials = studied.study.trials
+    promoted = [t for t in trials if PROMOTED_FROM_ATTR in t.user_attrs]
+    assert len(promoted) == 1
+    first = trials[promoted[0].user_attrs[PROMOTED_FROM_ATTR]]
+    firsts = [
+        t
+        for t in trials
+        if t.state == optuna.trial.TrialState.COMPLETE and PROMOTED_FROM_ATTR not in t.user_attrs
+    ]
+    assert first.value == min(t.value for t in firsts)  # type: ignore[type-var]
+    again = promoted[0]
+    assert again.params == first.params
+    assert again.user_attrs["mlflow_run_id"] == first.user_attrs["mlflow_run_id"]
+    # More points of the same curve: the first ones repeat, the others go further.
+    before, after = first.user_attrs[CURVE_ATTR], again.user_attrs[CURVE_ATTR]
+    assert after[-1][0] > 1.5 * before[-1][0]
+    shared = dict(tuple(p) for p in before).keys() & dict(tuple(p) for p in after).keys()
+    assert shared
+    # The promoted trial stands for the configuration: it is the one exported.
+    assert studied.summary.best_trial != first.number
+    run = MlflowClient(studied.summary.tracking_uri).get_run(first.user_attrs["mlflow_run_id"])
+    assert run.data.tags["hpo.promoted_trial_number"] == str(again.number)
+    assert run.info.status == "FINISHED"
+
+
+def test_a_full_run_corrects_the_next_studys_prediction(
+    studied: Studied, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = studied.full_run
+    assert report["status"] == "finished"
+    predicted = report["estimate"]["final_val_loss_uncorrected_p50"]
+    # By file: analysis.calibrate --full-run folds the run's loss into the calibration.
+    work = Path(studied.config.work_dir)
+    out = tmp_path / "calibration.json"
+    out.write_bytes((work / "calibration.json").read_bytes())
+    (tmp_path / "full.json").write_text(json.dumps(report))
+    code = run_cli(calibrate_main, ["--full-run", str(tmp_path / "full.json"), "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    correction = load(out).loss_correction
+    assert correction.n_runs == 1
+    # One run moves predictions half-way (in log space) to what it measured.
+    assert correction.scale == pytest.approx((report["final_eval_loss"] / predicted) ** 0.5)
+
+    # By MLflow: the next study of the work dir reads the run's report itself.
+    summary = run_study(dataclasses.replace(studied.config, n_trials=6), progress=False)
+    study = optuna.load_study(study_name="objective", storage=studied.config.storage_url)
+    newest = [t for t in study.trials if t.number >= 4 and CURVE_ATTR in t.user_attrs]
+    assert newest
+    estimate = newest[0].user_attrs["estimate"]
+    assert estimate["loss_correction"]["runs"] == 1
+    scaled = estimate["final_val_loss_uncorrected_p50"] * correction.scale
+    assert estimate["final_val_loss"]["p50"] == pytest.approx(scaled, rel=1e-4)
+    assert summary.best_estimate["loss_correction"]["runs"] == 1
+    # Resumed with the same promotion: nothing promoted twice.
+    promoted = [
+        t.user_attrs[PROMOTED_FROM_ATTR] for t in study.trials if PROMOTED_FROM_ATTR in t.user_attrs
+    ]
+    assert len(promoted) == len(set(promoted))
+
+
+def test_loss_at_fidelity_scores_the_last_loss(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = _config(tmp_path, tiny_model_dir, objective="loss_at_fidelity", n_trials=1, promote=0)
+    run_study(config, progress=False)
+    trial = optuna.load_study(study_name="objective", storage=config.storage_url).trials[0]
+    assert trial.value == pytest.approx(trial.user_attrs[CURVE_ATTR][-1][1], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("steps", "fraction", "evals", "expected"),
+    [
+        (338, 0.1, 6, (34, 5)),  # effective batch 8 on the demo data
+        (85, 0.1, 6, (8, 1)),  # effective batch 32: the same data, fewer steps
+        (20, 0.1, 6, (2, 1)),
+        (3, 0.1, 6, (1, 1)),  # at least one step
+        (10, 1.0, 4, (10, 2)),  # the whole run
+    ],
+)
+def test_trial_schedule(steps: int, fraction: float, evals: int, expected: tuple[int, int]) -> None:
+    schedule = trial_schedule(steps, fraction=fraction, evals=evals)
+    assert (schedule.stop_after_steps, schedule.eval_interval) == expected
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("objective", "accuracy", "objective must be one of"),
+        ("trial_fraction", 0.0, "trial_fraction must be in (0, 1]"),
+        ("trial_fraction", 1.5, "trial_fraction must be in (0, 1]"),
+        ("trial_max_steps", 30, "trial_max_steps (now trial_fraction"),
+        ("promote", -1, "promote must be an integer >= 0"),
+    ],
+)
+def test_bad_objective_settings_name_the_field(field: str, value: Any, message: str) -> None:
+    from common.errors import BadInputError
+
+    with pytest.raises(BadInputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, {field: value})
+
+
+def test_full_runs_fold_into_the_calibration_once(studied: Studied, tmp_path: Path) -> None:
+    from analysis.calibration import LossRun
+    from analysis.full_runs import FullRun, absorb
+
+    base = load(Path(studied.config.work_dir) / "calibration.json")
+    base = dataclasses.replace(base, loss_runs=())
+    report = studied.full_run
+    finished = FullRun("run-a", report)
+    slower = [1.1 * x for x in report["micro_step_seconds"]]
+    stopped = FullRun(
+        "run-b", {**report, "status": "stopped_by_window", "micro_step_seconds": slower}
+    )
+    elsewhere = FullRun(
+        "run-c", {**report, "estimate": {**report["estimate"], "hardware_fingerprint": "other"}}
+    )
+    calibration, losses, timed = absorb(base, [finished, stopped, elsewhere])
+    # The finished run teaches both; the stopped one only time; another machine's nothing.
+    assert (losses, timed) == (1, 2)
+    assert calibration.n_measurements["runs"] == base.n_measurements["runs"] + 2
+    again, losses, timed = absorb(calibration, [finished])
+    assert (losses, timed) == (0, 0) and again.loss_runs == calibration.loss_runs
+    # The loss section survives the file.
+    path = tmp_path / "calibration.json"
+    calibration.save(path)
+    loaded = load(path)
+    assert loaded.loss_runs == (
+        LossRun(
+            "run-a", report["estimate"]["final_val_loss_uncorrected_p50"], report["final_eval_loss"]
+        ),
+    )
+    assert loaded.loss_correction == calibration.loss_correction
+    assert json.loads(path.read_text())["loss"]["correction"]["n_runs"] == 1
