@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 # torch's CPU wheel may lie on disk; pip then takes it instead of a multi-GB CUDA build.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: setup services demo test lint typecheck pytest bench clean
+.PHONY: setup services demo test lint typecheck pytest bench ui clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -23,14 +23,26 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# PostgreSQL binaries for the multi-worker tests (the tests start their own server).
+# PostgreSQL binaries for the multi-worker tests (the tests start their own server) and
+# Chromium for the report's rendering test.
 services:
 	@bash scripts/ensure-postgres.sh
+	@bash scripts/ensure-chromium.sh
 
 pytest: $(STAMP) services
 	$(PY) -m pytest
 
 test: lint typecheck pytest
+
+# The MLflow UI over the studies' runs; `make ui UI_PORT=5001` for another port. Ctrl-C stops it.
+UI_PORT ?= 5000
+UI_STORE ?= sqlite:///$(CURDIR)/hpo-runs/mlflow.db
+# One reader at a desk: one worker starts several times faster than MLflow's default four.
+UI_WORKERS ?= 1
+ui: $(STAMP)
+	@$(PY) scripts/mlflow_ui_url.py --backend-store-uri '$(UI_STORE)' --host 127.0.0.1 --port $(UI_PORT)
+	$(PY) -m mlflow server --backend-store-uri '$(UI_STORE)' --host 127.0.0.1 --port $(UI_PORT) \
+		--workers $(UI_WORKERS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/trainer_throughput.py --json hpo-runs/bench-trainer.json

@@ -1,0 +1,177 @@
+"""Draw every section of a study's report into a folder, with a `report.md` that embeds them.
+
+The folder appears whole or not at all: everything is written into a hidden staging folder
+next to it, which is then renamed into place (a previous report is replaced only then).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from analysis.report import loss_plots, machine_plots, search_plots
+from analysis.report.canvas import Section
+from analysis.report.rows import FullRun, TrialRow, best_complete, count, trial_rows
+from common.errors import BadInputError
+from common.files import write_atomic
+from common.redact import redact
+
+if TYPE_CHECKING:
+    import optuna
+
+REPORT_MD = "report.md"
+EXPORTED_ATTR = "exported_trial"  # study user attribute: the trial hpo.export wrote a preset for
+
+
+@dataclass(frozen=True)
+class Report:
+    """What `write_report` wrote.
+
+    Attributes:
+        folder: The report folder (attach it whole, e.g. as MLflow artifacts under `report/`).
+        markdown: `report.md` inside it.
+        images: The PNGs, in the order report.md shows them.
+        skipped: Titles of the sections drawn without an image, each with its reason.
+    """
+
+    folder: Path
+    markdown: Path
+    images: tuple[Path, ...]
+    skipped: tuple[str, ...]
+
+
+def write_report(
+    study: optuna.Study,
+    out_dir: str | Path,
+    *,
+    full_runs: Sequence[FullRun] = (),
+    tracking_uri: str | None = None,
+) -> Report:
+    """Write the study's plots and `report.md` into `out_dir` (replacing a previous report).
+
+    Args:
+        study: The study (single objective).
+        out_dir: The report folder; its parent is created when missing.
+        full_runs: Full training runs to compare with their predicted durations.
+        tracking_uri: The MLflow tracking URI, to link the study's runs (http(s) only).
+
+    Returns:
+        The folder, report.md and the images.
+
+    Raises:
+        BadInputError: The study has no complete trial, or `out_dir` is not a folder.
+    """
+    rows = trial_rows(study.get_trials(deepcopy=False))
+    minimize = study.direction.name == "MINIMIZE"
+    best = best_complete(rows, minimize=minimize)
+    if best is None:
+        counts = ", ".join(
+            f"{n} {state.replace('_', ' ')}" for state, n in count(rows).items() if n
+        )
+        raise BadInputError(
+            f"study '{study.study_name}' has no complete trial to report on ({counts or 'no trials'})"
+        )
+    target = Path(out_dir).absolute()
+    if target.exists() and not target.is_dir():
+        raise BadInputError(f"--out {out_dir}: exists and is not a folder")
+    exported = study.user_attrs.get(EXPORTED_ATTR)
+    if isinstance(exported, bool) or not isinstance(exported, int):
+        exported = best.number
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it private; a report is for reading
+        sections = _draw(study, rows, staging, minimize, exported, full_runs)
+        text = _markdown(study, rows, sections, best, exported, tracking_uri)
+        write_atomic(staging / REPORT_MD, text)
+        _replace(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return Report(
+        folder=target,
+        markdown=target / REPORT_MD,
+        images=tuple(target / s.image for s in sections if s.image),
+        skipped=tuple(f"{s.title}: {s.reading}" for s in sections if not s.image),
+    )
+
+
+def _draw(
+    study: optuna.Study,
+    rows: Sequence[TrialRow],
+    folder: Path,
+    minimize: bool,
+    exported: int,
+    full_runs: Sequence[FullRun],
+) -> list[Section]:
+    importances, scores = search_plots.importances(study, rows, folder)
+    return [
+        search_plots.history(rows, folder, minimize=minimize),
+        importances,
+        search_plots.slices(study, rows, folder, importance=scores, minimize=minimize),
+        loss_plots.curves(rows, folder, minimize=minimize),
+        machine_plots.durations(rows, folder, full_runs),
+        machine_plots.throughput(rows, folder),
+        machine_plots.memory(rows, folder),
+        loss_plots.pareto(rows, folder, exported=exported),
+    ]
+
+
+def _replace(staging: Path, target: Path) -> None:
+    """Rename `staging` to `target`; an existing `target` is moved aside first, then removed."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}-old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        target.rename(old)
+    staging.rename(target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _markdown(
+    study: optuna.Study,
+    rows: Sequence[TrialRow],
+    sections: Iterable[Section],
+    best: TrialRow,
+    exported: int,
+    tracking_uri: str | None,
+) -> str:
+    counts = count(rows)
+    tally = ", ".join(f"{n} {state.replace('_', ' ')}" for state, n in counts.items() if n)
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"# Study report: {study.study_name}",
+        "",
+        f"{len(rows)} trials ({tally}); direction {study.direction.name.lower()}; "
+        f"best trial {best.number} (value {best.value:.4g}); exported trial {exported}. "
+        f"Written {now}.",
+        "",
+    ]
+    link = _mlflow_line(study.user_attrs, tracking_uri)
+    if link:
+        lines += [link, ""]
+    for index, section in enumerate(sections, start=1):
+        lines += [f"## {index}. {section.title}", ""]
+        if section.image:
+            lines += [f"![{section.title}]({section.image})", "", section.reading, ""]
+        else:
+            lines += [f"_{section.reading}_", ""]
+    return "\n".join(lines)
+
+
+def _mlflow_line(attrs: Mapping[str, object], tracking_uri: str | None) -> str | None:
+    """Where the study's MLflow parent run is (a link when the tracking URI is a server)."""
+    run, experiment = attrs.get("mlflow_parent_run_id"), attrs.get("mlflow_experiment_id")
+    if not run:
+        return None
+    if tracking_uri and tracking_uri.startswith(("http://", "https://")) and experiment:
+        base = redact(tracking_uri).rstrip("/")
+        return f"MLflow parent run: [{run}]({base}/#/experiments/{experiment}/runs/{run})"
+    return f"MLflow parent run: `{run}` (experiment {experiment or '?'})"
