@@ -176,10 +176,13 @@ class MlflowWriter:
         """Queue closing the run with MLflow `status` (FINISHED, KILLED, FAILED)."""
         self.submit(lambda: self.client.set_terminated(_run_id(run), status=status))
 
-    def log_artifact(self, run_id: str, path: str | Path) -> None:
-        """Upload a file to the run, after everything queued before it."""
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        """Upload a file, or a folder's files, to the run after everything queued before it."""
         self.flush()
-        self.client.log_artifact(run_id, str(path))
+        if Path(path).is_dir():
+            self.client.log_artifacts(run_id, str(path), artifact_path=artifact_path)
+        else:
+            self.client.log_artifact(run_id, str(path), artifact_path=artifact_path)
 
 
 def _run_id(run: Run) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 
 from common.errors import BadInputError, TrainingFailed
+from common.fmt import format_duration
 from common.redact import redact
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
@@ -54,6 +55,7 @@ class StudySummary:
     elapsed_seconds: float
     tracking_uri: str
     objective: str = "predicted_full_run_loss"
+    report_path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -141,6 +143,7 @@ def run_study(
     tracker.reconcile(parent, study)
     tracker.update_parent(parent, study)
     summary = _summary(study, config, tracker, parent)
+    _report(study, config, tracker, summary)
     tracker.finish_parent(parent)
     summary.elapsed_seconds = time.perf_counter() - started
     return summary
@@ -221,6 +224,54 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
             bar.close()
             context.tracker.flush()
     return len(chosen)
+
+
+def _report(
+    study: optuna.Study, config: StudyConfig, tracker: Tracker, summary: StudySummary
+) -> None:
+    """The study's report: files in the work dir, artifacts and a note on the parent run.
+
+    A report that cannot be drawn costs the study nothing but a warning.
+    """
+    parent = summary.mlflow_parent_run_id
+    tracker.note(parent, parent_note(summary))
+    if not summary.states["complete"]:
+        return
+    from analysis.report import write_report
+    from analysis.report.document import EXPORTED_ATTR
+
+    if summary.best_trial is not None:
+        study.set_user_attr(EXPORTED_ATTR, summary.best_trial)
+    try:
+        report = write_report(
+            study,
+            Path(config.work_dir) / "reports" / config.study_name,
+            tracking_uri=tracker.tracking_uri,
+        )
+        tracker.log_artifact(parent, report.folder, "report")
+    except Exception as exc:  # plots are a view of the study, not part of it
+        log.warning("the study's report could not be written: %s", redact(str(exc)))
+        return
+    summary.report_path = str(report.markdown)
+
+
+def parent_note(summary: StudySummary) -> str:
+    """One sentence for the study's parent run: what was tried and what came out."""
+    states = summary.states
+    tried = f"{states['complete']} complete, {states['pruned']} pruned, {states['failed']} failed"
+    if summary.best_trial is None:
+        return f"Study '{summary.study_name}': {tried}; nothing to export."
+    estimate = summary.best_estimate
+    loss = estimate.get("final_val_loss") or {}
+    hours = estimate.get("duration_hours") or {}
+    parts = [f"Study '{summary.study_name}': {tried}; best trial {summary.best_trial}"]
+    if loss:
+        parts.append(
+            f"predicted final loss {loss['p50']:.3g} ({loss['p10']:.3g}-{loss['p90']:.3g})"
+        )
+    if hours:
+        parts.append(f"full run {format_duration(hours['p50'] * 3600)}")
+    return ", ".join(parts) + f"; preset {summary.preset_path}."
 
 
 def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator) -> None:

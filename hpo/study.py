@@ -67,6 +67,8 @@ def _print_summary(summary: Any, server: dict[str, Any]) -> None:
         _print_estimate(summary.best_estimate)
         print(f"preset: {summary.preset_path}")
         print(f"train it: python -m trainers.train --preset {summary.preset_path}")
+        if summary.report_path:
+            print(f"report: {summary.report_path} (also on the study's MLflow run, under report/)")
     host, port = server.get("host", "127.0.0.1"), server.get("port", 5000)
     from hpo.storage import redact
 

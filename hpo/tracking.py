@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from mlflow.entities import Metric
 
 PARENT_ATTR = "mlflow_parent_run_id"
+NOTE_TAG = "mlflow.note.content"  # the description the UI shows on the run's page
 EXPERIMENT_ATTR = "mlflow_experiment_id"
 # MLflow run status for each trial state: the runs table shows it in its status column.
 STATUS = {"complete": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}
@@ -206,9 +207,13 @@ class Tracker:
         self.log_batch(run, metrics=final, tags={"state": state, **(tags or {})})
         self.writer.set_terminated(run, STATUS[state])
 
-    def log_artifact(self, run_id: str, path: str | Path) -> None:
-        """Upload a file to the run once everything queued is stored."""
-        self.writer.log_artifact(run_id, path)
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        """Upload a file (or a folder's files) to the run once everything queued is stored."""
+        self.writer.log_artifact(run_id, path, artifact_path)
+
+    def note(self, run: Run, text: str) -> None:
+        """The run's description in the MLflow UI (its note), one sentence."""
+        self.log_batch(run, tags={NOTE_TAG: text})
 
     def finish_parent(self, parent_run_id: str) -> None:
         """Close the study's parent run and wait until everything is stored."""
