@@ -11,12 +11,13 @@ from typing import Any
 import optuna
 
 from common.errors import BadInputError, TrainingFailed
+from common.fmt import format_duration
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.export import PROMOTED_FROM_ATTR
 from hpo.final_loss import predict_final_loss
 from hpo.runspec import train_spec
-from hpo.tracking import RunRef, Tracker, TrialMetrics
+from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
 from search_spaces import SearchSpace, sample
 from trainers.events import EvalInfo, TrainingCallback
 from trainers.result import TrainResult
@@ -170,11 +171,21 @@ class Objective:
         value = (
             final.fit.p50 if ctx.config.objective == "predicted_full_run_loss" else final.last_loss
         )
+        band = final.band()
+        note = (
+            f"complete: predicted final loss {band['p50']:.3g} "
+            f"({band['p10']:.3g}-{band['p90']:.3g}) after {final.points[-1][0]} of "
+            f"{derived['full_run_samples']:.0f} samples"
+        )
+        hours = measured.get("predicted_full_run_hours_p50")
+        if hours:
+            note += f", full run {format_duration(hours * 3600)}"
+            note += f" (p90 {format_duration(measured['predicted_full_run_hours_p90'] * 3600)})"
         ctx.tracker.end_trial(
             run_id,
             "complete",
             metrics={"value": value, "val_loss_final": final.last_loss, **measured},
-            tags=tags,
+            tags={**tags, NOTE_TAG: note},
         )
         return float(value)
 
@@ -238,8 +249,11 @@ class Objective:
     ) -> None:
         """Close a trial that did not complete: its reason in Optuna and in MLflow."""
         trial.set_user_attr("state_reason", reason)
+        if tags.get("never_trained"):
+            trial.set_user_attr("never_trained", True)
+        note = f"{'pruned before training' if tags.get('never_trained') else state}: {reason}"
         self.context.tracker.end_trial(
-            run_id, state, metrics=metrics, tags={"reason": reason, **tags}
+            run_id, state, metrics=metrics, tags={"reason": reason, NOTE_TAG: note, **tags}
         )
 
     @staticmethod

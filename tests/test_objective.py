@@ -261,3 +261,21 @@ def test_full_runs_fold_into_the_calibration_once(studied: Studied, tmp_path: Pa
     )
     assert loaded.loss_correction == calibration.loss_correction
     assert json.loads(path.read_text())["loss"]["correction"]["n_runs"] == 1
+
+
+def test_runs_read_without_opening_them(studied: Studied) -> None:
+    client = MlflowClient(studied.summary.tracking_uri)
+    parent = client.get_run(studied.summary.mlflow_parent_run_id)
+    note = parent.data.tags["mlflow.note.content"]
+    assert note.startswith("Study 'objective': ") and str(studied.summary.preset_path) in note
+    for trial in studied.study.trials:
+        run = client.get_run(trial.user_attrs["mlflow_run_id"])
+        text = run.data.tags["mlflow.note.content"]
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            assert text.startswith("complete: predicted final loss ")
+        else:
+            assert text.split(":")[0] in ("pruned", "pruned before training", "failed")
+    # The study's report, on its parent run.
+    listed = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.md", "report/history.png", "report/curves.png"} <= listed
+    assert Path(studied.summary.report_path or "").is_file()
