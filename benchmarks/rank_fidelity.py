@@ -116,6 +116,7 @@ def run_config(
         "predicted_p50": final.fit.p50,
         "predicted_p90": final.fit.p90,
         "curve_method": final.fit.method,
+        "trial_curve": [list(p) for p in final.points],
         "full_run_loss": full.final_eval_loss,
         "seconds": time.perf_counter() - started,
     }
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pretrain-steps", type=int, default=0, help="0: a fresh tiny model")
     parser.add_argument("--data", default="prompt_completion", help="bundled data set")
     parser.add_argument("--trial-fraction", type=float, default=0.1)
+    parser.add_argument("--trial-evals", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", help="write the result here")
@@ -200,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             data=str(demo_data_path(args.data)),
             work_dir=str(work),
             trial_fraction=args.trial_fraction,
+            trial_evals=args.trial_evals,
             eval_samples=200,  # every run scored on the same 200 validation samples
             epochs=1.0,
             device="cpu",
