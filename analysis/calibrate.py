@@ -364,7 +364,9 @@ def summary_lines(calibration: Calibration) -> list[str]:
         f"{counts.get('eval', 0)} evaluations, {counts.get('checkpoint', 0)} checkpoints",
         f"  micro-step: {1e3 * c.micro_fixed_seconds:.1f} ms + "
         f"{1 / c.micro_seconds_per_flop / 1e9:.2f} GFLOP/s effective; "
-        f"interval p10-p90 about x{1 / band:.2f} to x{band:.2f} of the median",
+        f"interval p10-p90 about x{1 / band:.2f} to x{band:.2f} of the median"
+        f" (machine drift alone x{math.exp(c.drift_log_p90):.2f}); "
+        f"peak memory p90 = median x{math.exp(c.memory_log_p90):.2f}",
         accuracy,
     ]
 

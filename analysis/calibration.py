@@ -47,6 +47,12 @@ _F_SCALE = 0.1  # log-ratio scale where the robust loss turns from quadratic to 
 _PRIOR_LOG_SD = 2.0  # a weak pull to the prior: decides only what the data leave open
 _RUN_SD_PRIOR = 0.12  # run-to-run sd of step time before seeing repeats (5-13 % here)
 _RUN_SD_FLOOR = 0.05
+# Peak memory: a held-out run's log(measured / predicted) has about this sd before any is
+# seen (worth two runs); the p90 never sits less than 5 % above the median (on CPU the
+# process's resident memory only ratchets up from one run to the next, by 1-5 % here).
+_MEMORY_SD_PRIOR = 0.03
+_MEMORY_LOG_P90_FLOOR = math.log(1.05)
+_MEMORY_HOLDOUT_RUNS = 20  # the newest runs whose leave-one-out error sets the margin
 
 
 @dataclass(frozen=True)
@@ -488,7 +494,10 @@ def _fit_coefficients(
         (p.startup_fixed_seconds, p.startup_seconds_per_parameter),
     )
     memory, n_memory = _fit_memory(stored, model, hardware, prior)
-    spread = _spread(res, [len(rows[1]) for rows in micro_rows], prior)
+    memory_margin = _memory_margin(stored, model, hardware, prior)
+    spread = _spread(
+        res, [len(rows[1]) for rows in micro_rows], [_config(r) for r in stored], prior
+    )
     loops = [r.loop_seconds / r.loop_micro_steps for r in stored if r.loop_micro_steps > 0]
     loop = max(float(np.median(loops)), 0.0) if loops else prior.loop_seconds_per_micro_step
     coefficients = dataclasses.replace(
@@ -512,6 +521,9 @@ def _fit_coefficients(
         step_noise_sd=spread[1],
         systematic_log_p10=spread[2],
         systematic_log_p90=spread[3],
+        drift_log_sd=spread[4],
+        drift_log_p90=spread[5],
+        memory_log_p90=memory_margin,
         loop_seconds_per_micro_step=loop,
     )
     warmups = [
@@ -587,6 +599,29 @@ def _warmup_extra(run: RunMeasurements, model: ModelProfile, c: Coefficients) ->
     return extra
 
 
+def _memory_features(
+    run: RunMeasurements, model: ModelProfile, hardware: HardwareInfo
+) -> tuple[float, float]:
+    """Activation bytes of the run's longest micro-batch and its static bytes."""
+    activation = activation_bytes(
+        model,
+        run.micro_batch_size,
+        max(run.micro_step_seq_len),
+        hardware.precision,
+        run.gradient_checkpointing,
+        hardware.device_kind,
+    )
+    return activation, static_memory_bytes(model, run.trainable_parameters, hardware.precision)
+
+
+def _memory_peak(
+    run: RunMeasurements, model: ModelProfile, hardware: HardwareInfo, coef: np.ndarray
+) -> float:
+    """Peak memory predicted for `run` by (fixed bytes, activation scale) `coef`."""
+    activation, static = _memory_features(run, model, hardware)
+    return float(coef[0] + static + coef[1] * activation)
+
+
 def _fit_memory(
     runs: Sequence[RunMeasurements],
     model: ModelProfile,
@@ -601,23 +636,7 @@ def _fit_memory(
     measured = [r for r in runs if r.peak_memory_bytes > 0 and r.micro_step_seq_len]
     if not measured:
         return np.array([prior.memory_fixed_bytes, prior.activation_memory_scale]), 0
-    precision = hardware.precision
-    activation = np.array(
-        [
-            activation_bytes(
-                model,
-                r.micro_batch_size,
-                max(r.micro_step_seq_len),
-                precision,
-                r.gradient_checkpointing,
-                hardware.device_kind,
-            )
-            for r in measured
-        ]
-    )
-    static = np.array(
-        [static_memory_bytes(model, r.trainable_parameters, precision) for r in measured]
-    )
+    activation, static = np.array([_memory_features(r, model, hardware) for r in measured]).T
     peaks = np.array([float(r.peak_memory_bytes) for r in measured])
     coef, _ = _robust_positive_fit(
         np.column_stack([np.ones_like(activation), activation]),
@@ -629,20 +648,40 @@ def _fit_memory(
     return coef, len(measured)
 
 
+def _config(run: RunMeasurements) -> tuple[object, ...]:
+    """What makes two runs the same configuration as far as step time goes."""
+    return (
+        run.micro_batch_size,
+        run.max_length,
+        run.lora_r,
+        run.trainable_parameters,
+        run.gradient_checkpointing,
+    )
+
+
 def _spread(
-    log_residuals: np.ndarray, run_sizes: list[int], prior: Coefficients
-) -> tuple[float, float, float, float]:
+    log_residuals: np.ndarray,
+    run_sizes: list[int],
+    configs: Sequence[object],
+    prior: Coefficients,
+) -> tuple[float, float, float, float, float, float]:
     """Interval parameters from micro-step residuals.
 
-    Returns step_mean_ratio, step_noise_sd, systematic_log_p10 and systematic_log_p90.
+    Returns step_mean_ratio, step_noise_sd, systematic_log_p10, systematic_log_p90,
+    drift_log_sd and drift_log_p90.
 
     `step_mean_ratio` turns the robust (typical) step time into the mean, stalls included:
     a run's total is a sum, so every stall measured on this machine costs real time.
-    The run-to-run sd is a shrinkage estimate: a prior worth two runs, pooled with the
-    spread of per-run median residuals as repeats accumulate. Its quantiles come from a
-    Student t with the pooled estimate's k + 1 degrees of freedom rather than a normal: an sd
+    A run's level is the median of its residuals. Levels differ for two reasons: the model
+    is wrong about some configurations (shape), and the machine was faster or slower while
+    the run executed (drift). Runs of one configuration (`configs` alike) differ by drift
+    alone, so their pooled within-configuration variance measures the machine; what is left
+    of the variance over all runs is the model's. The model's sd is a shrinkage estimate: a
+    prior worth two runs, pooled with the spread of the levels as runs accumulate. Quantiles
+    come from a Student t with the estimate's degrees of freedom rather than a normal: an sd
     estimated from a handful of runs is itself uncertain, which widens the band while few
-    runs are measured.
+    runs are measured. Without repeated configurations the drift is not told apart (0) and
+    the model's band carries the whole spread, as it always did.
     """
     usable = log_residuals[np.isfinite(log_residuals)]
     if usable.size == 0:
@@ -651,19 +690,77 @@ def _spread(
             prior.step_noise_sd,
             prior.systematic_log_p10,
             prior.systematic_log_p90,
+            prior.drift_log_sd,
+            prior.drift_log_p90,
         )
     ratio = np.minimum(np.exp(usable), 10.0)  # one pathological pause must not rule
     mean = float(ratio.mean())
     parts = np.split(log_residuals, np.cumsum(run_sizes)[:-1])
-    medians = [
-        float(np.median(part[np.isfinite(part)])) for part in parts if np.isfinite(part).any()
+    levels = [
+        (float(np.median(part[np.isfinite(part)])), config)
+        for part, config in zip(parts, configs, strict=True)
+        if np.isfinite(part).any()
     ]
-    k = len(medians)
-    variance = float(np.var(medians, ddof=1)) if k >= 2 else 0.0
-    run_sd = math.sqrt((2 * _RUN_SD_PRIOR**2 + (k - 1) * variance) / (k + 1))
+    k = len(levels)
+    variance = float(np.var([m for m, _ in levels], ddof=1)) if k >= 2 else 0.0
+    drift_var, drift_dof = _drift_variance(levels)
+    shape_var = max(variance - drift_var, 0.0)
+    run_sd = math.sqrt((2 * _RUN_SD_PRIOR**2 + (k - 1) * shape_var) / (k + 1))
     run_sd = max(run_sd, _RUN_SD_FLOOR)
     quantile = float(student_t.ppf(0.9, k + 1))
-    return mean, float(ratio.std()) / mean, -quantile * run_sd, quantile * run_sd
+    drift_sd = math.sqrt(drift_var)
+    drift_p90 = float(student_t.ppf(0.9, drift_dof)) * drift_sd if drift_dof else 0.0
+    return (
+        mean,
+        float(ratio.std()) / mean,
+        -quantile * run_sd,
+        quantile * run_sd,
+        drift_sd,
+        drift_p90,
+    )
+
+
+def _drift_variance(levels: Sequence[tuple[float, object]]) -> tuple[float, int]:
+    """Pooled variance of run levels within configurations, and its degrees of freedom."""
+    groups: dict[object, list[float]] = {}
+    for level, config in levels:
+        groups.setdefault(config, []).append(level)
+    repeated = [np.asarray(g) for g in groups.values() if len(g) >= 2]
+    dof = sum(g.size - 1 for g in repeated)
+    if not dof:
+        return 0.0, 0
+    return float(sum(((g - g.mean()) ** 2).sum() for g in repeated)) / dof, dof
+
+
+def _memory_margin(
+    runs: Sequence[RunMeasurements],
+    model: ModelProfile,
+    hardware: HardwareInfo,
+    prior: Coefficients,
+) -> float:
+    """log(p90 / p50) of peak memory, from how well each run is predicted by the others.
+
+    The fit passes close to every run it is given, so its own residuals understate the error
+    on a configuration it has not seen; leaving each run out in turn does not. The p90 sits
+    the mean under-prediction (never a credit for over-predicting) plus a Student t quantile
+    of their shrunk sd above the median, never below the worst under-prediction seen (with
+    a few runs that is about their p80, and the errors are skewed: on CPU a process's
+    resident memory ratchets up, so late runs measure high) and never below the floor.
+    """
+    measured = [r for r in runs if r.peak_memory_bytes > 0 and r.micro_step_seq_len]
+    measured = measured[-_MEMORY_HOLDOUT_RUNS:]
+    if len(measured) < 2:
+        return prior.memory_log_p90
+    errors = []
+    for i, run in enumerate(measured):
+        coef, _ = _fit_memory([*measured[:i], *measured[i + 1 :]], model, hardware, prior)
+        predicted = _memory_peak(run, model, hardware, coef)
+        errors.append(math.log(run.peak_memory_bytes / predicted))
+    k = len(errors)
+    bias = max(float(np.mean(errors)), 0.0)
+    sd = math.sqrt((2 * _MEMORY_SD_PRIOR**2 + (k - 1) * float(np.var(errors, ddof=1))) / (k + 1))
+    upper = bias + float(student_t.ppf(0.9, k + 1)) * sd
+    return max(upper, max(errors), _MEMORY_LOG_P90_FLOOR)
 
 
 def update(

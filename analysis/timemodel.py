@@ -31,9 +31,12 @@ PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 Z90 = 1.2815515655446004  # standard normal quantile of 0.9
 
 # Dense peak FLOP/s (half precision tensor cores, fp32 without TF32), from vendor data sheets.
-# More specific names come first so that "A100" is not taken for "A10" and "L40S" for "L4".
+# More specific names come first so that "A100" is not taken for "A10", "L40S" for "L4" and
+# an H100 PCIe (lower clocks and power) for the SXM part.
 _GPU_PEAKS: tuple[tuple[str, float, float], ...] = (
     ("H200", 989e12, 67e12),
+    ("H100 PCIE", 756e12, 51e12),
+    ("H100 NVL", 835e12, 60e12),
     ("H100", 989e12, 67e12),
     ("A100", 312e12, 19.5e12),
     ("L40S", 362e12, 91.6e12),
@@ -51,6 +54,9 @@ _CPU_UTILISATION = 0.5  # of the measured matmul probe
 # Uncalibrated estimates are off by up to 2-3x in practice, so the prior band is wide.
 _PRIOR_LOG_P10 = math.log(0.6)
 _PRIOR_LOG_P90 = math.log(1.8)
+# Peak memory of an uncalibrated plan: the activation formula is a textbook estimate, so its
+# p90 sits 10 % above the median; a calibration narrows that to what its runs show.
+_PRIOR_MEMORY_LOG_P90 = math.log(1.10)
 
 
 def _check(condition: bool, message: str) -> None:
@@ -214,7 +220,8 @@ class Coefficients:
     """Rates that turn a plan's features into seconds and bytes.
 
     Per-FLOP and per-parameter rates keep the coefficients independent of the model, so a
-    prior needs only the hardware. `step_*` and `systematic_*` give the interval.
+    prior needs only the hardware. `step_*`, `systematic_*` and `drift_*` give the duration's
+    interval, `memory_log_p90` the memory's upper bound.
     """
 
     micro_fixed_seconds: float
@@ -240,6 +247,13 @@ class Coefficients:
     step_noise_sd: float = 0.0  # relative sd of one micro-step around the mean
     systematic_log_p10: float = _PRIOR_LOG_P10  # quantiles of log(actual / predicted) total
     systematic_log_p90: float = _PRIOR_LOG_P90
+    # The machine's own run-to-run drift (a shared VM's speed wanders by 15-60 % in an hour),
+    # measured from one configuration run more than once, where the model's error cancels:
+    # its log sd, and the log offset of its p90 that widens both ends of the band. 0: unmeasured
+    # (the systematic band alone then stands for it, as in calibrations written before).
+    drift_log_sd: float = 0.0
+    drift_log_p90: float = 0.0
+    memory_log_p90: float = _PRIOR_MEMORY_LOG_P90  # log(p90 / p50) of the peak memory
     source: str = "prior"
 
     @property
@@ -297,11 +311,24 @@ def peak_flops(
     half = hardware.precision != "fp32"
     if hardware.device_kind == "mps":
         return _MPS_PEAK[0] if half else _MPS_PEAK[1]
-    name = hardware.device_name.upper()
+    known = gpu_peak_flops(hardware.device_name, half=half)
+    if known is not None:
+        return known
+    return _UNKNOWN_GPU_PEAK[0] if half else _UNKNOWN_GPU_PEAK[1]
+
+
+def gpu_peak_flops(device_name: str, *, half: bool = True) -> float | None:
+    """A GPU's dense peak FLOP/s from its name (as CUDA reports it); None when not in the table.
+
+    Args:
+        device_name: E.g. "NVIDIA H100 80GB HBM3".
+        half: bf16/fp16 tensor-core peak; False: fp32 without TF32.
+    """
+    name = device_name.upper()
     for key, half_peak, fp32_peak in _GPU_PEAKS:
         if re.search(rf"(?<![A-Z0-9]){key}(?![A-Z0-9])", name):
             return half_peak if half else fp32_peak
-    return _UNKNOWN_GPU_PEAK[0] if half else _UNKNOWN_GPU_PEAK[1]
+    return None
 
 
 def prior_coefficients(
@@ -456,7 +483,11 @@ def static_memory_bytes(model: ModelProfile, trainable_parameters: float, precis
 
 @dataclass(frozen=True)
 class Estimate:
-    """Predicted full-run duration (with an interval), throughput and peak memory."""
+    """Predicted full-run duration (with an interval), throughput and peak memory.
+
+    `peak_memory_bytes` is the median peak; `peak_memory_bytes_p90` an upper bound that nine
+    runs in ten stay under (compare it, not the median, with a memory limit).
+    """
 
     seconds_p10: float
     seconds_p50: float
@@ -464,6 +495,7 @@ class Estimate:
     breakdown: dict[str, float]
     tokens_per_second: float  # padded training tokens per second of training time
     peak_memory_bytes: int
+    peak_memory_bytes_p90: int
     optimizer_steps: int
     micro_steps: int
     n_evaluations: int
@@ -523,13 +555,15 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     total = sum(breakdown.values())
     low, high = _interval(c, micro_steps, train / total)
     train_tokens = micro_steps * tokens
+    memory = _peak_memory_bytes(plan, c, int(lengths.max()))
     return Estimate(
         seconds_p10=total * low,
         seconds_p50=total,
         seconds_p90=total * high,
         breakdown=breakdown,
         tokens_per_second=train_tokens / train if train > 0 else 0.0,
-        peak_memory_bytes=_peak_memory_bytes(plan, c, int(lengths.max())),
+        peak_memory_bytes=memory,
+        peak_memory_bytes_p90=int(memory * math.exp(max(c.memory_log_p90, 0.0))),
         optimizer_steps=steps,
         micro_steps=micro_steps,
         n_evaluations=n_evals,
@@ -576,12 +610,14 @@ def _interval(c: Coefficients, micro_steps: int, train_share: float) -> tuple[fl
     Two kinds of error. Per-step noise is independent between steps, so its relative sd
     over the sum of M micro-steps shrinks as 1/sqrt(M) (stalls shift the mean, which
     `step_mean_ratio` already carries). Systematic error (a wrong coefficient, another
-    machine state for the whole run) hits every step alike and does not average out.
-    The two are independent, so their quantile offsets add in quadrature.
+    machine state for the whole run) hits every step alike and does not average out; the
+    machine's measured drift is of that kind too (counted whole: a drift slower than the
+    run does not average out either). The three are independent, so their quantile offsets
+    add in quadrature.
     """
     noise = Z90 * c.step_noise_sd / math.sqrt(max(micro_steps, 1)) * train_share
-    low = math.exp(-math.hypot(c.systematic_log_p10, noise))
-    high = math.exp(math.hypot(c.systematic_log_p90, noise))
+    low = math.exp(-math.hypot(c.systematic_log_p10, c.drift_log_p90, noise))
+    high = math.exp(math.hypot(c.systematic_log_p90, c.drift_log_p90, noise))
     return low, high
 
 

@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analysis.calibration import WARMUP_MICRO_STEPS, Calibration  # noqa: E402
 from analysis.plans import plan_for  # noqa: E402
 from analysis.timemodel import Plan, predict  # noqa: E402
-from benchmarks._common import machine, median, table, write_json  # noqa: E402
-from benchmarks.time_model_accuracy import (  # noqa: E402
+from benchmarks._common import machine, table, write_json  # noqa: E402
+from benchmarks._held_out import (  # noqa: E402
     HELD_OUT,
     HeldOut,
     calibrate,
@@ -46,6 +46,7 @@ from benchmarks.time_model_accuracy import (  # noqa: E402
     run_held_out,
     synthetic_data,
 )
+from benchmarks._levels import divide_by_level, level_spread_pct, shape_errors  # noqa: E402
 from trainers.spec import TrainSpec  # noqa: E402
 
 MICRO_STEPS = 80  # per short run: 3 warm-up + 77 steady micro-steps
@@ -138,28 +139,25 @@ def run_rounds(
         Per configuration its ratios with the round's level divided out; every run's raw
         measured / predicted; the level of each round.
     """
-    ratios: dict[str, list[float]] = {name: [] for name in plans}
-    raw: list[float] = []  # measured / predicted of every run, level not divided out
-    levels: list[float] = []
+    measured_rounds: list[dict[str, float]] = []
     started = time.perf_counter()
     for round_index in range(rounds):
         order = list(plans) if round_index % 2 == 0 else list(reversed(plans))
-        this_round = {}
+        this_round: dict[str, float] = {}
         for name in order:
             output_dir = str(work / f"r{round_index}-{len(this_round)}")
             result = run_held_out(dataclasses.replace(specs[name], output_dir=output_dir))
             measured = measured_micro_seconds(result, plans[name].gradient_accumulation_steps)
             this_round[name] = measured / predicted[name]
-        level = median(list(this_round.values()))
-        levels.append(level)
-        raw.extend(this_round.values())
-        for name, ratio in this_round.items():
-            ratios[name].append(ratio / level)
+        measured_rounds.append(this_round)
+        level = divide_by_level([this_round])[1][0]
         print(
             f"round {round_index + 1}/{rounds}: level {level:.3f} "
             f"({time.perf_counter() - started:.0f} s)",
             flush=True,
         )
+    ratios, levels = divide_by_level(measured_rounds)
+    raw = [ratio for this_round in measured_rounds for ratio in this_round.values()]
     return ratios, raw, levels
 
 
@@ -170,26 +168,22 @@ def summarize(
     levels: list[float],
 ) -> dict[str, Any]:
     """The shape error per configuration and over all of them, and the machine's levels."""
-    rows = []
-    for name in predicted:
-        shape = median(ratios[name])
-        rows.append(
-            {
-                "config": name,
-                "predicted_micro_ms": 1000 * predicted[name],
-                "shape_ratio": shape,
-                "shape_abs_pct_error": 100 * abs(shape - 1.0),
-                "ratio_spread_pct": 100 * float(np.std(ratios[name]) / np.mean(ratios[name])),
-                "ratios": ratios[name],
-            }
-        )
-    errors = [r["shape_abs_pct_error"] for r in rows]
+    shape = shape_errors(ratios)
+    rows = [
+        {
+            "config": name,
+            "predicted_micro_ms": 1000 * predicted[name],
+            **shape["rows"][name],
+            "ratios": ratios[name],
+        }
+        for name in predicted
+    ]
     return {
-        "median_shape_abs_pct_error": median(errors),
-        "p90_shape_abs_pct_error": float(np.percentile(errors, 90)),
+        "median_shape_abs_pct_error": shape["median_abs_pct_error"],
+        "p90_shape_abs_pct_error": shape["p90_abs_pct_error"],
         "levels": levels,
         "run_ratios": raw,
-        "level_spread_pct": 100 * (max(levels) - min(levels)) / median(levels),
+        "level_spread_pct": level_spread_pct(levels),
         "rows": rows,
     }
 

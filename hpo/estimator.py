@@ -77,6 +77,7 @@ class Verdict:
             "predicted_full_run_hours_p50": self.full_run.seconds_p50 / 3600,
             "predicted_full_run_hours_p90": self.full_run.seconds_p90 / 3600,
             "predicted_peak_memory_gb": self.full_run.peak_memory_bytes / GIB,
+            "predicted_peak_memory_gb_p90": self.full_run.peak_memory_bytes_p90 / GIB,
             **{f"constraint_{name}": value for name, value in self.constraints.items()},
         }
 
@@ -194,7 +195,8 @@ class StudyEstimator:
         constraints = {
             # Relative overshoot: unit-free, so TPE can add the two when it ranks violations.
             "duration": full.seconds_p90 / self.available_seconds - 1.0,
-            "memory": full.peak_memory_bytes / self.memory_limit_bytes - 1.0,
+            # The p90: an under-predicted peak is an out-of-memory crash hours in.
+            "memory": full.peak_memory_bytes_p90 / self.memory_limit_bytes - 1.0,
         }
         reasons = []
         if constraints["duration"] > 0:
@@ -206,6 +208,7 @@ class StudyEstimator:
         if constraints["memory"] > 0:
             reasons.append(
                 f"predicted peak memory {full.peak_memory_bytes / GIB:.1f} GB "
+                f"(p90 {full.peak_memory_bytes_p90 / GIB:.1f} GB) "
                 f"> {self.memory_limit_bytes / GIB:.1f} GB limit"
             )
         return Verdict(not reasons, "; ".join(reasons), full, own, constraints, coefficients)
@@ -306,7 +309,7 @@ class StudyEstimator:
         budget = self.config.budget
         fits = (
             estimate.seconds_p90 <= self.available_seconds
-            and estimate.peak_memory_bytes <= self.memory_limit_bytes
+            and estimate.peak_memory_bytes_p90 <= self.memory_limit_bytes
         )
         calibration = self.calibration
         return _rounded(
@@ -324,6 +327,7 @@ class StudyEstimator:
                 "tokens_per_second": estimate.tokens_per_second,
                 "optimizer_steps": estimate.optimizer_steps,
                 "peak_memory_gb": estimate.peak_memory_bytes / GIB,
+                "peak_memory_gb_p90": estimate.peak_memory_bytes_p90 / GIB,
                 "memory_limit_gb": self.memory_limit_bytes / GIB,
                 "fits_window": fits,
                 "window_hours": budget.window_hours,
