@@ -18,7 +18,6 @@ from analysis.learning_curve import CurveFit, LossCorrection, fit_curve
 CURVE_ATTR = "val_curve"  # [[samples_seen, val_loss], ...] of a trial
 FIT_ATTR = "curve_fit"  # the uncorrected fit (CurveFit.to_dict)
 PREDICTED_ATTR = "predicted_final_loss"  # {"p10", "p50", "p90"} after the correction
-MIN_TAIL_POINTS = 4  # a power law's three parameters and one degree of freedom
 
 
 @dataclass(frozen=True)
@@ -110,31 +109,7 @@ def predict_final_loss(
         return None
     target = max(float(full_run_samples), float(points[-1][0]))
     fit = fit_curve([s for s, _ in points], [loss for _, loss in points], target, seed=seed)
-    if fit.method == "poor_fit":
-        tail = _power_law_regime(points)
-        if len(tail) >= MIN_TAIL_POINTS and len(tail) < len(points):
-            refit = fit_curve([s for s, _ in tail], [loss for _, loss in tail], target, seed=seed)
-            if not refit.fell_back:
-                fit = refit
     return FinalLoss(points=points, fit=fit, predicted=correction.apply(fit))
-
-
-def _power_law_regime(points: Sequence[tuple[int, float]]) -> Sequence[tuple[int, float]]:
-    """The points from the curve's steepest descent (in log samples) on.
-
-    Early in fine-tuning a loss often sits on a plateau before it drops (the adapter is
-    still near zero, the model has not picked up the task's format): seen against log
-    samples the curve first bends down, which no power law does. From its steepest point
-    on it decelerates, as a power law does; that is the part worth extrapolating.
-    """
-    import math
-
-    slopes = [
-        (points[i][1] - points[i + 1][1]) / math.log(points[i + 1][0] / points[i][0])
-        for i in range(len(points) - 1)
-    ]
-    steepest = max(range(len(slopes)), key=lambda i: slopes[i])
-    return points[steepest:]
 
 
 def _sig6(value: float) -> float:

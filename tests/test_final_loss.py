@@ -29,18 +29,18 @@ def test_a_power_law_curve_is_extrapolated_to_the_full_run() -> None:
     assert final.fit.p50 == pytest.approx(truth, rel=0.03)
 
 
-def test_a_curve_that_starts_on_a_plateau_is_fitted_from_its_drop_on() -> None:
-    # Flat while the adapter is near zero, then the task's power-law decay from 160 samples.
+def test_a_curve_that_starts_on_a_plateau_falls_back_to_its_last_loss() -> None:
+    # Flat while the adapter is near zero, then a power-law drop: no one power law follows it.
+    # (Refitting from the steepest descent on predicted the level better but ranked fresh
+    # models' configurations worse in benchmarks/rank_fidelity.py: Spearman 0.96 -> 0.79.)
     samples = [40 * k for k in range(1, 11)]
     losses = [6.0, 5.98, 5.9] + list(power_law(samples[3:], 1.0, 4.0, 1.2, 160))
     final = predict_final_loss(
         _records(samples, losses), full_run_samples=4000, correction=LossCorrection()
     )
-    assert final is not None and final.fit.method == "power_law"
-    assert final.fit.x0 == 160  # the points before the steepest descent were left out
-    assert final.fit.p50 == pytest.approx(float(power_law(4000, 1.0, 4.0, 1.2, 160)), rel=0.05)
-    # All the points stay on the trial's record, for the report.
-    assert [s for s, _ in final.points] == samples
+    assert final is not None and final.fit.method == "poor_fit"
+    assert final.fit.p50 == pytest.approx(losses[-1])
+    assert "misses the curve" in final.fit.reason
 
 
 def test_the_correction_scales_the_band_not_the_fit() -> None:
