@@ -21,6 +21,7 @@ from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_atomic
 from hpo.final_loss import FIT_ATTR
+from hpo.pick import best_complete_trial, pick_trial
 from hpo.runspec import stored_config, train_spec
 from hpo.storage import make_storage, redact
 from trainers.preset import preset_dict
@@ -40,28 +41,6 @@ PARAM_KEYS = (
     "lora_alpha",
     "lora_dropout",
 )
-
-
-PROMOTED_FROM_ATTR = "promoted_from"  # hpo.objective sets it on a promoted trial
-
-
-def standing_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Complete trials, each configuration once: a promoted trial replaces its first trial.
-
-    A promoted trial trained the same configuration on more data, so its prediction of the
-    full run is the better informed one.
-    """
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    superseded = {t.user_attrs.get(PROMOTED_FROM_ATTR) for t in complete} - {None}
-    return [t for t in complete if t.number not in superseded]
-
-
-def best_complete_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
-    """The standing complete trial with the lowest value."""
-    standing = standing_trials(study)
-    if not standing:
-        raise BadInputError(f"study '{study.study_name}' has no complete trial to export")
-    return min(standing, key=lambda t: float(t.value if t.value is not None else float("inf")))
 
 
 def full_run_spec(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> TrainSpec:
@@ -174,10 +153,19 @@ def write_preset(preset: dict[str, Any], out: str | Path) -> Path:
     return path
 
 
-def export_study(study: optuna.Study, out: str | Path, *, storage_url: str) -> Path:
-    """Write the preset of the best complete trial and attach it to the parent run."""
-    trial = best_complete_trial(study)
-    path = write_preset(build_preset(study, trial, storage_url=storage_url), out)
+def export_study(
+    study: optuna.Study,
+    out: str | Path,
+    *,
+    storage_url: str,
+    trial: optuna.trial.FrozenTrial | None = None,
+    picked_by: str = "best predicted loss",
+) -> Path:
+    """Write the preset of `trial` (default: the best) and attach it to the parent run."""
+    trial = trial or best_complete_trial(study)
+    preset = build_preset(study, trial, storage_url=storage_url)
+    preset["provenance"]["picked_by"] = picked_by
+    path = write_preset(preset, out)
     _attach(study, path)
     return path
 
@@ -201,7 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study-name", required=True)
     parser.add_argument("--storage", required=True, help="Optuna storage URL of the study")
     parser.add_argument("--out", required=True, help="preset file to write")
+    parser.add_argument("--trial", type=int, help="export this trial instead of the best")
+    parser.add_argument(
+        "--pick",
+        nargs="+",
+        metavar="RULE",
+        default=["best"],
+        help="best (default) | cheapest-within PCT: the cheapest fitting trial whose "
+        "predicted loss is within PCT %% of the best",
+    )
     args = parser.parse_args(argv)
+    within = _within_pct(args.pick)
     check_writable(args.out)
     storage = make_storage(args.storage)
     try:
@@ -210,10 +208,25 @@ def main(argv: list[str] | None = None) -> int:
         raise BadInputError(
             f"no study named '{args.study_name}' in {redact(args.storage)}"
         ) from None
-    path = export_study(study, args.out, storage_url=args.storage)
-    print(f"preset written to {path}")
+    trial, rule = pick_trial(study, trial=args.trial, within_pct=within)
+    path = export_study(study, args.out, storage_url=args.storage, trial=trial, picked_by=rule)
+    print(f"preset of trial {trial.number} ({rule}) written to {path}")
     print(f"run it with: python -m trainers.train --preset {path}")
     return EXIT_OK
+
+
+def _within_pct(rule: list[str]) -> float | None:
+    """`--pick best` -> None; `--pick cheapest-within PCT` -> PCT."""
+    if rule == ["best"]:
+        return None
+    if len(rule) == 2 and rule[0] == "cheapest-within":
+        try:
+            return float(rule[1])
+        except ValueError:
+            pass
+    raise BadInputError(
+        f"--pick must be 'best' or 'cheapest-within PCT', but got {' '.join(rule)!r}"
+    )
 
 
 if __name__ == "__main__":

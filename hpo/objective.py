@@ -14,8 +14,8 @@ from common.errors import BadInputError, TrainingFailed
 from common.fmt import format_duration
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
-from hpo.export import PROMOTED_FROM_ATTR
 from hpo.final_loss import predict_final_loss
+from hpo.pick import PROMOTED_FROM_ATTR
 from hpo.runspec import train_spec
 from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
 from search_spaces import SearchSpace, sample

@@ -22,13 +22,12 @@ from hpo.export import (
     DATA_ATTR,
     MODEL_ATTR,
     PARAM_KEYS,
-    PROMOTED_FROM_ATTR,
-    best_complete_trial,
     current_correction,
     estimate_section,
     export_study,
 )
 from hpo.objective import Objective, StudyContext
+from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial
 from hpo.prepare import Prepared, prepare
 from hpo.progress import StudyProgress
 from hpo.pruners import make_pruner

@@ -20,8 +20,8 @@ from analysis.calibration import load
 from analysis.learning_curve import CurveFit
 from common.cli import run_cli
 from hpo.config import StudyConfig, load_config
-from hpo.export import PROMOTED_FROM_ATTR, best_complete_trial
 from hpo.final_loss import CURVE_ATTR, FIT_ATTR, PREDICTED_ATTR, curve_points
+from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial
 from hpo.runner import StudySummary, run_study
 from hpo.runspec import trial_schedule
 from trainers.train import main as train_main

@@ -1,0 +1,85 @@
+"""Which trial a study exports: the best, one by number, or the cheapest nearly as good."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from common.cli import run_cli
+from common.errors import BadInputError
+from hpo.export import main as export_main
+from hpo.pick import PROMOTED_FROM_ATTR, pick_trial, standing_trials
+
+# (predicted loss, hours, cost, fits the window)
+TRIALS = [
+    (2.00, 9.0, 22.5, True),  # the best loss
+    (2.01, 4.0, 10.0, True),  # 0.5 % worse, less than half the time: cheapest within 1 %
+    (2.03, 2.0, 5.0, True),  # 1.5 % worse
+    (1.90, 20.0, 50.0, False),  # better, but does not fit the window
+]
+
+
+def _study(price: float = 2.5) -> optuna.Study:
+    study = optuna.create_study()
+    for loss, hours, cost, fits in TRIALS:
+        study.add_trial(
+            optuna.trial.create_trial(
+                value=loss,
+                user_attrs={
+                    "predicted_final_loss": {"p10": loss - 0.1, "p50": loss, "p90": loss + 0.1},
+                    "estimate": {
+                        "duration_hours": {"p50": hours},
+                        "cost": {"p50": cost * price / 2.5},
+                        "price_per_hour": price,
+                        "fits_window": fits,
+                    },
+                },
+            )
+        )
+    return study
+
+
+def test_best_is_the_lowest_score() -> None:
+    trial, rule = pick_trial(_study())
+    assert trial.number == 3 and rule == "best predicted loss"
+
+
+@pytest.mark.parametrize(("pct", "expected"), [(0.0, 0), (1.0, 1), (2.0, 2), (10.0, 2)])
+def test_cheapest_within_picks_the_cheapest_fitting_point(pct: float, expected: int) -> None:
+    trial, rule = pick_trial(_study(), within_pct=pct)
+    assert trial.number == expected  # never trial 3: it does not fit the window
+    assert rule == f"cheapest within {pct:g} % of the best predicted loss"
+
+
+def test_without_a_price_hours_are_the_cost() -> None:
+    trial, _ = pick_trial(_study(price=0.0), within_pct=1.0)
+    assert trial.number == 1
+
+
+def test_a_promoted_trial_stands_for_its_first() -> None:
+    study = _study()
+    study.add_trial(optuna.trial.create_trial(value=1.95, user_attrs={PROMOTED_FROM_ATTR: 1}))
+    trial, _ = pick_trial(study)
+    assert trial.number == 3  # 1.90 still best; trial 1 is superseded by trial 4
+    numbers = {t.number for t in standing_trials(study)}
+    assert numbers == {0, 2, 3, 4}
+
+
+def test_a_trial_by_number() -> None:
+    trial, rule = pick_trial(_study(), trial=2)
+    assert trial.number == 2 and "by hand" in rule
+    with pytest.raises(BadInputError, match="trial 9 .* is not a complete trial"):
+        pick_trial(_study(), trial=9)
+    with pytest.raises(BadInputError, match="either --trial or --pick"):
+        pick_trial(_study(), trial=2, within_pct=1.0)
+
+
+def test_a_bad_rule_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--study-name", "x", "--storage", f"sqlite:///{tmp_path}/o.db", "--out",
+            str(tmp_path / "p.yaml"), "--pick", "cheapest-within", "some"]  # fmt: skip
+    assert run_cli(export_main, args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pick must be 'best' or 'cheapest-within PCT'" in err[0]
+    assert not (tmp_path / "p.yaml").exists()
