@@ -34,6 +34,7 @@ from analysis.calibration import Calibration, RunMeasurements, fit, load, load_f
 from analysis.full_runs import FullRun, absorb, from_mlflow, read_report
 from analysis.plans import probe_spec
 from analysis.records import CALIBRATION_FILE, TRIAL_ATTR, read_trial_record
+from analysis.studies import load_study
 from analysis.timemodel import HardwareInfo, ModelProfile, fingerprint, prior_coefficients
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
@@ -107,7 +108,7 @@ def calibrate_from_study(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = _load_study(study_name, storage)
+    study = load_study(study_name, storage)
     groups: dict[str, list[tuple[HardwareInfo, ModelProfile, RunMeasurements]]] = {}
     for trial in study.get_trials(deepcopy=False):
         record = trial.user_attrs.get(TRIAL_ATTR)
@@ -140,21 +141,6 @@ def calibrate_from_study(
         loss_runs=existing.loss_runs if existing else (),
     )
     return calibration, str(work_dir) if work_dir else None
-
-
-def _load_study(study_name: str, storage: str) -> Any:
-    import optuna
-
-    shown = redact(storage)
-    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
-        raise BadInputError(f"no study named '{study_name}' in {shown}: no such database file")
-    try:
-        return optuna.load_study(study_name=study_name, storage=storage)
-    except KeyError:
-        raise BadInputError(f"no study named '{study_name}' in {shown}") from None
-    except Exception as exc:  # SQLAlchemy/driver errors: a bad URL, an unreachable server
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BadInputError(f"cannot open storage {shown}: {redact(first)}") from None
 
 
 # ----------------------------------------------------------------------------- the probe
