@@ -825,9 +825,7 @@ def load(path: str | os.PathLike[str]) -> Calibration:
             created_at=str(data["created_at"]),
             calibration_id=str(data["calibration_id"]),
             runs=tuple(RunMeasurements.from_result_dict(r) for r in data["runs"]),
-            loss_runs=tuple(
-                LossRun(**r) for r in (data.get("loss") or {}).get("runs", [])
-            ),
+            loss_runs=tuple(LossRun(**r) for r in (data.get("loss") or {}).get("runs", [])),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BadInputError(f"{path}: malformed calibration file: {exc!r}") from exc

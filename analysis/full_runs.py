@@ -27,10 +27,10 @@ from typing import Any
 from analysis.calibration import Calibration, LossRun, RunMeasurements, update
 from common.errors import BadInputError
 from common.redact import redact
+from trainers.tracking import REPORT_ARTIFACT
 
 log = logging.getLogger(__name__)
 
-REPORT_ARTIFACT = "result.json"  # trainers.tracking.REPORT_ARTIFACT
 FULL_RUN_ROLE = "full_training"  # the `hpo.role` tag of a full run's MLflow run
 _STOPPED_EARLY = ("stopped_by_window", "stopped_by_signal")
 

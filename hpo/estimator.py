@@ -35,6 +35,7 @@ from analysis.timemodel import (
 )
 from common.fmt import format_duration
 from hpo.calibration_file import CalibrationFile
+from hpo.final_loss import correction_summary
 from hpo.runspec import train_spec
 
 if TYPE_CHECKING:
@@ -294,14 +295,10 @@ class StudyEstimator:
         the correction is refitted from those pairs (a corrected value would count twice).
         """
         section = dict(trial.user_attrs.get(ESTIMATE_ATTR) or {})
-        correction = self.loss_correction
         section["final_val_loss"] = final.band()
         section["final_val_loss_uncorrected_p50"] = _rounded(final.fit.p50)
         section["final_val_loss_method"] = final.fit.method
-        section["loss_correction"] = {
-            "scale": _rounded(correction.scale),
-            "runs": correction.n_runs,
-        }
+        section["loss_correction"] = correction_summary(self.loss_correction)
         trial.set_user_attr(ESTIMATE_ATTR, section)
 
     def estimate_section(self, estimate: Estimate) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from analysis.records import CALIBRATION_FILE
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_atomic
-from hpo.final_loss import FIT_ATTR
+from hpo.final_loss import FIT_ATTR, correction_summary, loss_band
 from hpo.pick import best_complete_trial, pick_trial
 from hpo.runspec import stored_config, train_spec
 from hpo.storage import make_storage, redact
@@ -95,16 +95,8 @@ def estimate_section(
     estimate.setdefault("full_run_steps", int(attrs.get("full_run_steps", 0)))
     fit = attrs.get(FIT_ATTR)
     if correction is not None and isinstance(fit, dict):
-        band = correction.apply(CurveFit.from_dict(fit))
-        estimate["final_val_loss"] = {
-            "p10": float(f"{band.p10:.6g}"),
-            "p50": float(f"{band.p50:.6g}"),
-            "p90": float(f"{band.p90:.6g}"),
-        }
-        estimate["loss_correction"] = {
-            "scale": float(f"{correction.scale:.6g}"),
-            "runs": correction.n_runs,
-        }
+        estimate["final_val_loss"] = loss_band(correction.apply(CurveFit.from_dict(fit)))
+        estimate["loss_correction"] = correction_summary(correction)
     return estimate
 
 

@@ -9,6 +9,7 @@ from full runs that reported back, is then applied.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,8 +50,7 @@ class FinalLoss:
 
     def band(self) -> dict[str, float]:
         """The corrected prediction, p10/p50/p90."""
-        p = self.predicted
-        return {"p10": _sig6(p.p10), "p50": _sig6(p.p50), "p90": _sig6(p.p90)}
+        return loss_band(self.predicted)
 
     def metrics(self) -> dict[str, float]:
         """Final metrics of the trial's MLflow run."""
@@ -105,11 +105,21 @@ def predict_final_loss(
         fails with that reason instead).
     """
     points = curve_points(eval_records)
-    if not points or not all(loss == loss and abs(loss) != float("inf") for _, loss in points):
+    if not points or not all(math.isfinite(loss) for _, loss in points):
         return None
     target = max(float(full_run_samples), float(points[-1][0]))
     fit = fit_curve([s for s, _ in points], [loss for _, loss in points], target, seed=seed)
     return FinalLoss(points=points, fit=fit, predicted=correction.apply(fit))
+
+
+def loss_band(fit: CurveFit) -> dict[str, float]:
+    """A prediction's p10/p50/p90, as the estimate and the preset carry it."""
+    return {"p10": _sig6(fit.p10), "p50": _sig6(fit.p50), "p90": _sig6(fit.p90)}
+
+
+def correction_summary(correction: LossCorrection) -> dict[str, Any]:
+    """The correction an estimate was made with: its factor and how many full runs it rests on."""
+    return {"scale": _sig6(correction.scale), "runs": correction.n_runs}
 
 
 def _sig6(value: float) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,12 +129,10 @@ class Objective:
             raise optuna.TrialPruned(verdict.reason)
 
         spec = self._spec(trial, params)
-        # The pruner's grid is the first trial's: evaluation k at k / evals of its data. A
-        # promoted trial was chosen by its prediction; the pruner does not judge it again.
-        first = self._spec(trial, params, fraction=ctx.config.trial_fraction)
+        # A promoted trial was chosen by its prediction: the pruner does not judge it again.
         reporter = OptunaReporter(
             trial,
-            stop_after_steps=first.stop_after_steps or 1,
+            stop_after_steps=spec.stop_after_steps or 1,
             evals=ctx.config.trial_evals,
             prune=trial.user_attrs.get(PROMOTED_FROM_ATTR) is None,
         )
@@ -162,7 +159,7 @@ class Objective:
             reason = f"pruned by {ctx.config.pruner} at step {reporter.pruned_at}"
             self._end(trial, run_id, "pruned", reason, measured, **tags)
             raise optuna.TrialPruned(reason)
-        if final is None or not math.isfinite(final.last_loss):
+        if final is None:
             reason = f"no finite validation loss (got {result.final_eval_loss})"
             self._end(trial, run_id, "failed", reason, measured, **tags)
             raise TrainingFailed(reason)
@@ -196,9 +193,7 @@ class Objective:
             return config.promote_fraction
         return config.trial_fraction
 
-    def _spec(
-        self, trial: optuna.Trial, params: dict[str, Any], *, fraction: float | None = None
-    ) -> TrainSpec:
+    def _spec(self, trial: optuna.Trial, params: dict[str, Any]) -> TrainSpec:
         """The trial's own run: the start of its full run, cut at its fraction."""
         ctx = self.context
         output_dir = Path(ctx.config.work_dir) / "trials" / f"trial-{trial.number:03d}"
@@ -209,7 +204,7 @@ class Objective:
             data=ctx.data_path,
             full_run=False,
             train_samples=ctx.train_samples,
-            fraction=self._fraction(trial) if fraction is None else fraction,
+            fraction=self._fraction(trial),
             output_dir=str(output_dir),
         )
 

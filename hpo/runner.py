@@ -111,7 +111,8 @@ def run_study(
     started = time.perf_counter()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     prepared = prepare(config)
-    config = _study_eval_length(config, prepared)
+    # The study's one validation length: given, or the data's p99.
+    config = dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
     estimator = estimator_factory(config, prepared)
     check_space(estimator)  # before anything is written: nothing fits -> exit 2
     study = open_study(config, prepared)
@@ -287,11 +288,6 @@ def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator) -> None:
     losses, timed = estimator.absorb_full_runs(runs)
     if losses or timed:
         log.info("learnt from full runs: %d final losses, %d timed runs", losses, timed)
-
-
-def _study_eval_length(config: StudyConfig, prepared: Prepared) -> StudyConfig:
-    """The config with the study's one validation length (given, or the data's p99)."""
-    return dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
 
 
 def _summary(

@@ -292,3 +292,11 @@ def test_report_renders_in_headless_chromium(cli_report: Path, tmp_path: Path) -
     # The history plot's dots are matplotlib's tab:blue: seen only when the image loaded.
     blue = np.all(np.abs(pixels - np.array([0.122, 0.467, 0.706])) < 0.03, axis=-1)
     assert blue.sum() > 200, "the report's first image did not render"
+
+
+def test_a_full_runs_own_report_gives_its_band(tmp_path: Path) -> None:
+    # What `python -m trainers.train --json` writes: the preset's estimate, in hours.
+    estimate = {"duration_hours": {"p10": 0.5, "p50": 0.6, "p90": 0.75}}
+    report = write_json(tmp_path / "r.json", {"wall_seconds": 2000.0, "estimate": estimate})
+    (run,) = read_full_runs([report])
+    assert run.predicted == (1800.0, 2160.0, 2700.0)

@@ -176,11 +176,19 @@ def read_full_runs(paths: Iterable[str | Path]) -> list[FullRun]:
             raise BadInputError(f"--full-run {path}: needs a positive wall_seconds")
         # A resumed run's own wall time is a part: the total is what the prediction was for.
         seconds = finite(data.get("cumulative_wall_seconds")) or wall
-        p50 = finite(data.get("predicted_seconds_p50")) or finite(data.get("predicted_seconds"))
-        predicted = (
-            finite(data.get("predicted_seconds_p10")),
-            p50,
-            finite(data.get("predicted_seconds_p90")),
-        )
+        p50 = _predicted(data, "p50") or finite(data.get("predicted_seconds"))
+        predicted = (_predicted(data, "p10"), p50, _predicted(data, "p90"))
         runs.append(FullRun(name=file.name, seconds=max(seconds, wall), predicted=predicted))
     return runs
+
+
+def _predicted(report: dict[str, Any], quantile: str) -> float | None:
+    """A predicted duration quantile in seconds: given as such, or from the preset's estimate.
+
+    `python -m trainers.train --json` carries the preset's estimate, whose band is in hours.
+    """
+    seconds = finite(report.get(f"predicted_seconds_{quantile}"))
+    if seconds is None:
+        hours = finite(((report.get("estimate") or {}).get("duration_hours") or {}).get(quantile))
+        seconds = None if hours is None else 3600 * hours
+    return seconds
