@@ -78,19 +78,29 @@ def test_two_workers_share_one_study(postgres: str, tiny_model_dir: Path, tmp_pa
 def test_a_dead_workers_trial_is_failed_and_retried(postgres: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     storage, tracking = _database(postgres, "optuna_b"), _database(postgres, "mlflow_b")
     beat = ("--heartbeat-seconds", "1", "--grace-seconds", "4", "--study-name", "crash")
-    doomed = _worker(tiny_model_dir, tmp_path / "doomed", storage, tracking, *beat, "--n-trials", "3", "--trial-fraction", "1.0")
+    # Three epochs at fraction 1.0: a trial of many seconds, so it is surely mid-training when killed.
+    doomed = _worker(
+        tiny_model_dir, tmp_path / "doomed", storage, tracking, *beat, "--n-trials", "3",
+        "--trial-fraction", "1.0", "--epochs", "3",
+    )  # fmt: skip
     deadline = time.monotonic() + 300
     running: list[optuna.trial.FrozenTrial] = []
-    while not running:
+    client = MlflowClient(tracking_uri=tracking)
+    while True:  # until a trial runs and its MLflow run exists; then kill at once
         assert doomed.poll() is None, doomed.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "the first worker never started a trial"
-        time.sleep(1)
+        time.sleep(0.5)
         try:
             study = optuna.load_study(study_name="crash", storage=storage)
-            running = study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
         except KeyError:
             continue
-    time.sleep(3)  # let it train (and create the trial's MLflow run)
+        running = study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+        experiment = client.get_experiment_by_name("hpo-lora")
+        if not running or experiment is None:
+            continue
+        number = running[0].number
+        if client.search_runs([experiment.experiment_id], filter_string=f"tags.`hpo.trial_number` = '{number}'"):
+            break
     os.kill(doomed.pid, signal.SIGKILL)
     doomed.communicate()
     time.sleep(5)  # past the grace period: the heartbeat has stopped
@@ -103,7 +113,6 @@ def test_a_dead_workers_trial_is_failed_and_retried(postgres: str, tiny_model_di
     assert dead.state == optuna.trial.TrialState.FAIL
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number]
     assert retried and retried[0].params == dead.params
-    client = MlflowClient(tracking_uri=tracking)
     experiment = client.get_experiment_by_name("hpo-lora")
     runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`hpo.trial_number` = '{dead.number}'")
     assert len(runs) == 1
