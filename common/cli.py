@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from common.errors import BadInputError, HpoError
+from common.redact import redact, redact_log_records
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -18,18 +20,28 @@ EXIT_BAD_INPUT = 2
 
 
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Call `main` and turn the project's errors into exit codes."""
+    """Call `main` and turn the project's errors into exit codes.
+
+    Every message, log record and traceback passes through `redact` on its way out.
+    """
+    redact_log_records()
+    # MLflow prints "View run ... at: URL" at every run's end: noise, and the URL may hold a
+    # password.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     try:
         return main(argv)
     except BadInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except HpoError as exc:
-        print(f"failed: {exc}", file=sys.stderr)
+        print(f"failed: {redact(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception:  # a bug: the traceback helps, the password in it must not show
+        print(redact(traceback.format_exc()), file=sys.stderr, end="")
+        return EXIT_FAILED
 
 
 def check_writable(path: str | Path) -> None:

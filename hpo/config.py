@@ -9,6 +9,7 @@ from typing import Any
 
 from common.errors import BadInputError
 from common.files import read_yaml
+from common.redact import redact_values
 from trainers.spec import DEVICES, PRECISIONS
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "skopt")
@@ -268,8 +269,11 @@ class StudyConfig:
         return f"sqlite:///{Path(self.work_dir).resolve() / 'optuna.db'}"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values, without the storage URL (it may hold a password)."""
-        out = dataclasses.asdict(self)
+        """Plain values, without the storage URL, passwords in URLs hidden (`***`).
+
+        This is what a study stores and logs; the connection itself uses the real URLs.
+        """
+        out = redact_values(dataclasses.asdict(self))
         out.pop("storage")
         out["profiles"] = list(self.profiles) if self.profiles else None
         return out

@@ -152,24 +152,30 @@ def export_study(
     storage_url: str,
     trial: optuna.trial.FrozenTrial | None = None,
     picked_by: str = "best predicted loss",
+    tracking_uri: str | None = None,
 ) -> Path:
-    """Write the preset of `trial` (default: the best) and attach it to the parent run."""
+    """Write the preset of `trial` (default: the best) and attach it to the parent run.
+
+    `tracking_uri`: the store to attach it in; default the study's, which is stored with its
+    password hidden (a password-protected server then needs MLFLOW_TRACKING_PASSWORD).
+    """
     trial = trial or best_complete_trial(study)
     preset = build_preset(study, trial, storage_url=storage_url)
     preset["provenance"]["picked_by"] = picked_by
     path = write_preset(preset, out)
-    _attach(study, path)
+    _attach(study, path, tracking_uri)
     return path
 
 
-def _attach(study: optuna.Study, path: Path) -> None:
+def _attach(study: optuna.Study, path: Path, tracking_uri: str | None) -> None:
     from hpo.tracking import PARENT_ATTR, Tracker
 
     config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
     parent = study.user_attrs.get(PARENT_ATTR)
-    if not parent or not config.get("tracking_uri"):
+    tracking_uri = tracking_uri or config.get("tracking_uri")
+    if not parent or not tracking_uri:
         return
-    tracker = Tracker(config["tracking_uri"], config["experiment_name"])
+    tracker = Tracker(tracking_uri, config["experiment_name"])
     tracker.log_artifact(parent, path)
 
 

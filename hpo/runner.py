@@ -316,7 +316,11 @@ def _summary(
         )
         summary.best_params = {k: best.user_attrs[k] for k in _BEST_KEYS if k in best.user_attrs}
         out = Path(config.work_dir) / "presets" / f"{config.study_name}.yaml"
-        summary.preset_path = str(export_study(study, out, storage_url=config.storage_url))
+        summary.preset_path = str(
+            export_study(
+                study, out, storage_url=config.storage_url, tracking_uri=tracker.tracking_uri
+            )
+        )
     return summary
 
 

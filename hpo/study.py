@@ -14,6 +14,7 @@ from typing import Any
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.files import write_json
 from common.flags import FieldFlags, add_field_flags
+from common.redact import redact, redact_values
 from hpo.config import StudyConfig, load_config, mlflow_defaults
 
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = run_study(config, progress=not args.no_progress)
     if args.json:
-        write_json(args.json, summary.to_dict())
+        write_json(args.json, redact_values(summary.to_dict()))
     _print_summary(summary, mlflow_defaults().get("server") or {})
     return EXIT_OK
 
@@ -70,8 +71,6 @@ def _print_summary(summary: Any, server: dict[str, Any]) -> None:
         if summary.report_path:
             print(f"report: {summary.report_path} (also on the study's MLflow run, under report/)")
     host, port = server.get("host", "127.0.0.1"), server.get("port", 5000)
-    from hpo.storage import redact
-
     uri = redact(summary.tracking_uri)
     if uri.startswith(("http://", "https://")):
         base = uri.rstrip("/")
