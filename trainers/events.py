@@ -45,6 +45,7 @@ class StepInfo:
     seconds: float  # wall time of the whole optimizer step (all micro-steps + update)
     tokens: int  # padded tokens processed by this optimizer step
     elapsed_seconds: float  # since the start of the run
+    grad_norm: float | None = None  # of the adapter's gradients, before clipping
 
     @property
     def tokens_per_second(self) -> float:
@@ -58,6 +59,12 @@ class EvalInfo:
     step: int
     loss: float
     seconds: float
+    train_loss: float | None = None  # mean training loss since the previous evaluation
+
+    @property
+    def train_val_gap(self) -> float | None:
+        """Validation minus training loss: growing while training falls means overfitting."""
+        return None if self.train_loss is None else self.loss - self.train_loss
 
 @dataclass(frozen=True)
 class Forecast:

@@ -40,7 +40,7 @@ class TrainResult:
     step_seconds: list[float] = field(default_factory=list)
     train_losses: list[list[float]] = field(default_factory=list)  # [step, loss]
     eval_losses: list[list[float]] = field(default_factory=list)  # [step, loss]
-    eval_records: list[dict[str, float]] = field(default_factory=list)
+    eval_records: list[dict[str, Any]] = field(default_factory=list)
     checkpoint_seconds: list[float] = field(default_factory=list)
     startup_seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
@@ -53,7 +53,8 @@ class TrainResult:
     final_eval_loss: float | None = None
     stop_reason: str | None = None
     dataset: dict[str, Any] = field(default_factory=dict)
-    # finished | stopped_by_window | stopped_by_signal | stopped (a callback asked) | gave_up
+    # finished | stopped_early | stopped_by_window | stopped_by_signal | stopped (a callback
+    # asked) | gave_up
     status: str = "finished"
     resumed_from_step: int | None = None
     final_step: int = 0
@@ -62,6 +63,13 @@ class TrainResult:
     predicted_seconds: float | None = None  # the preset's full-run estimate (p50), when given
     # This run's wall time plus that of the runs it resumed from (as of their checkpoint).
     cumulative_wall_seconds: float = 0.0
+    grad_norms: list[list[float]] = field(default_factory=list)  # [step, norm before clipping]
+    max_grad_norm: float = 0.0  # the clip threshold (0: no clipping)
+    best_step: int | None = None  # the evaluation with the lowest validation loss
+    best_val_loss: float | None = None
+    best_checkpoint: str | None = None  # the kept checkpoint with the lowest validation loss
+    advice: list[str] = field(default_factory=list)  # overfitting / plateau, one line each
+    data_loading: dict[str, Any] = field(default_factory=dict)  # workers, pin_memory, why
 
     @property
     def median_step_seconds(self) -> float:

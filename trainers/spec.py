@@ -173,6 +173,27 @@ class TrainSpec:
     keep_checkpoints: int = field(
         default=2, metadata={"help": "Latest checkpoints kept (the best one is kept as well)."}
     )
+    max_grad_norm: float = field(
+        default=1.0,
+        metadata={"help": "Clip the gradient norm to this before each update (0: no clipping)."},
+    )
+    early_stopping_patience: int = field(
+        default=0,
+        metadata={
+            "help": "Stop when the validation loss has not improved by early_stopping_min_delta "
+            "for this many evaluations (0: off; a full run from trainers.train defaults to 5)."
+        },
+    )
+    early_stopping_min_delta: float = field(
+        default=1e-3,
+        metadata={"help": "The least drop of the validation loss that counts as improving."},
+    )
+    dataloader_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Data-loader worker processes (none: chosen from the device and CPU count)."
+        },
+    )
     recovery: RecoverySpec = field(
         default_factory=RecoverySpec,
         metadata={"help": "What the run does on out-of-memory errors and a diverging loss."},
@@ -211,7 +232,7 @@ class TrainSpec:
                 isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                 f"{name} must be an integer >= 1, but got {name}={value!r}",
             )
-        for name in ("eval_interval", "checkpoint_interval"):
+        for name in ("eval_interval", "checkpoint_interval", "early_stopping_patience"):
             value = getattr(self, name)
             _require(
                 isinstance(value, int) and value >= 0,
@@ -233,6 +254,19 @@ class TrainSpec:
             f"max_steps must be >= 1, but got {self.max_steps=}",
         )
         _require(self.epochs > 0, f"epochs must be > 0, but got {self.epochs=}")
+        _require(
+            self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, but got {self.max_grad_norm=}"
+        )
+        _require(
+            self.early_stopping_min_delta >= 0,
+            "early_stopping_min_delta must be >= 0, but got "
+            f"{self.early_stopping_min_delta=}",
+        )
+        _require(
+            self.dataloader_workers is None
+            or (isinstance(self.dataloader_workers, int) and self.dataloader_workers >= 0),
+            f"dataloader_workers must be an integer >= 0, but got {self.dataloader_workers=}",
+        )
         _require(
             0.0 < self.learning_rate < 1.0,
             f"learning_rate must be in (0, 1), but got {self.learning_rate=}",

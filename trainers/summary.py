@@ -58,6 +58,17 @@ def summary_lines(result: TrainResult, guard: WindowGuard) -> list[str]:
             f"stopped by {result.stop_reason} at step {result.final_step:,} of "
             f"{result.total_steps:,}; checkpoint: {result.checkpoint_dir}"
         )
+    elif result.status == "stopped_early":
+        lines.append(
+            f"stopped early at step {result.final_step:,} of {result.total_steps:,}: "
+            f"{result.stop_reason}"
+        )
     elif result.checkpoint_dir:
         lines.append(f"checkpoint: {result.checkpoint_dir}")
+    if result.best_step is not None and result.best_val_loss is not None:
+        where = f"; checkpoint: {result.best_checkpoint}" if result.best_checkpoint else ""
+        lines.append(
+            f"best validation loss {result.best_val_loss:.4f} at step {result.best_step}" + where
+        )
+    lines.extend(f"advice: {line}" for line in result.advice)
     return lines

@@ -28,14 +28,16 @@ RUN_STATUS = {
     "stopped_by_window": "KILLED",
     "stopped_by_signal": "KILLED",
     "stopped": "KILLED",
+    "stopped_early": "FINISHED",
 }
 
 
 class StepMetrics(TrainingCallback):
     """Buffers a run's per-step metric histories and queues them on the writer in batches.
 
-    Per optimizer step: `train_loss`, `tokens_per_second`, `step_time_s`, `learning_rate`;
-    per evaluation: `val_loss`. The buffer goes out when it holds one call's worth, when it
+    Per optimizer step: `train_loss`, `tokens_per_second`, `step_time_s`, `learning_rate`,
+    `grad_norm` (before clipping); per evaluation: `val_loss`, `train_val_gap`. The buffer goes
+    out when it holds one call's worth, when it
     is older than `flush_seconds`, and when training ends.
 
     Args:
@@ -65,9 +67,13 @@ class StepMetrics(TrainingCallback):
         self.add("tokens_per_second", info.tokens_per_second, info.step)
         self.add("step_time_s", info.seconds, info.step)
         self.add("learning_rate", info.learning_rate, info.step)
+        if info.grad_norm is not None:
+            self.add("grad_norm", info.grad_norm, info.step)
 
     def on_eval(self, info: EvalInfo) -> None:
         self.add("val_loss", info.loss, info.step)
+        if info.train_val_gap is not None:
+            self.add("train_val_gap", info.train_val_gap, info.step)
 
     def on_train_end(self, result: TrainResult) -> None:
         self.flush()
@@ -171,6 +177,9 @@ class MlflowRun(StepMetrics):
         }
         if result.resumed_from_step is not None:
             tags["resumed_from_step"] = str(result.resumed_from_step)
+        if result.best_checkpoint:
+            tags["best_checkpoint"] = result.best_checkpoint
+        tags.update(advice_tags(result.advice))
         self.writer.log_batch(self.run_id, tags=tags)
         self.end(RUN_STATUS.get(result.status, "FAILED"))
 
@@ -206,6 +215,11 @@ class MlflowRun(StepMetrics):
         self.flush()
         self.writer.set_terminated(self.run_id, status)
         self.writer.flush()
+
+
+def advice_tags(advice: list[str]) -> dict[str, str]:
+    """`advice.overfitting`, `advice.plateau`: one tag per line, keyed by its first word."""
+    return {f"advice.{line.split(':', 1)[0]}": line for line in advice}
 
 
 def _reopen(writer: MlflowWriter, run_id: str | None) -> str | None:

@@ -35,6 +35,9 @@ MLFLOW_RUN_FILE = "mlflow_run.json"  # in the output dir: the run a resume conti
 # Without a checkpoint setting in the preset or on the command line, the full run saves this
 # often: a long run without checkpoints cannot be resumed or rolled back.
 DEFAULT_CHECKPOINT_MINUTES = 30.0
+# Evaluations without improvement before a full run stops early (off for trials: a trial is
+# the start of its full run and is judged by the pruner).
+DEFAULT_EARLY_STOPPING_PATIENCE = 5
 # Preset provenance -> tag of the full run's MLflow run (the names the study's runs use).
 _PROVENANCE_TAGS = {
     "study": "hpo.study_name",
@@ -50,8 +53,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, FieldFlags]:
         prog="python -m trainers.train",
         description="Train LoRA adapters on a local causal LM, from flags or a preset file.",
         epilog=f"A full run saves a checkpoint every {DEFAULT_CHECKPOINT_MINUTES:g} min unless "
-        "the preset or a flag sets checkpoints, and recovers from out-of-memory errors and a "
-        "diverging loss unless --no-recovery is given.",
+        "the preset or a flag sets checkpoints, recovers from out-of-memory errors and a "
+        "diverging loss unless --no-recovery is given, and stops early after "
+        f"{DEFAULT_EARLY_STOPPING_PATIENCE} evaluations without improvement unless "
+        "--early-stopping-patience says otherwise (0: off).",
     )
     parser.add_argument("--preset", help="Preset YAML exported by a study (python -m hpo.export).")
     flags = add_field_flags(parser, TrainSpec)
@@ -76,6 +81,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, FieldFlags]:
         "--tracking-uri", help="E.g. sqlite:///hpo-runs/mlflow.db ('off': no tracking)."
     )
     tracking.add_argument("--experiment-name", default="hpo-lora", help="When not the study's.")
+    tracking.add_argument(
+        "--system-metrics-seconds",
+        type=float,
+        default=10.0,
+        help="Seconds between samples of CPU, memory and GPU use (MLflow system metrics; "
+        "0: none). Default: 10.",
+    )
     return parser, flags
 
 
@@ -110,6 +122,8 @@ def full_run_spec(spec: TrainSpec, given: dict[str, Any]) -> TrainSpec:
         changes["checkpoint_minutes"] = DEFAULT_CHECKPOINT_MINUTES
     if "enabled" not in given.get("recovery", {}):
         changes["recovery"] = dataclasses.replace(spec.recovery, enabled=True)
+    if "early_stopping_patience" not in given and spec.early_stopping_patience == 0:
+        changes["early_stopping_patience"] = DEFAULT_EARLY_STOPPING_PATIENCE
     return dataclasses.replace(spec, **changes)
 
 
@@ -174,8 +188,24 @@ def main(argv: list[str] | None = None) -> int:
     from trainers.loop.run import train
 
     callbacks: list[Any] = [] if args.quiet else [TqdmProgress(file=sys.stderr)]
+    if args.system_metrics_seconds < 0:
+        raise BadInputError(
+            f"system_metrics_seconds must be >= 0, but got {args.system_metrics_seconds=}"
+        )
     tracker = _tracker(args, preset, spec, predicted)
     if tracker is not None:
+        if args.system_metrics_seconds > 0:
+            from trainers.system_metrics import SystemMetrics
+
+            # Before the tracker, which closes the run the monitor writes into.
+            callbacks.append(
+                SystemMetrics(
+                    args.tracking_uri,
+                    tracker.run_id,
+                    interval_seconds=args.system_metrics_seconds,
+                    resume=tracker.continued,
+                )
+            )
         callbacks.append(tracker)
     failure: str | None = None
     stop = StopOnSignal()
@@ -196,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run_report(result, preset)
     if tracker is not None:
         tracker.attach_report(report)
+        tracker.close()  # records the server did not take wait in the output dir's spool
     if args.json:
         write_json(args.json, report)
     if failure is not None:
@@ -251,6 +282,7 @@ def _tracker(
         predicted_seconds=predicted,
         continue_run_id=earlier,
         run_id_file=run_file,
+        spool_dir=Path(spec.output_dir) / "mlflow-spool",
     )
     if earlier and not tracker.continued:
         log.warning("MLflow run %s is not in this tracking store: starting a new run", earlier)

@@ -181,6 +181,11 @@ def clean_staging(output_dir: str | Path) -> None:
             shutil.rmtree(child, ignore_errors=True)
 
 
+def best_checkpoint(output_dir: str | Path) -> Path | None:
+    """The kept checkpoint with the lowest validation loss measured at its own step."""
+    return _best(checkpoints(output_dir))
+
+
 def _best(found: list[tuple[int, Path]]) -> Path | None:
     """The checkpoint with the lowest validation loss measured at its own step."""
     best: tuple[float, Path] | None = None

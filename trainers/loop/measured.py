@@ -23,6 +23,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from common.errors import Diverged
 from trainers.events import EvalInfo, RunInfo, StepInfo, TrainingCallback
 from trainers.loop import checkpoint
+from trainers.loop.early_stopping import EarlyStopping, mean_train_loss
 from trainers.loop.recovery import DivergenceMonitor
 from trainers.loop.window import WindowGuard
 from trainers.result import TrainResult
@@ -50,6 +51,7 @@ class Recorder:
         self.clock = clock
         self.step_loss = torch.zeros(())
         self.step_tokens = 0
+        self.step_grad_norm: float | None = None
         self.last_micro_end = 0.0
         self.mark = 0.0  # end of the last step, evaluation or save
         self.peak_rss = 0
@@ -71,6 +73,7 @@ class TrainerHooks:
         keep_checkpoints: Latest checkpoints kept when rotating.
         run_state: The `run_state.json` content of a checkpoint saved at a step.
         divergence: Watches validation losses (None: no divergence check).
+        early_stopping: Stops the run when the validation loss stops improving (None: off).
         lr_ratio_on_load: Learning-rate correction when resuming from a checkpoint saved at
             another learning-rate scale (set before each attempt).
     """
@@ -80,6 +83,7 @@ class TrainerHooks:
     keep_checkpoints: int
     run_state: Callable[[int], dict[str, Any]]
     divergence: DivergenceMonitor | None = None
+    early_stopping: EarlyStopping | None = None
     lr_ratio_on_load: float = 1.0
 
 
@@ -93,6 +97,7 @@ class MeasuredTrainer(Trainer):
         self.keep_checkpoints = hooks.keep_checkpoints
         self.run_state = hooks.run_state
         self.divergence = hooks.divergence
+        self.early_stopping = hooks.early_stopping
         self.lr_ratio_on_load = hooks.lr_ratio_on_load
         self._flops_per_token: int | None = None
         if isinstance(self.model, torch.nn.Module):
@@ -125,6 +130,13 @@ class MeasuredTrainer(Trainer):
         rec.last_micro_end = end
         return loss
 
+    def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
+        # The norm before clipping (the Trainer's clip returns it), kept for the step's info.
+        norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        value = float(norm.item() if hasattr(norm, "item") else norm) if norm is not None else None
+        self.recorder.step_grad_norm = value
+        return norm
+
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         rec = self.recorder
         start = rec.clock.now()
@@ -135,6 +147,8 @@ class MeasuredTrainer(Trainer):
         loss = float(metrics["eval_loss"])
         examples: Any = self.eval_dataset
         n_tokens = sum(len(e.input_ids) for e in examples)
+        previous = int(rec.result.eval_losses[-1][0]) if rec.result.eval_losses else 0
+        train_loss = mean_train_loss(rec.result.train_losses, previous, step)
         rec.result.eval_losses.append([step, loss])
         rec.result.eval_records.append(
             {
@@ -144,17 +158,30 @@ class MeasuredTrainer(Trainer):
                 "tokens": n_tokens,
                 "samples_seen": rec.result.samples_seen,
                 "tokens_seen": rec.result.tokens_seen,
+                "train_loss": train_loss,
             }
         )
         rec.mark = end  # the next step interval starts after the evaluation
-        info = EvalInfo(step=step, loss=loss, seconds=seconds)
+        info = EvalInfo(step=step, loss=loss, seconds=seconds, train_loss=train_loss)
         self.bridge.guard.on_eval(info)
         self.bridge.fan_out("on_eval", info, self.control)
+        self._check_early_stopping(step, loss)
         if self.divergence is not None:
             reason = self.divergence.observe(step, loss)
             if reason is not None:
                 raise Diverged(reason, safe_step=self.divergence.best_step)
         return metrics
+
+    def _check_early_stopping(self, step: int, loss: float) -> None:
+        """Keep a checkpoint of each new best; stop when the loss stopped improving."""
+        if self.early_stopping is None or self.recorder.result.stop_reason is not None:
+            return
+        verdict = self.early_stopping.observe(step, loss)
+        if verdict.improved and self.bridge.checkpointing:
+            self.control.should_save = True  # the best adapter must be on disk to be kept
+        if verdict.stop and verdict.reason:
+            log.warning("%s", verdict.reason)
+            self.bridge.request_stop(self.control, verdict.reason, "stopped_early")
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """Stage every file a resume needs, add the manifest, rename into place, rotate."""
@@ -270,6 +297,9 @@ class Bridge(TrainerCallback):
         step_seconds = now - rec.mark
         res.step_seconds.append(step_seconds)
         res.train_losses.append([step, loss])
+        grad_norm, rec.step_grad_norm = rec.step_grad_norm, None
+        if grad_norm is not None:
+            res.grad_norms.append([step, grad_norm])
         res.tokens_seen += rec.step_tokens
         tokens, rec.step_tokens = rec.step_tokens, 0
         rec.step_loss = torch.zeros(())
@@ -286,6 +316,7 @@ class Bridge(TrainerCallback):
             seconds=step_seconds,
             tokens=tokens,
             elapsed_seconds=now - self.wall_start,
+            grad_norm=grad_norm,
         )
         self.guard.on_step(info)
         forecast = self.guard.forecast(step) if self.report_forecasts else None

@@ -26,6 +26,8 @@ from common.errors import BadInputError, Diverged, GaveUp, TrainingFailed
 from trainers.data.dataset import TokenizedData, load_tokenized
 from trainers.events import RunInfo, TrainingCallback
 from trainers.loop import checkpoint
+from trainers.loop.data_loading import available_cpus, choose_data_loading
+from trainers.loop.early_stopping import EarlyStopping, advise
 from trainers.loop.measured import Bridge, Clock, Recorder, TrainerHooks, now_iso, rss_bytes
 from trainers.loop.recovery import DivergenceMonitor, RecoveryState
 from trainers.loop.trainer_setup import build_trainer
@@ -78,6 +80,10 @@ def train(
     clock = Clock(runtime.device)
     recovery = RecoveryState.from_dict(saved) if saved else RecoveryState.from_spec(spec)
     result = _new_result(spec, runtime, loaded, recovery, saved, resume_dir)
+    loading = choose_data_loading(runtime.device, available_cpus(), spec.dataloader_workers)
+    result.data_loading = loading.to_dict()
+    log.info("data loader: %s", loading.reason)
+    early_stopping = _early_stopping(spec, saved)
     previous_wall = float(saved.get("cumulative_wall_seconds", 0.0))
     recorder = Recorder(result, clock)
     bridge = Bridge(
@@ -95,10 +101,13 @@ def train(
         recorder=recorder,
         bridge=bridge,
         keep_checkpoints=spec.keep_checkpoints,
-        run_state=RunStateWriter(result, recovery, clock, wall_start, previous_wall),
+        run_state=RunStateWriter(
+            result, recovery, clock, wall_start, previous_wall, early_stopping
+        ),
         divergence=DivergenceMonitor(spec.recovery.divergence_ratio, spec.recovery.divergence_evals)
         if spec.recovery.enabled
         else None,
+        early_stopping=early_stopping,
     )
     initial_adapter = _trainable_state(loaded.model) if spec.recovery.enabled else {}
     saved_lr_scale = float(saved.get("lr_scale", 1.0))
@@ -108,6 +117,7 @@ def train(
         _finish(result, recorder, begin - wall_start, clock.now() - wall_start, previous_wall)
         result.micro_batch_size = recovery.micro_batch_size
         result.gradient_accumulation_steps = recovery.gradient_accumulation_steps
+        _best_and_advice(result, spec)
         for callback in callbacks:
             callback.on_train_end(result)
         return result
@@ -115,7 +125,7 @@ def train(
     while True:
         hooks.lr_ratio_on_load = recovery.lr_scale / saved_lr_scale
         trainer = build_trainer(
-            spec, recovery, runtime, loaded.model, loaded.data, loaded.tokenizer, hooks
+            spec, recovery, runtime, loaded.model, loaded.data, loaded.tokenizer, hooks, loading
         )
         try:
             _train_to_the_end(trainer, resume_dir, result)
@@ -133,6 +143,8 @@ def train(
             spec, loaded.model, initial_adapter, safe_step
         )
         _forget_after(result, hooks.divergence, back_to)
+        if early_stopping is not None:
+            early_stopping.replay(result.eval_losses)
         log.warning("recovery: %s; continuing from step %d", reason, back_to)
         if runtime.device == "cuda":
             torch.cuda.empty_cache()
@@ -211,8 +223,10 @@ class RunStateWriter:
         clock: Clock,
         wall_start: float,
         previous_wall: float,
+        early_stopping: EarlyStopping | None = None,
     ) -> None:
         self.result = result
+        self.early_stopping = early_stopping
         self.recovery = recovery
         self.clock = clock
         self.wall_start = wall_start
@@ -229,7 +243,37 @@ class RunStateWriter:
             "last_val_loss": list(last_eval) if last_eval else None,
             "cumulative_wall_seconds": self.previous_wall + self.clock.now() - self.wall_start,
             "saved_at": now_iso(),
+            "early_stopping": self.early_stopping.to_dict() if self.early_stopping else None,
         }
+
+
+def _early_stopping(spec: TrainSpec, saved: dict[str, Any]) -> EarlyStopping | None:
+    """The early-stopping state: fresh, or where the checkpoint a run resumes from left it."""
+    if spec.early_stopping_patience <= 0:
+        return None
+    stopping = EarlyStopping(spec.early_stopping_patience, spec.early_stopping_min_delta)
+    before = saved.get("early_stopping") or {}
+    stopping.best_loss = before.get("best_loss")
+    stopping.best_step = before.get("best_step")
+    stopping.evals_without_improvement = int(before.get("evals_without_improvement", 0))
+    return stopping
+
+
+def _best_and_advice(result: TrainResult, spec: TrainSpec) -> None:
+    """The best evaluation and its kept checkpoint; what the curves advise (logged)."""
+    result.max_grad_norm = spec.max_grad_norm
+    if result.eval_losses:
+        step, loss = min(result.eval_losses, key=lambda x: x[1])
+        result.best_step, result.best_val_loss = int(step), float(loss)
+    if spec.checkpointing:
+        best = checkpoint.best_checkpoint(spec.output_dir)
+        result.best_checkpoint = str(best.resolve()) if best else None
+    # A rollback leaves the abandoned branch's records: the last record of each step counts.
+    by_step = {int(r["step"]): (float(r["loss"]), r.get("train_loss")) for r in result.eval_records}
+    kept = {int(step) for step, _ in result.eval_losses}
+    result.advice = advise([(s, *by_step[s]) for s in sorted(by_step) if s in kept])
+    for line in result.advice:
+        log.warning("advice: %s", line)
 
 
 def _run_info(spec: TrainSpec, result: TrainResult, total_steps: int, start_step: int) -> RunInfo:

@@ -16,6 +16,7 @@ from transformers import TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from trainers.data.dataset import Example, TokenizedData
+from trainers.loop.data_loading import DataLoading, choose_data_loading
 from trainers.loop.measured import MeasuredTrainer, TrainerHooks
 from trainers.loop.recovery import RecoveryState
 from trainers.model.runtime import RuntimeChoice
@@ -60,6 +61,7 @@ def build_trainer(
     data: TokenizedData,
     tokenizer: Any,
     hooks: TrainerHooks,
+    data_loading: DataLoading | None = None,
 ) -> MeasuredTrainer:
     """A Trainer for the next attempt, with the micro-batch and learning rate recovery chose."""
     attempt = dataclasses.replace(
@@ -70,7 +72,7 @@ def build_trainer(
     )
     trainer = MeasuredTrainer(
         model=model,
-        args=training_arguments(attempt, runtime),
+        args=training_arguments(attempt, runtime, data_loading),
         train_dataset=ListDataset(data.train),
         eval_dataset=ListDataset(data.validation[: spec.eval_samples]),
         data_collator=PadCollator(int(tokenizer.pad_token_id)),
@@ -83,7 +85,10 @@ def build_trainer(
     return trainer
 
 
-def training_arguments(spec: TrainSpec, runtime: RuntimeChoice) -> TrainingArguments:
+def training_arguments(
+    spec: TrainSpec, runtime: RuntimeChoice, data_loading: DataLoading | None = None
+) -> TrainingArguments:
+    loading = data_loading or choose_data_loading(runtime.device, 1, spec.dataloader_workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return TrainingArguments(
@@ -111,6 +116,7 @@ def training_arguments(spec: TrainSpec, runtime: RuntimeChoice) -> TrainingArgum
             if spec.gradient_checkpointing
             else None,
             remove_unused_columns=False,
-            dataloader_num_workers=0,
-            **runtime.training_arguments(),
+            max_grad_norm=spec.max_grad_norm,
+            # Both set pin_memory (pinned for CUDA only); the runtime's choice wins.
+            **{**loading.training_arguments(), **runtime.training_arguments()},
         )

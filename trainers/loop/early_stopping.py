@@ -1,0 +1,134 @@
+"""Early stopping on the validation loss, and what a run's curves advise.
+
+`EarlyStopping` follows the rule of transformers' `EarlyStoppingCallback` (stop after
+`patience` evaluations without an improvement larger than `min_delta`), but lives in the
+project's loop instead of being that callback: the loop's own checkpoints (staged, rotated,
+by steps or by minutes) are what must hold the best adapter, a recovery restarts the Trainer
+(and with it any Trainer callback's counter), and a resumed run carries the counter in its
+`run_state.json`. `advise` reads the evaluation history for overfitting and a plateau and
+says what to change, one line each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Overfitting: the best validation loss is at least this many evaluations old ...
+OVERFIT_EVALS = 3
+# ... while the training loss fell by more than this share since then.
+TRAIN_DROP = 0.05
+# A plateau: the last evaluations moved the validation loss by less than this share.
+PLATEAU_RELATIVE_CHANGE = 0.005
+
+OVERFITTING_ADVICE = (
+    "overfitting: validation loss rose above its best ({best:.4f} at step {step}) while "
+    "training loss kept falling; use fewer epochs, more LoRA dropout or weight decay, "
+    "or a lower rank"
+)
+PLATEAU_ADVICE = (
+    "plateau: validation loss changed by less than {pct:g} % over the last {n} evaluations "
+    "({loss:.4f}); try a lower learning rate"
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one evaluation means for early stopping."""
+
+    improved: bool  # a new best: the run should keep a checkpoint of it
+    stop: bool
+    reason: str | None = None
+
+
+@dataclass
+class EarlyStopping:
+    """Stops a run whose validation loss stopped improving; remembers the best evaluation.
+
+    Args:
+        patience: Evaluations without an improvement before the run stops.
+        min_delta: The least drop below the best loss that counts as an improvement.
+    """
+
+    patience: int
+    min_delta: float = 0.0
+    best_loss: float | None = None
+    best_step: int | None = None
+    evals_without_improvement: int = 0
+
+    def observe(self, step: int, loss: float) -> Verdict:
+        """Record the validation loss of `step`."""
+        if self.best_loss is None or loss < self.best_loss - self.min_delta:
+            self.best_loss, self.best_step = loss, step
+            self.evals_without_improvement = 0
+            return Verdict(improved=True, stop=False)
+        self.evals_without_improvement += 1
+        if self.evals_without_improvement < self.patience:
+            return Verdict(improved=False, stop=False)
+        reason = (
+            f"early stopping: validation loss has not improved by {self.min_delta:g} for "
+            f"{self.evals_without_improvement} evaluations (best {self.best_loss:.4f} at step "
+            f"{self.best_step})"
+        )
+        return Verdict(improved=False, stop=True, reason=reason)
+
+    def replay(self, history: Sequence[Sequence[float]]) -> None:
+        """Start over from `[step, loss]` evaluations (after a rollback dropped some)."""
+        self.best_loss, self.best_step, self.evals_without_improvement = None, None, 0
+        for step, loss in history:
+            self.observe(int(step), float(loss))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mean_train_loss(train_losses: Sequence[Sequence[float]], after: int, upto: int) -> float | None:
+    """Mean training loss of the steps in (after, upto]; None when there are none."""
+    values = [loss for step, loss in train_losses if after < step <= upto]
+    return sum(values) / len(values) if values else None
+
+
+def advise(
+    evals: Sequence[tuple[int, float, float | None]],
+    *,
+    overfit_evals: int = OVERFIT_EVALS,
+    plateau_evals: int = 4,
+) -> list[str]:
+    """One line for each problem the curves show: overfitting, a plateau.
+
+    Args:
+        evals: ``(step, validation loss, mean training loss since the previous evaluation)``
+            per evaluation, oldest first.
+        overfit_evals: Overfitting: the best validation loss is at least this many
+            evaluations old and the last one is above it, while the training loss kept
+            falling (by more than `TRAIN_DROP` since the best).
+        plateau_evals: Plateau: the last this many evaluations stayed within
+            `PLATEAU_RELATIVE_CHANGE` of each other (and the run is not overfitting).
+    """
+    best = _overfitting(evals, overfit_evals)
+    if best is not None:
+        step, loss = best
+        return [OVERFITTING_ADVICE.format(best=loss, step=step)]
+    if len(evals) >= plateau_evals:
+        recent = [v for _, v, _ in evals[-plateau_evals:]]
+        if (max(recent) - min(recent)) / max(abs(min(recent)), 1e-12) < PLATEAU_RELATIVE_CHANGE:
+            pct = 100 * PLATEAU_RELATIVE_CHANGE
+            return [PLATEAU_ADVICE.format(pct=pct, n=plateau_evals, loss=recent[-1])]
+    return []
+
+
+def _overfitting(
+    evals: Sequence[tuple[int, float, float | None]], n: int
+) -> tuple[int, float] | None:
+    """The best evaluation (step, loss) when the curves show overfitting, else None."""
+    if len(evals) < n + 1:
+        return None
+    best = min(range(len(evals)), key=lambda i: evals[i][1])
+    best_step, best_val, best_train = evals[best]
+    last_val, last_train = evals[-1][1], evals[-1][2]
+    if len(evals) - 1 - best < n or last_val <= best_val * (1 + PLATEAU_RELATIVE_CHANGE):
+        return None
+    if best_train is None or last_train is None or last_train >= best_train * (1 - TRAIN_DROP):
+        return None
+    return best_step, best_val
