@@ -41,20 +41,12 @@ def this_machine(device: str = "auto", precision: str = "auto") -> HardwareInfo:
 
 
 def model_profile(model_path: str | Path) -> ModelProfile:
-    """Profile a local causal LM without loading its weights.
-
-    The model is built on PyTorch's meta device (shapes only, no memory) and wrapped with
-    rank-1 LoRA adapters on the targets training uses, which counts the adapters' in + out
-    features per rank.
+    """Profile a local causal LM without loading its weights (see `config_profile`).
 
     Raises:
         BadInputError: Not a model folder transformers can read.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from trainers.model.lora import apply_lora
-    from trainers.spec import LoraSpec
+    from transformers import AutoConfig
 
     path = Path(model_path)
     if not path.is_dir():
@@ -63,11 +55,40 @@ def model_profile(model_path: str | Path) -> ModelProfile:
         warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
         try:
             config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(config)
         except (OSError, ValueError) as exc:
             raise BadInputError(f"cannot read a causal LM config from {model_path}: {exc}") from exc
-        _, info = apply_lora(model, LoraSpec(r=1))
+    return config_profile(config, source=str(model_path))
+
+
+def config_profile(config: Any, *, source: str = "config") -> ModelProfile:
+    """Profile the causal LM a transformers config describes, without any weights.
+
+    The model is built on PyTorch's meta device (shapes only, no memory) and wrapped with
+    rank-1 LoRA adapters on the targets training uses, which counts the adapters' parameters
+    per rank. A 7B model takes a second or two.
+
+    Args:
+        config: A ``PretrainedConfig`` (``AutoConfig.from_pretrained`` of a folder or file).
+        source: Where the config came from, for the error message.
+
+    Raises:
+        BadInputError: transformers cannot build a causal LM from the config.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainers.model.lora import apply_lora
+    from trainers.spec import LoraSpec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
+        try:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise BadInputError(f"cannot build a causal LM from {source}: {exc}") from exc
+        # Dropout changes no count, and LoRA on fused expert tensors admits none.
+        _, info = apply_lora(model, LoraSpec(r=1, dropout=0.0))
     return ModelProfile(
         total_parameters=info.total_parameters - info.trainable_parameters,
         n_layers=info.n_layers,

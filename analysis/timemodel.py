@@ -332,18 +332,23 @@ def gpu_peak_flops(device_name: str, *, half: bool = True) -> float | None:
 
 
 def prior_coefficients(
-    hardware: HardwareInfo, *, cpu_probe: Callable[[], float] = cpu_matmul_flops
+    hardware: HardwareInfo,
+    *,
+    cpu_probe: Callable[[], float] = cpu_matmul_flops,
+    peak: float | None = None,
 ) -> Coefficients:
     """Uncalibrated coefficients from peak FLOP/s and a utilisation prior.
 
     Args:
         hardware: The machine.
         cpu_probe: Returns CPU FLOP/s; tests pass a constant to stay independent of timing.
+        peak: The device's dense peak FLOP/s at the hardware's precision, for a GPU the
+            table does not know; None: from the table (or the CPU probe).
     """
     on_cpu = hardware.device_kind == "cpu"
-    effective = peak_flops(hardware, cpu_probe=cpu_probe) * (
-        _CPU_UTILISATION if on_cpu else _GPU_UTILISATION
-    )
+    if peak is None:
+        peak = peak_flops(hardware, cpu_probe=cpu_probe)
+    effective = peak * (_CPU_UTILISATION if on_cpu else _GPU_UTILISATION)
     # Attention matmuls run at lower efficiency (softmax, memory traffic): count them double.
     return Coefficients(
         micro_fixed_seconds=0.005 if on_cpu else 0.03,

@@ -1,15 +1,17 @@
 """Tiny causal language models built locally, for tests, demos and calibration runs.
 
 There is no model hub here, so the project makes its own: a byte-level BPE tokenizer trained
-on the bundled demo data and a randomly initialised (seeded) decoder from one of four
-transformers architectures. Both are saved with ``save_pretrained`` so that
-``AutoModelForCausalLM.from_pretrained(dir)`` and ``AutoTokenizer.from_pretrained(dir)`` load
-them like any hub model.
+on the bundled demo data and a randomly initialised (seeded) decoder of one of the families
+people fine-tune. Each family keeps the shape ratios of a published model (`FAMILIES`): MLP
+width over hidden size, grouped-query attention as far as four heads allow, Mistral's sliding
+window, Phi-3's fused projections, Gemma's multi-query attention and Mixtral's experts. Both
+are saved with ``save_pretrained`` so that ``AutoModelForCausalLM.from_pretrained(dir)`` and
+``AutoTokenizer.from_pretrained(dir)`` load them like any hub model.
 
 Command line::
 
-    python -m trainers.tiny --out DIR [--arch llama|qwen2|gpt_neox|gpt2] [--size xs|s] [--seed N]
-        [--pretrain-steps N]
+    python -m trainers.tiny --out DIR [--arch llama|mistral|qwen2|phi3|gemma|mixtral|gpt_neox|gpt2]
+        [--size xs|s] [--seed N] [--pretrain-steps N]
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from trainers.data.paths import cache_root, demo_data_path
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-ARCHS = ("llama", "qwen2", "gpt_neox", "gpt2")
 TOKENIZER_VOCAB_SIZE = 1000
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -48,7 +49,7 @@ CHAT_TEMPLATE = (
 )
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 RECIPE_FILE = "hpo_tiny.json"
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 PRETRAIN_LENGTH = 64  # tokens per pre-training sample
 PRETRAIN_BATCH = 16
 PRETRAIN_LR = 3e-3
@@ -57,19 +58,63 @@ PRETRAIN_LR = 3e-3
 
 @dataclass(frozen=True)
 class TinySize:
-    """Dimensions of one tiny model size."""
+    """Dimensions of one tiny model size (the MLP width comes from the family's ratio)."""
 
     hidden_size: int
     num_layers: int
     num_heads: int
-    intermediate_size: int
     max_positions: int = 512
 
 
 SIZES: dict[str, TinySize] = {
-    "xs": TinySize(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256),
-    "s": TinySize(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512),
+    "xs": TinySize(hidden_size=64, num_layers=2, num_heads=4),
+    "s": TinySize(hidden_size=128, num_layers=4, num_heads=4),
 }
+
+
+@dataclass(frozen=True)
+class Family:
+    """The shape ratios a tiny model keeps from the published model it stands for.
+
+    Attributes:
+        source: The published model whose ``config.json`` the ratios come from.
+        mlp_ratio: intermediate_size / hidden_size (per expert for a mixture of experts).
+        query_groups: Query heads per key/value head (grouped-query attention); the tiny
+            model has ``num_heads`` heads, so at most that many share one key/value head.
+        experts: Experts per layer (0: a dense MLP); ``experts_per_token`` of them run.
+        experts_per_token: Experts routed to per token.
+        sliding_window: Attention window as a share of the context (0: full attention).
+    """
+
+    source: str
+    mlp_ratio: float
+    query_groups: int = 1
+    experts: int = 0
+    experts_per_token: int = 0
+    sliding_window: float = 0.0
+
+
+FAMILIES: dict[str, Family] = {
+    # TinyLlama-1.1B: hidden 2048, intermediate 5632, 32 heads over 4 key/value heads.
+    "llama": Family("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", 2.75, 8),
+    # Mistral-7B-v0.1: hidden 4096, intermediate 14336, 32 over 8 heads, a 4096-token window
+    # of a 32768-token context.
+    "mistral": Family("mistralai/Mistral-7B-v0.1", 3.5, 4, sliding_window=0.125),
+    # Qwen2.5-7B: hidden 3584, intermediate 18944, 28 over 4 heads, biased q/k/v.
+    "qwen2": Family("Qwen/Qwen2.5-7B", 18944 / 3584, 7),
+    # Phi-3-mini-4k: hidden 3072, intermediate 8192, 32 heads each with its own key/value
+    # head; q/k/v fused into qkv_proj, gate and up into gate_up_proj.
+    "phi3": Family("microsoft/Phi-3-mini-4k-instruct", 8192 / 3072, 1),
+    # Gemma-2B: hidden 2048, intermediate 16384, 8 query heads over one key/value head.
+    "gemma": Family("google/gemma-2b", 8.0, 8),
+    # Mixtral-8x7B: 8 experts of intermediate 14336 (hidden 4096), 2 per token, 32 over 8
+    # heads. The tiny one has 4 experts (2 per token) to stay small.
+    "mixtral": Family("mistralai/Mixtral-8x7B-v0.1", 3.5, 4, experts=4, experts_per_token=2),
+    # GPT-NeoX (Pythia) and GPT-2: 4x MLP, multi-head attention.
+    "gpt_neox": Family("EleutherAI/pythia-160m", 4.0),
+    "gpt2": Family("openai-community/gpt2", 4.0),
+}
+ARCHS = tuple(FAMILIES)
 
 
 def _check_choice(arch: str, size: str) -> None:
@@ -141,10 +186,12 @@ def build_config(arch: str, size: str, tokenizer: PreTrainedTokenizerBase) -> Pr
     Returns:
         The config, ready for ``AutoModelForCausalLM.from_config``.
     """
-    from transformers import GPT2Config, GPTNeoXConfig, LlamaConfig, Qwen2Config
+    from transformers import AutoConfig
 
     _check_choice(arch, size)
-    dims = SIZES[size]
+    dims, family = SIZES[size], FAMILIES[arch]
+    # A multiple of 8, as the published widths are.
+    intermediate = 8 * round(dims.hidden_size * family.mlp_ratio / 8)
     common = {
         "vocab_size": len(tokenizer),
         "bos_token_id": tokenizer.bos_token_id,
@@ -156,30 +203,35 @@ def build_config(arch: str, size: str, tokenizer: PreTrainedTokenizerBase) -> Pr
         "initializer_range": dims.hidden_size**-0.5,
     }
     if arch == "gpt2":
-        return GPT2Config(
+        return AutoConfig.for_model(
+            "gpt2",
             n_embd=dims.hidden_size,
             n_layer=dims.num_layers,
             n_head=dims.num_heads,
-            n_inner=dims.intermediate_size,
+            n_inner=intermediate,
             n_positions=dims.max_positions,
             resid_pdrop=0.0,
             embd_pdrop=0.0,
             attn_pdrop=0.0,
             **common,
         )
-    shared = {
+    shared: dict[str, Any] = {
         "hidden_size": dims.hidden_size,
         "num_hidden_layers": dims.num_layers,
         "num_attention_heads": dims.num_heads,
-        "intermediate_size": dims.intermediate_size,
+        "intermediate_size": intermediate,
         "max_position_embeddings": dims.max_positions,
         **common,
     }
-    if arch == "gpt_neox":
-        return GPTNeoXConfig(**shared)
-    if arch == "qwen2":
-        return Qwen2Config(num_key_value_heads=dims.num_heads, **shared)
-    return LlamaConfig(num_key_value_heads=dims.num_heads, **shared)
+    if arch != "gpt_neox":
+        shared["num_key_value_heads"] = max(dims.num_heads // family.query_groups, 1)
+        shared["head_dim"] = dims.hidden_size // dims.num_heads
+    if family.sliding_window:
+        shared["sliding_window"] = int(dims.max_positions * family.sliding_window)
+    if family.experts:
+        shared["num_local_experts"] = family.experts
+        shared["num_experts_per_tok"] = family.experts_per_token
+    return AutoConfig.for_model(arch, **shared)
 
 
 def build_tiny(
@@ -194,7 +246,7 @@ def build_tiny(
 
     Args:
         out_dir: Folder to write (created if missing; files in it are overwritten).
-        arch: ``"llama"``, ``"qwen2"``, ``"gpt_neox"`` or ``"gpt2"``.
+        arch: One of ``ARCHS`` (``FAMILIES`` gives each one's published model).
         size: ``"xs"`` (hidden 64, 2 layers) or ``"s"`` (hidden 128, 4 layers).
         seed: Seed of the random weight initialisation.
         pretrain_steps: Full-parameter training steps on the bundled text data after the
