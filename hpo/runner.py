@@ -33,9 +33,10 @@ from hpo.progress import StudyProgress
 from hpo.pruners import make_pruner
 from hpo.samplers import make_sampler
 from hpo.states import FINISHED_STATES, state_counts
-from hpo.storage import make_storage
+from hpo.storage import has_heartbeats, make_storage
 from hpo.tracking import PARENT_ATTR, Tracker
 from hpo.what_fits import check_space
+from hpo.workers import claimed, fail_dead_workers_trials
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ def run_study(
         artifact_dir=str(Path(config.work_dir) / "mlartifacts"),
     )
     parent = tracker.ensure_parent(study, _flat(config.to_dict()))
+    if not has_heartbeats(config.storage_url) and fail_dead_workers_trials(study):
+        tracker.reconcile(parent, study)  # their MLflow runs: FAILED, state=failed
     _learn_from_full_runs(tracker, estimator)
     context = StudyContext(
         config=config,
@@ -162,7 +165,7 @@ def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> 
     try:
         if remaining:
             study.optimize(
-                Objective(context),
+                claimed(Objective(context)),
                 n_trials=remaining,
                 timeout=config.timeout,
                 catch=(TrainingFailed,),
@@ -214,7 +217,7 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
         bar = StudyProgress(len(chosen), 0, enabled=progress)
         try:
             study.optimize(
-                Objective(context),
+                claimed(Objective(context)),
                 n_trials=len(chosen),
                 catch=(TrainingFailed,),
                 callbacks=[bar],

@@ -61,3 +61,16 @@ def _connect_args(url: str) -> dict[str, Any]:
     if url.startswith("mysql"):
         return {"connect_timeout": 10}
     return {}
+
+
+def has_heartbeats(url: str) -> bool:
+    """Server storages (PostgreSQL, MySQL) notice a dead worker by its missing heartbeat."""
+    return not url.startswith(("sqlite", "journal:"))
+
+
+def shared_by_processes(url: str) -> bool:
+    """Several worker processes can share it: a server storage or a journal file.
+
+    SQLite has no row locks: parallel workers fail with "database is locked".
+    """
+    return not url.startswith("sqlite")

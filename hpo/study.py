@@ -7,11 +7,15 @@ Optuna and MLflow under ./hpo-runs).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from common.cli import EXIT_OK, check_writable, run_cli
+from common.errors import BadInputError, HpoError
 from common.files import write_json
 from common.flags import FieldFlags, add_field_flags
 from common.redact import redact, redact_values
@@ -28,11 +32,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, FieldFlags]:
     flags = add_field_flags(parser, StudyConfig)
     parser.add_argument("--json", help="Write the study's result to this JSON file.")
     parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="Local worker processes of this study (one GPU each on a multi-GPU host); "
+        "needs a PostgreSQL or journal: storage. Default: 1.",
+    )
     return parser, flags
 
 
 def main(argv: list[str] | None = None) -> int:
     parser, flags = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     config = load_config(args.config, flags.given(args))
     if args.json:
@@ -40,11 +52,110 @@ def main(argv: list[str] | None = None) -> int:
 
     from hpo.runner import run_study
 
-    summary = run_study(config, progress=not args.no_progress)
+    if args.workers < 1:
+        raise BadInputError(f"--workers must be >= 1, but got {args.workers}")
+    if args.workers != 1:
+        finished = run_workers(config, args.workers, argv)
+        # The summary of the whole study, from this process: no trial is added.
+        config = dataclasses.replace(config, n_trials=max(1, min(config.n_trials, finished)))
+    summary = run_study(config, progress=not args.no_progress and args.workers == 1)
     if args.json:
         write_json(args.json, redact_values(summary.to_dict()))
     _print_summary(summary, mlflow_defaults().get("server") or {})
     return EXIT_OK
+
+
+def run_workers(config: StudyConfig, n_workers: int, argv: list[str]) -> int:
+    """Run `n_workers` local worker processes of the study until all have ended.
+
+    Each runs this command (without `--workers` and `--json`, seed + its index), with its own
+    GPU on a multi-GPU host; its output goes to `<work_dir>/workers/worker-<i>.log`.
+
+    Returns:
+        The study's finished trials.
+
+    Raises:
+        BadInputError: A storage workers cannot share (SQLite), more workers than GPUs, bad
+            input found before they start, or the first worker's bad-input message.
+        HpoError: A worker failed.
+    """
+    import optuna
+
+    from hpo.prepare import prepare
+    from hpo.states import FINISHED_STATES
+    from hpo.storage import make_storage, shared_by_processes
+    from hpo.workers import gpu_assignment, visible_gpus
+
+    url = config.storage_url
+    if not shared_by_processes(url):
+        journal = Path(config.work_dir) / "optuna.journal"
+        raise BadInputError(
+            f"--workers {n_workers} needs a storage several processes can share, not SQLite "
+            f"({redact(url)}): use --storage postgresql://USER:PASSWORD@HOST/DB or "
+            f"--storage journal:{journal}"
+        )
+    gpus = gpu_assignment(n_workers, visible_gpus(config.device))
+    prepare(config)  # bad model or data: one message, before any worker; tokenized once for all
+    # Both stores' tables (and the experiment) are created here once, not raced for.
+    make_storage(url, heartbeat_seconds=config.heartbeat_seconds)
+    if config.tracking_uri:
+        from hpo.tracking import Tracker
+
+        artifacts = str(Path(config.work_dir) / "mlartifacts")
+        Tracker(config.tracking_uri, config.experiment_name or "hpo-lora", artifact_dir=artifacts)
+    logs = Path(config.work_dir) / "workers"
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for index, gpu in enumerate(gpus):
+        env = {**os.environ, "HPO_WORKER_INDEX": str(index)}
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        log_path = logs / f"worker-{index}.log"
+        with open(log_path, "w", encoding="utf-8") as log_file:
+            command = [sys.executable, "-m", "hpo.study", *_worker_argv(argv, config.seed + index)]
+            procs.append(
+                subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+            )
+        where = f" on GPU {gpu}" if gpu is not None else ""
+        print(f"worker {index}: pid {procs[-1].pid}{where}, output in {log_path}", flush=True)
+    _wait_for(procs, logs)
+    study = optuna.load_study(study_name=config.study_name, storage=make_storage(url))
+    return len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
+
+
+def _worker_argv(argv: list[str], seed: int) -> list[str]:
+    """This command's arguments for one worker: no --workers, no --json, its own seed."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--workers", "--json"):
+            skip = True
+        elif not arg.startswith(("--workers=", "--json=")):
+            out.append(arg)
+    # Workers with one seed would sample the same configurations.
+    return [*out, "--no-progress", "--seed", str(seed)]
+
+
+def _wait_for(procs: list[subprocess.Popen[bytes]], logs: Path) -> None:
+    """Wait for every worker; on Ctrl-C stop them all. Raise the first worker's failure."""
+    try:
+        codes = [proc.wait() for proc in procs]
+    except KeyboardInterrupt:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait()
+        raise
+    for index, code in enumerate(codes):
+        if code == 0:
+            continue
+        lines = (logs / f"worker-{index}.log").read_text(encoding="utf-8").strip().splitlines()
+        last = lines[-1] if lines else f"exit code {code}"
+        if code == 2:
+            raise BadInputError(f"worker {index}: {last.removeprefix('error: ')}")
+        raise HpoError(f"worker {index} exited with code {code}: {last} (see its log)")
 
 
 def _print_summary(summary: Any, server: dict[str, Any]) -> None:
@@ -83,6 +194,12 @@ def _print_summary(summary: Any, server: dict[str, Any]) -> None:
     print(
         f"  {base}/#/experiments/{summary.mlflow_experiment_id}/runs?workflowType=machine_learning"
     )
+    waiting = getattr(summary, "tracking_records_waiting", 0)
+    if waiting:
+        print(
+            f"{waiting} MLflow records wait for the tracking server in {summary.tracking_spool}; "
+            f"send them with: python -m hpo.tracking --replay {summary.tracking_spool}"
+        )
 
 
 def _print_estimate(estimate: dict[str, Any]) -> None:
