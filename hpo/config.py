@@ -15,6 +15,7 @@ from trainers.spec import DEVICES, PRECISIONS
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "skopt")
 PRUNERS = ("hyperband", "successive_halving", "median", "none")
 OBJECTIVES = ("predicted_full_run_loss", "loss_at_fidelity")
+TRACKING_OUTAGES = ("spool", "fail")  # a tracking server that does not answer at start
 # Fields of earlier versions: a trial's fidelity is now a share of its full run's data.
 _RENAMED = {
     "trial_max_steps": "trial_fraction, the share of the full run's data a trial trains on",
@@ -179,6 +180,14 @@ class StudyConfig:
     experiment_name: str | None = field(
         default=None, metadata={"help": "MLflow experiment. Default: the one in mlflow.yaml."}
     )
+    tracking_outage: str = field(
+        default="spool",
+        metadata={
+            "help": "A tracking server that does not answer at start: spool (start all the "
+            "same; records wait under the work dir and are sent when it answers) | fail "
+            "(stop with one line). Mid-study, records always wait on disk."
+        },
+    )
     device: str = field(
         default="auto", metadata={"help": f"Training device: {' | '.join(DEVICES)}."}
     )
@@ -222,6 +231,11 @@ class StudyConfig:
         _require(
             self.objective in OBJECTIVES,
             f"objective must be one of {', '.join(OBJECTIVES)}, but got objective={self.objective!r}",
+        )
+        _require(
+            self.tracking_outage in TRACKING_OUTAGES,
+            f"tracking_outage must be one of {', '.join(TRACKING_OUTAGES)}, but got "
+            f"tracking_outage={self.tracking_outage!r}",
         )
         _require(
             0 < self.trial_fraction <= 1,

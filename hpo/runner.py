@@ -39,6 +39,7 @@ from hpo.what_fits import check_space
 from hpo.workers import claimed, fail_dead_workers_trials
 
 log = logging.getLogger(__name__)
+SPOOL_DIR = "mlflow-spool"  # in the work dir: MLflow records waiting for their server
 
 
 @dataclass
@@ -56,6 +57,9 @@ class StudySummary:
     tracking_uri: str
     objective: str = "predicted_full_run_loss"
     report_path: str | None = None
+    # MLflow records the tracking server did not take: they wait in `tracking_spool`.
+    tracking_records_waiting: int = 0
+    tracking_spool: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -126,6 +130,8 @@ def run_study(
         _tracking_uri(config),
         config.experiment_name or "hpo-lora",
         artifact_dir=str(Path(config.work_dir) / "mlartifacts"),
+        spool_dir=str(Path(config.work_dir) / SPOOL_DIR),
+        outage=config.tracking_outage,
     )
     parent = tracker.ensure_parent(study, _flat(config.to_dict()))
     if not has_heartbeats(config.storage_url) and fail_dead_workers_trials(study):
@@ -147,7 +153,8 @@ def run_study(
     tracker.update_parent(parent, study)
     summary = _summary(study, config, tracker, parent)
     _report(study, config, tracker, summary)
-    tracker.finish_parent(parent)
+    summary.tracking_records_waiting = tracker.finish_parent(parent)
+    summary.tracking_spool = tracker.spool_folder
     summary.elapsed_seconds = time.perf_counter() - started
     return summary
 

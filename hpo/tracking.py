@@ -4,10 +4,15 @@ A thin user of the project's `MlflowWriter`: trial runs are created, filled and 
 ordered background thread, so the training loop only enqueues them; per-step values go
 through `TrialMetrics` in batches, so a trial costs a handful of store calls however long it
 trains. `Tracker.flush()` waits for all of it; the study calls it before it reports.
+
+A tracking server that stops answering mid-study does not stop it: the writer spools what
+the server does not take under the study's work dir and sends it when the server is back;
+`python -m hpo.tracking --replay DIR` sends what a study left waiting.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -15,9 +20,23 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from common.mlflow_writer import MlflowWriter, Run, RunRef, metric
+from common.errors import BadInputError
+from common.mlflow_writer import (
+    CLIENT_ID_PREFIX,
+    MlflowWriter,
+    Run,
+    RunRef,
+    TrackingUnreachable,
+    is_outage,
+    metric,
+    replay,
+)
+from common.redact import redact
+from common.spool import Spool, spool_folders
 from hpo.states import STATE_NAMES, count_states
 from trainers.tracking import StepMetrics
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -44,18 +63,58 @@ class Tracker:
         tracking_uri: MLflow tracking URI.
         experiment_name: The study's experiment, created when missing.
         artifact_dir: Where a new experiment keeps its artifacts (not for HTTP stores).
+        spool_dir: Where records wait while the tracking server does not answer (None: a
+            write that fails fails the study).
+        outage: At start, a server that does not answer: ``spool`` (start all the same,
+            everything waits in `spool_dir`) or ``fail`` (stop with one line).
 
     Raises:
         BadInputError: The tracking store cannot be used.
+        TrackingUnreachable: The server does not answer and `outage` is ``fail``.
     """
 
     def __init__(
-        self, tracking_uri: str, experiment_name: str, *, artifact_dir: str | None = None
+        self,
+        tracking_uri: str,
+        experiment_name: str,
+        *,
+        artifact_dir: str | None = None,
+        spool_dir: str | None = None,
+        outage: str = "spool",
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
-        self.writer = MlflowWriter(tracking_uri)
-        self.experiment_id = self.writer.experiment(experiment_name, artifact_dir=artifact_dir)
+        self.writer = MlflowWriter(tracking_uri, spool_root=spool_dir)
+        self.offline = False  # started while the server did not answer
+        try:
+            self.experiment_id = self.writer.experiment(experiment_name, artifact_dir=artifact_dir)
+        except TrackingUnreachable as exc:
+            if outage != "spool" or spool_dir is None:
+                raise TrackingUnreachable(
+                    f"{exc}: start it, point --tracking-uri at one that answers, or pass "
+                    "--tracking-outage spool to keep records on disk until it answers"
+                ) from None
+            log.warning("%s: the study starts all the same; records wait on disk", exc)
+            self.offline = True
+            self.experiment_id = self.writer.experiment_later(
+                experiment_name, artifact_dir=artifact_dir
+            )
+            return
+        if spool_dir is not None:
+            self._send_left_behind(spool_dir)
+
+    def _send_left_behind(self, spool_dir: str) -> None:
+        """Records an earlier process of this work dir left waiting for this server go now."""
+        for folder in spool_folders(Path(spool_dir)):
+            try:
+                if Spool.meta(folder).get("tracking_uri") != redact(self.tracking_uri):
+                    continue
+                sent, _ = replay(folder, self.tracking_uri)
+            except BadInputError as exc:  # still away, or held by a live worker
+                log.warning("%s", exc)
+                continue
+            if sent:
+                log.warning("sent %d MLflow records an earlier run left in %s", sent, folder)
 
     @property
     def client(self) -> MlflowClient:
@@ -85,6 +144,8 @@ class Tracker:
         oldest parent run of the study (ties broken by run id) and the others are deleted,
         so the study keeps exactly one.
         """
+        if self.offline:
+            return self._offline_parent(study, params)
         run_id = study.user_attrs.get(PARENT_ATTR)
         if run_id and self._run_exists(run_id):
             self.client.update_run(run_id, status="RUNNING")
@@ -95,9 +156,7 @@ class Tracker:
             tags={"hpo.study_name": study.study_name, "hpo.role": "study"},
         )
         candidates = self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.`hpo.study_name` = '{study.study_name}' and tags.`hpo.role` = 'study'",
-            max_results=100,
+            [self.experiment_id], filter_string=_parent_filter(study.study_name), max_results=100
         )
         winner = min(candidates, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id
         if winner != mine:
@@ -108,6 +167,21 @@ class Tracker:
         study.set_user_attr(EXPERIMENT_ATTR, self.experiment_id)
         return str(winner)
 
+    def _offline_parent(self, study: optuna.Study, params: Mapping[str, Any]) -> str:
+        """A parent run that waits in the spool: sent, it becomes the study's existing one."""
+        known = study.user_attrs.get(PARENT_ATTR)
+        if known and not str(known).startswith(CLIENT_ID_PREFIX):
+            self.writer.update_run(str(known), "RUNNING")
+            return str(known)
+        ref = self.writer.create_run_later(
+            self.experiment_id,
+            run_name=study.study_name,
+            tags={"hpo.study_name": study.study_name, "hpo.role": "study"},
+            adopt=_parent_filter(study.study_name),
+        )
+        self.log_batch(ref, params=params)
+        return ref.result()
+
     def reconcile(self, parent_run_id: str, study: optuna.Study) -> int:
         """Close trial runs left open by a worker that died or was interrupted.
 
@@ -115,11 +189,19 @@ class Tracker:
         failed and retried); its state is copied onto the run. Returns how many were closed.
         """
         self.flush()
-        open_runs = self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.state = 'running'",
-            max_results=1000,
-        )
+        if self.writer.waiting:
+            return 0  # the server is away: a later start closes them
+        try:
+            open_runs = self.client.search_runs(
+                [self.experiment_id],
+                filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.state = 'running'",
+                max_results=1000,
+            )
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            log.warning("open trial runs not closed: %s", redact(str(exc).splitlines()[0]))
+            return 0
         trials = {t.number: t for t in study.get_trials(deepcopy=False)}
         closed = 0
         for run in open_runs:
@@ -171,11 +253,8 @@ class Tracker:
             "hpo.trial_number": str(trial_number),
             "state": "running",
         }
-        run = self.writer.submit(
-            self.writer.create_run,
-            self.experiment_id,
-            run_name=f"trial-{trial_number:03d}",
-            tags=tags,
+        run = self.writer.create_run_later(
+            self.experiment_id, run_name=f"trial-{trial_number:03d}", tags=tags
         )
         self.log_batch(run, params={"trial_number": trial_number, **params})
         return run
@@ -188,7 +267,7 @@ class Tracker:
         """
         ref: RunRef = Future()
         ref.set_result(run_id)
-        self.writer.submit(self.writer.client.update_run, run_id, status="RUNNING")
+        self.writer.update_run(run_id, "RUNNING")
         self.log_batch(
             ref, tags={"state": "running", "hpo.promoted_trial_number": str(trial_number)}
         )
@@ -215,7 +294,55 @@ class Tracker:
         """The run's description in the MLflow UI (its note), one sentence."""
         self.log_batch(run, tags={NOTE_TAG: text})
 
-    def finish_parent(self, parent_run_id: str) -> None:
-        """Close the study's parent run and wait until everything is stored."""
+    def finish_parent(self, parent_run_id: str) -> int:
+        """Close the study's parent run and wait until everything is stored or spooled.
+
+        Returns:
+            Records still waiting for the server (in `spool_folder`).
+        """
         self.writer.set_terminated(parent_run_id, "FINISHED")
         self.writer.flush()
+        return self.writer.close()
+
+    @property
+    def spool_folder(self) -> str | None:
+        """Where this study's records wait for the server, if any had to."""
+        folder = self.writer.spool_folder
+        return str(folder) if folder is not None else None
+
+
+def _parent_filter(study_name: str) -> str:
+    """The `search_runs` filter that finds a study's parent runs."""
+    return f"tags.`hpo.study_name` = '{study_name}' and tags.`hpo.role` = 'study'"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hpo.tracking --replay DIR`: send MLflow records a run left waiting."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m hpo.tracking",
+        description="Send MLflow records that waited on disk while the tracking server was away.",
+    )
+    parser.add_argument(
+        "--replay",
+        required=True,
+        metavar="DIR",
+        help="A spool folder, or the folder holding them (a work dir's mlflow-spool).",
+    )
+    parser.add_argument(
+        "--tracking-uri", help="Where to send them. Default: the URI the spool recorded."
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    sent, waiting = replay(args.replay, args.tracking_uri)
+    print(f"sent {sent} MLflow records; {waiting} still waiting")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from common.cli import run_cli
+
+    sys.exit(run_cli(main))

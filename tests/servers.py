@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -21,59 +22,88 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class MlflowServer:
+    """An `mlflow server` on a fixed loopback port that can be killed and started again.
+
+    Its backend store and artifacts stay in `root`, so a restart serves the same runs.
+    """
+
+    def __init__(self, root: Path, port: int | None = None) -> None:
+        self.root = root
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    def start(self, timeout: float = 120) -> None:
+        """Start the server and wait until it answers /health."""
+        self._log = open(self.root / "mlflow-server.log", "a")  # noqa: SIM115 - closed in stop
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{self.root / 'server.db'}",
+                "--artifacts-destination",
+                str(self.root / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=self.root,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while not self.answers():
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"mlflow server exited: {(self.root / 'mlflow-server.log').read_text()[-2000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not answer /health within {timeout:.0f} s")
+            time.sleep(0.5)
+
+    def answers(self) -> bool:
+        """Whether /health answers now."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server (SIGKILL with `kill`: an outage, not a shutdown)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, 9 if kill else 15)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait(timeout=20)
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
 @contextlib.contextmanager
 def mlflow_server(root: Path) -> Iterator[str]:
     """Start `mlflow server` on a free loopback port; yield its base URL."""
-    port = free_port()
-    log = open(root / "mlflow-server.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{root / 'server.db'}",
-            "--artifacts-destination",
-            str(root / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=root,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    server = MlflowServer(root)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"mlflow server exited: {(root / 'mlflow-server.log').read_text()[-2000:]}"
-                )
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("mlflow server did not answer /health within 120 s")
-            time.sleep(0.5)
-        yield url
+        server.start()
+        yield server.url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-        log.close()
+        server.stop()
 
 
 def _pg_bin(name: str) -> str | None:

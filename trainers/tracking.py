@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from common.files import write_atomic
-from common.mlflow_writer import MAX_METRICS_PER_CALL, MlflowWriter, Run, metric
+from common.mlflow_writer import (
+    MAX_METRICS_PER_CALL,
+    MlflowWriter,
+    Run,
+    TrackingUnreachable,
+    metric,
+)
 from trainers.events import EvalInfo, Forecast, RunInfo, StepInfo, TrainingCallback
 from trainers.result import TrainResult
 
@@ -104,9 +110,12 @@ class MlflowRun(StepMetrics):
         continue_run_id: An earlier run of this training (before a resume): reopened and
             continued when it is in this store, else a new run starts.
         run_id_file: Where the run id is recorded once training begins, for a later resume.
+        spool_dir: Where records wait while the tracking server does not answer mid-run
+            (sent when it answers again, or by ``python -m hpo.tracking --replay DIR``).
 
     Raises:
-        BadInputError: The tracking store cannot be used.
+        BadInputError: The tracking store cannot be used (a server that does not answer at
+            start included: one line, within seconds).
     """
 
     def __init__(
@@ -122,9 +131,15 @@ class MlflowRun(StepMetrics):
         flush_seconds: float = 30.0,
         continue_run_id: str | None = None,
         run_id_file: Path | None = None,
+        spool_dir: Path | None = None,
     ) -> None:
-        writer = MlflowWriter(tracking_uri)
-        run_id = writer.setup(lambda: _reopen(writer, continue_run_id))
+        writer = MlflowWriter(tracking_uri, spool_root=spool_dir)
+        try:
+            run_id = writer.setup(lambda: _reopen(writer, continue_run_id))
+        except TrackingUnreachable as exc:
+            raise TrackingUnreachable(
+                f"{exc}: start it, or pass --tracking-uri off to train without MLflow"
+            ) from None
         self.continued = run_id is not None
         if run_id is None:
             experiment_id = _parent_experiment(writer, parent_run_id) or writer.experiment(
@@ -215,6 +230,10 @@ class MlflowRun(StepMetrics):
         self.flush()
         self.writer.set_terminated(self.run_id, status)
         self.writer.flush()
+
+    def close(self) -> int:
+        """Stop the writer; returns the records still waiting for the server (logged)."""
+        return self.writer.close()
 
 
 def advice_tags(advice: list[str]) -> dict[str, str]:

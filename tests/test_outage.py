@@ -1,0 +1,272 @@
+"""A real `mlflow server` over HTTP goes away and comes back: nothing lost, nothing twice."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+
+from common.errors import BadInputError
+from common.mlflow_writer import CLIENT_ID_TAG, MlflowWriter, TrackingUnreachable, metric
+from common.spool import Spool, spool_folders
+from hpo.config import load_config
+from hpo.runner import run_study
+from hpo.states import STATE_NAMES
+from tests.servers import MlflowServer, free_port
+from trainers.events import EvalInfo, StepInfo
+from trainers.tracking import MlflowRun
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    server = MlflowServer(tmp_path / "server-root")
+    server.root.mkdir()
+    server.start()
+    yield server
+    server.stop(kill=True)
+
+
+def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_unreachable_server_at_start_is_one_line_within_seconds(tmp_path: Path) -> None:
+    url = f"http://alice:hunter2@127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(TrackingUnreachable) as caught:
+        MlflowWriter(url).experiment("nobody-answers")
+    assert time.monotonic() - started < 10
+    message = str(caught.value)
+    assert message == (
+        f"MLflow tracking server {url.replace('hunter2', '***')} does not answer "
+        "(connection refused)"
+    )
+    assert isinstance(caught.value, BadInputError)  # exit 2 on the command line
+
+
+def test_writer_spools_while_the_server_is_away_and_sends_once(
+    server: MlflowServer, tmp_path: Path
+) -> None:
+    writer = MlflowWriter(server.url, spool_root=tmp_path / "spool", backoff=(0.2, 1.0))
+    experiment = writer.experiment("outage")
+    before = writer.create_run_later(experiment, run_name="before", tags={"k": "v"})
+    writer.log_batch(before, metrics=[metric("loss", 1.0 / (i + 1), i) for i in range(5)])
+    writer.flush()
+    assert writer.waiting == 0 and writer.spool_folder is None
+
+    server.stop(kill=True)
+    started = time.monotonic()
+    writer.log_batch(before, metrics=[metric("loss", 1.0 / (i + 1), i) for i in range(5, 10)])
+    during = writer.create_run_later(experiment, run_name="during", tags={})
+    writer.log_batch(during, metrics=[metric("loss", 2.0, s) for s in range(3)], params={"a": 1})
+    writer.set_terminated(during, "FINISHED")
+    writer.set_terminated(before, "KILLED")
+    writer.flush()
+    assert time.monotonic() - started < 10  # no stall: the records wait on disk
+    assert writer.waiting == 5 and during.result().startswith("hpo-run-")
+    assert writer.spool_folder is not None and (writer.spool_folder / "records.jsonl").exists()
+
+    server.start()
+    deadline = time.monotonic() + 30
+    while writer.waiting and time.monotonic() < deadline:
+        time.sleep(0.2)  # the back-off timer finds the server back without new writes
+    assert writer.waiting == 0
+    assert writer.close() == 0
+    assert not spool_folders(tmp_path / "spool")  # an empty spool is removed
+
+    client = MlflowClient(server.url)
+    runs = client.search_runs([experiment])
+    assert sorted(r.info.run_name for r in runs) == ["before", "during"]
+    by_name = {r.info.run_name: r for r in runs}
+    assert by_name["before"].info.status == "KILLED"
+    assert by_name["during"].info.status == "FINISHED"
+    assert by_name["during"].data.params == {"a": "1"}
+    before_id = by_name["before"].info.run_id
+    assert _history(client, before_id, "loss") == [(i, 1.0 / (i + 1)) for i in range(10)]
+    assert _history(client, by_name["during"].info.run_id, "loss") == [(s, 2.0) for s in range(3)]
+
+
+def test_replay_sends_a_left_spool_once_even_when_a_create_had_reached_the_server(
+    server: MlflowServer, tmp_path: Path
+) -> None:
+    writer = MlflowWriter(server.url, spool_root=tmp_path / "spool", backoff=(60.0, 60.0))
+    experiment = writer.experiment("replay")
+    # A run whose creation reached the server; the reply is lost, so it is spooled too.
+    reached = writer.create_run_later(experiment, run_name="reached", tags={}).result()
+    client_id = client_tag = MlflowClient(server.url).get_run(reached).data.tags[CLIENT_ID_TAG]
+    server.stop(kill=True)
+    writer.log_batch(reached, metrics=[metric("x", 1.0, 0)])  # the outage opens the spool
+    writer.flush()
+    assert writer.spool is not None
+    record = {
+        "op": "create_run",
+        "client_id": client_tag,
+        "experiment_id": experiment,
+        "run_name": "reached",
+        "tags": {},
+        "start_time": 0,
+        "adopt": None,
+    }
+    writer.submit(writer._to_spool, record).result()
+    writer.log_batch(client_id, metrics=[metric("x", 2.0, 1)])
+    writer.flush()
+    assert writer.close() == 3  # the process ends with the server still away
+    folder = spool_folders(tmp_path / "spool")[0]
+    assert "hunter2" not in (folder / "meta.json").read_text()
+
+    server.start()
+    command = [sys.executable, "-m", "hpo.tracking", "--replay", str(tmp_path / "spool")]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "sent 3 MLflow records; 0 still waiting" in done.stdout
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "no MLflow spool here" in again.stderr  # removed once sent
+
+    client = MlflowClient(server.url)
+    runs = client.search_runs([experiment])
+    assert [r.info.run_id for r in runs] == [reached]  # adopted, not created twice
+    assert _history(client, reached, "x") == [(0, 1.0), (1, 2.0)]
+
+
+def test_full_runs_mlflow_run_goes_on_across_an_outage(
+    server: MlflowServer, tmp_path: Path
+) -> None:
+    run = MlflowRun(
+        server.url,
+        experiment_name="full",
+        run_name="full-run",
+        params={"lr": 1e-4},
+        tags={"hpo.role": "full_training"},
+        flush_seconds=0.0,
+        spool_dir=tmp_path / "out" / "mlflow-spool",
+    )
+    run.writer._backoff = (0.2, 1.0)
+    steps = 12
+    for step in range(1, steps + 1):
+        if step == 5:
+            run.writer.flush()
+            server.stop(kill=True)
+        if step == 9:
+            server.start()
+        run.on_step(StepInfo(step, steps, 2.0 - step / 100, 1e-4, 0.5, 100, 0.5 * step))
+        if step % 4 == 0:
+            run.on_eval(EvalInfo(step, 1.9 - step / 100, 0.1))
+    run.on_checkpoint(steps, "ckpt", 0.5)
+    run.end("FINISHED")
+    run.attach_report({"estimate": {"final_val_loss": {"p50": 1.8}}})
+    assert run.writer.spooled > 0  # the outage was real
+    assert run.close() == 0
+
+    client = MlflowClient(server.url)
+    stored = client.get_run(run.run_id)
+    assert stored.info.status == "FINISHED"
+    assert [s for s, _ in _history(client, run.run_id, "train_loss")] == list(range(1, 13))
+    assert [s for s, _ in _history(client, run.run_id, "val_loss")] == [4, 8, 12]
+    assert stored.data.metrics["predicted_final_val_loss_p50"] == 1.8
+    assert stored.data.metrics["checkpoint_time_s"] == 0.5
+    assert [a.path for a in client.list_artifacts(run.run_id)] == ["result.json"]
+
+
+@pytest.mark.timeout(600)
+def test_study_goes_on_while_the_server_is_killed_and_restarted(
+    server: MlflowServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    config = load_config(
+        None,
+        {
+            "model": str(tiny_model_dir),
+            "work_dir": str(tmp_path / "work"),
+            "storage": storage,
+            "study_name": "outage",
+            "n_trials": 5,
+            "trial_fraction": 0.02,
+            "trial_evals": 2,
+            "eval_samples": 8,
+            "profiles": ["fast"],
+            "pruner": "none",
+            "tracking_uri": server.url,
+            "experiment_name": "outage-exp",
+        },
+    )
+    outage: dict[str, float] = {}
+
+    def finished() -> int:
+        try:
+            study = optuna.load_study(study_name="outage", storage=storage)
+        except KeyError:  # not created yet
+            return 0
+        return sum(t.state in STATE_NAMES for t in study.get_trials(deepcopy=False))
+
+    def kill_and_restart() -> None:
+        # Killed once the first trial is in; back after the next one finished without it.
+        while finished() < 1:
+            time.sleep(0.2)
+        server.stop(kill=True)
+        outage["killed_at"] = finished()
+        while finished() < outage["killed_at"] + 1:
+            time.sleep(0.2)
+        server.start()
+        outage["back_at"] = finished()
+
+    watcher = threading.Thread(target=kill_and_restart, daemon=True)
+    watcher.start()
+    summary = run_study(config, progress=False)
+    watcher.join(timeout=120)
+    assert outage["back_at"] < 5  # the outage lasted a whole trial and ended mid-study
+    assert summary.tracking_records_waiting == 0 and summary.tracking_spool is not None
+    assert not spool_folders(Path(summary.tracking_spool).parent)
+
+    study = optuna.load_study(study_name="outage", storage=storage)
+    trials = study.get_trials()
+    assert len(trials) == 5
+    client = MlflowClient(server.url)
+    children = client.search_runs(
+        [summary.mlflow_experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{summary.mlflow_parent_run_id}'",
+    )
+    numbers = sorted(int(r.data.tags["hpo.trial_number"]) for r in children)
+    assert numbers == [t.number for t in trials]  # every trial exactly one child run
+    for child in children:
+        trial = trials[int(child.data.tags["hpo.trial_number"])]
+        assert child.data.tags["state"] == STATE_NAMES[trial.state]
+        assert child.info.status != "RUNNING"
+        steps = [s for s, _ in _history(client, child.info.run_id, "train_loss")]
+        assert steps == list(range(1, int(trial.user_attrs["trained_steps"]) + 1))
+        assert trial.user_attrs["mlflow_run_id"] in (
+            child.info.run_id,
+            child.data.tags[CLIENT_ID_TAG],
+        )
+    parent = client.get_run(summary.mlflow_parent_run_id)
+    assert parent.info.status == "FINISHED"
+    counts = {
+        k.removeprefix("n_"): int(v) for k, v in parent.data.metrics.items() if k.startswith("n_")
+    }
+    assert counts == {k: v for k, v in summary.states.items() if k in counts}
+    assert sum(counts.values()) == 5
+    assert json.loads(json.dumps(summary.to_dict()))["tracking_records_waiting"] == 0
+
+
+def test_spool_keeps_order_and_survives_a_cut_line(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s", tracking_uri="http://bob:pw@host:5000")
+    for i in range(3):
+        spool.append({"op": "log_batch", "i": i})
+    spool.mark_sent()
+    with pytest.raises(Exception, match="in use"):
+        Spool(tmp_path / "s")  # one process at a time
+    spool.close(remove_if_done=False)
+    with (tmp_path / "s" / "records.jsonl").open("a") as handle:
+        handle.write('{"op": "log_ba')  # the process died mid-line: that record never was
+    again = Spool(tmp_path / "s")
+    assert [r["i"] for r in again.pending()] == [1, 2] and again.waiting == 2
+    assert again.tracking_uri == "http://bob:***@host:5000"
+    again.close()
