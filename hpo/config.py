@@ -12,7 +12,11 @@ from common.files import read_yaml
 from common.redact import redact_values
 from trainers.spec import DEVICES, PRECISIONS
 
-SAMPLERS = ("tpe", "gp", "cmaes", "random", "skopt")
+SAMPLERS = ("tpe", "nsga2", "gp", "cmaes", "random", "skopt")
+# What a study minimises: the trial's loss (`objective`), and optionally its full run's
+# predicted hours or cost as a second objective (a Pareto front).
+OBJECTIVE_AXES = ("loss", "hours", "cost")
+_SINGLE_OBJECTIVE_SAMPLERS = ("cmaes", "skopt")
 PRUNERS = ("hyperband", "successive_halving", "median", "none")
 OBJECTIVES = ("predicted_full_run_loss", "loss_at_fidelity")
 TRACKING_OUTAGES = ("spool", "fail")  # a tracking server that does not answer at start
@@ -99,6 +103,14 @@ class StudyConfig:
             "help": "What a trial scores: predicted_full_run_loss (its full run's final "
             "validation loss, extrapolated from its curve) | loss_at_fidelity (its last "
             "validation loss)."
+        },
+    )
+    objectives: tuple[str, ...] = field(
+        default=("loss",),
+        metadata={
+            "help": "What the study minimises: loss, or a Pareto front of loss and the full "
+            "run's predicted hours or cost (loss,hours | loss,cost). Multi-objective studies "
+            "are not pruned by learning curve; the window and memory still bound them."
         },
     )
     trial_fraction: float = field(
@@ -201,6 +213,9 @@ class StudyConfig:
     def __post_init__(self) -> None:
         if isinstance(self.budget, dict):
             object.__setattr__(self, "budget", _build(Budget, self.budget, "budget"))
+        if isinstance(self.objectives, (list, str)):
+            axes = [self.objectives] if isinstance(self.objectives, str) else self.objectives
+            object.__setattr__(self, "objectives", tuple(axes))
         if isinstance(self.profiles, (list, str)):
             profiles = [self.profiles] if isinstance(self.profiles, str) else self.profiles
             object.__setattr__(self, "profiles", tuple(profiles))
@@ -232,6 +247,7 @@ class StudyConfig:
             self.objective in OBJECTIVES,
             f"objective must be one of {', '.join(OBJECTIVES)}, but got objective={self.objective!r}",
         )
+        self._check_objectives()
         _require(
             self.tracking_outage in TRACKING_OUTAGES,
             f"tracking_outage must be one of {', '.join(TRACKING_OUTAGES)}, but got "
@@ -275,6 +291,39 @@ class StudyConfig:
             value = getattr(self, name)
             if value is not None and not Path(value).exists():
                 raise BadInputError(f"{name}: path not found: {value}")
+        if self.model is not None and not (Path(self.model) / "config.json").is_file():
+            raise BadInputError(
+                f"model: {self.model} is not a transformers model folder (no config.json)"
+            )
+        for name in ("data", "space"):
+            value = getattr(self, name)
+            if value is not None and Path(value).is_dir():
+                raise BadInputError(f"{name}: {value} is a directory, not a file")
+
+    def _check_objectives(self) -> None:
+        axes = self.objectives
+        _require(
+            isinstance(axes, tuple) and all(isinstance(a, str) for a in axes),
+            f"objectives must be a list of names, but got objectives={axes!r}",
+        )
+        _require(
+            axes in (("loss",), ("loss", "hours"), ("loss", "cost")),
+            f"objectives must be [loss], [loss, hours] or [loss, cost], but got {list(axes)}",
+        )
+        _require(
+            "cost" not in axes or self.budget.price_per_hour > 0,
+            "objectives [loss, cost] needs budget.price_per_hour > 0 (the cost of an hour)",
+        )
+        _require(
+            not self.multi_objective or self.sampler not in _SINGLE_OBJECTIVE_SAMPLERS,
+            f"sampler {self.sampler} models one objective; with objectives {list(axes)} use "
+            "tpe, nsga2, gp or random",
+        )
+
+    @property
+    def multi_objective(self) -> bool:
+        """Loss and hours (or cost): the study keeps a Pareto front instead of one best."""
+        return len(self.objectives) > 1
 
     @property
     def storage_url(self) -> str:
@@ -290,6 +339,7 @@ class StudyConfig:
         out = redact_values(dataclasses.asdict(self))
         out.pop("storage")
         out["profiles"] = list(self.profiles) if self.profiles else None
+        out["objectives"] = list(self.objectives)
         return out
 
 

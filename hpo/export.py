@@ -21,7 +21,7 @@ from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_atomic
 from hpo.final_loss import FIT_ATTR, correction_summary, loss_band
-from hpo.pick import best_complete_trial, pick_trial
+from hpo.pick import pick_trial
 from hpo.runspec import stored_config, train_spec
 from hpo.storage import make_storage, redact
 from trainers.preset import preset_dict
@@ -124,7 +124,7 @@ def build_preset(
     provenance = {
         "study": study.study_name,
         "trial": trial.number,
-        "value": trial.value,
+        "value": trial.values[0] if trial.values else None,
         "profile": trial.user_attrs.get("profile"),
         "mlflow_parent_run_id": study.user_attrs.get(PARENT_ATTR),
         "mlflow_run_id": trial.user_attrs.get("mlflow_run_id"),
@@ -151,7 +151,7 @@ def export_study(
     *,
     storage_url: str,
     trial: optuna.trial.FrozenTrial | None = None,
-    picked_by: str = "best predicted loss",
+    picked_by: str | None = None,
     tracking_uri: str | None = None,
 ) -> Path:
     """Write the preset of `trial` (default: the best) and attach it to the parent run.
@@ -159,9 +159,10 @@ def export_study(
     `tracking_uri`: the store to attach it in; default the study's, which is stored with its
     password hidden (a password-protected server then needs MLFLOW_TRACKING_PASSWORD).
     """
-    trial = trial or best_complete_trial(study)
+    if trial is None:
+        trial, picked_by = pick_trial(study)
     preset = build_preset(study, trial, storage_url=storage_url)
-    preset["provenance"]["picked_by"] = picked_by
+    preset["provenance"]["picked_by"] = picked_by or "chosen by the caller"
     path = write_preset(preset, out)
     _attach(study, path, tracking_uri)
     return path

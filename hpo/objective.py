@@ -84,7 +84,7 @@ class Objective:
     def __init__(self, context: StudyContext) -> None:
         self.context = context
 
-    def __call__(self, trial: optuna.Trial) -> float:
+    def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
         ctx = self.context
         config = ctx.config
         params = sample(trial, ctx.space, config.profiles)
@@ -120,7 +120,7 @@ class Objective:
         params: dict[str, Any],
         derived: dict[str, Any],
         run_id: RunRef,
-    ) -> float:
+    ) -> float | tuple[float, float]:
         ctx = self.context
         verdict = ctx.estimator.check(trial, params)
         if not verdict.feasible:
@@ -134,7 +134,8 @@ class Objective:
             trial,
             stop_after_steps=spec.stop_after_steps or 1,
             evals=ctx.config.trial_evals,
-            prune=trial.user_attrs.get(PROMOTED_FROM_ATTR) is None,
+            prune=trial.user_attrs.get(PROMOTED_FROM_ATTR) is None
+            and not ctx.config.multi_objective,
         )
         result, seconds = self._train(trial, spec, reporter, run_id)
         measured = self._measurements(result, derived["full_run_steps"], seconds)
@@ -184,7 +185,19 @@ class Objective:
             metrics={"value": value, "val_loss_final": final.last_loss, **measured},
             tags={**tags, NOTE_TAG: note},
         )
+        if ctx.config.multi_objective:
+            return float(value), self._second_objective(measured)
         return float(value)
+
+    def _second_objective(self, measured: dict[str, float]) -> float:
+        """The full run's predicted hours (p50), or their cost at the budget's price."""
+        config = self.context.config
+        hours = measured.get("predicted_full_run_hours_p50")
+        if hours is None:
+            raise TrainingFailed("the time model gave no full-run prediction for this trial")
+        if config.objectives[1] == "cost":
+            return float(hours) * config.budget.price_per_hour
+        return float(hours)
 
     def _fraction(self, trial: optuna.Trial) -> float:
         """The trial's share of its full run: more for a promoted trial."""

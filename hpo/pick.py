@@ -16,6 +16,7 @@ import optuna
 from analysis.report.pareto import cheapest_within
 from common.errors import BadInputError
 from hpo.final_loss import PREDICTED_ATTR
+from hpo.states import trial_loss
 
 PROMOTED_FROM_ATTR = "promoted_from"  # hpo.objective sets it on a promoted trial
 
@@ -32,11 +33,23 @@ def standing_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 
 def best_complete_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
-    """The standing complete trial with the lowest value."""
+    """The standing complete trial with the lowest loss of those that fit the window.
+
+    A configuration is trained only when its full run is predicted to fit, but the time
+    model learns from the trial itself and may then predict a longer run: such a trial is
+    passed over while one that fits remains. In a multi-objective study (loss and hours or
+    cost) the result is the best-loss feasible point of the Pareto front.
+    """
     standing = standing_trials(study)
     if not standing:
         raise BadInputError(f"study '{study.study_name}' has no complete trial to export")
-    return min(standing, key=lambda t: float(t.value if t.value is not None else float("inf")))
+    fitting = [t for t in standing if _fits(t)]
+    return min(fitting or standing, key=lambda t: (_loss(t), t.number))
+
+
+def _loss(trial: optuna.trial.FrozenTrial) -> float:
+    loss = trial_loss(trial)
+    return float("inf") if loss is None else loss
 
 
 def pick_trial(
@@ -62,7 +75,10 @@ def pick_trial(
             raise BadInputError(f"trial {trial} of '{study.study_name}' is not a complete trial")
         return chosen[0], f"trial {trial}, chosen by hand"
     if within_pct is None:
-        return best_complete_trial(study), "best predicted loss"
+        rule = "best predicted loss"
+        if len(study.directions) > 1:
+            rule = "best-loss point of the Pareto front"
+        return best_complete_trial(study), rule
     if not within_pct >= 0:
         raise BadInputError(f"cheapest-within needs a percentage >= 0, but got {within_pct!r}")
     points = [(*loss_and_cost(t), t.number) for t in standing_trials(study) if _fits(t)]
@@ -77,7 +93,7 @@ def pick_trial(
 def loss_and_cost(trial: optuna.trial.FrozenTrial) -> tuple[float, float]:
     """Predicted final loss (p50) and the full run's cost, else its hours (p50)."""
     attrs = trial.user_attrs
-    loss = (attrs.get(PREDICTED_ATTR) or {}).get("p50", trial.value)
+    loss = (attrs.get(PREDICTED_ATTR) or {}).get("p50", trial_loss(trial))
     estimate: dict[str, Any] = attrs.get("estimate") or {}
     hours = (estimate.get("duration_hours") or {}).get("p50", float("inf"))
     cost = (estimate.get("cost") or {}).get("p50") if estimate.get("price_per_hour") else None

@@ -7,7 +7,7 @@ from typing import Any
 
 import optuna
 
-from hpo.states import state_counts
+from hpo.states import state_counts, trial_loss
 
 
 class StudyProgress:
@@ -33,10 +33,10 @@ class StudyProgress:
             "pruned": counts["pruned"],
             "failed": counts["failed"],
         }
-        try:
-            postfix["best"] = f"{study.best_value:.4f}"  # type: ignore[assignment]
-        except ValueError:
-            pass
+        complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        losses = [loss for t in complete if (loss := trial_loss(t)) is not None]
+        if losses:
+            postfix["best"] = f"{min(losses):.4f}"  # type: ignore[assignment]
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(1)
 

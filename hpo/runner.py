@@ -27,12 +27,12 @@ from hpo.export import (
     export_study,
 )
 from hpo.objective import Objective, StudyContext
-from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial
+from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial, standing_trials
 from hpo.prepare import Prepared, prepare
 from hpo.progress import StudyProgress
 from hpo.pruners import make_pruner
 from hpo.samplers import make_sampler
-from hpo.states import FINISHED_STATES, state_counts
+from hpo.states import FINISHED_STATES, state_counts, trial_loss
 from hpo.storage import has_heartbeats, make_storage
 from hpo.tracking import PARENT_ATTR, Tracker
 from hpo.what_fits import check_space
@@ -57,6 +57,10 @@ class StudySummary:
     tracking_uri: str
     objective: str = "predicted_full_run_loss"
     report_path: str | None = None
+    objectives: list[str] = dataclasses.field(default_factory=lambda: ["loss"])
+    # Several objectives: the standing trials no other beats on both, cheapest first, each
+    # {"trial", "loss", "hours" or "cost"}.
+    pareto_front: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # MLflow records the tracking server did not take: they wait in `tracking_spool`.
     tracking_records_waiting: int = 0
     tracking_spool: str | None = None
@@ -73,14 +77,28 @@ def open_study(config: StudyConfig, prepared: Prepared) -> optuna.Study:
         heartbeat_seconds=config.heartbeat_seconds,
         grace_seconds=config.grace_seconds,
     )
+    # Optuna cannot prune on learning curves in a multi-objective study (a trial may not
+    # report intermediate values there); the window and memory gate trials as before.
+    pruner = "none" if config.multi_objective else config.pruner
+    if config.multi_objective and config.pruner != "none":
+        log.info("objectives %s: trials are not pruned by %s", list(config.objectives), config.pruner)
     study = optuna.create_study(
         study_name=config.study_name,
         storage=storage,
         sampler=make_sampler(config.sampler, seed=config.seed),
-        pruner=make_pruner(config.pruner, evals=config.trial_evals),
-        direction="minimize",
+        pruner=make_pruner(pruner, evals=config.trial_evals),
+        directions=["minimize"] * len(config.objectives),
         load_if_exists=True,
     )
+    # Optuna loads an existing study whatever directions were asked for.
+    before = (study.user_attrs.get(CONFIG_ATTR) or {}).get("objectives") or ["loss"]
+    if len(study.directions) != len(config.objectives) or (
+        CONFIG_ATTR in study.user_attrs and list(before) != list(config.objectives)
+    ):
+        raise BadInputError(
+            f"study '{config.study_name}' was created with objectives {list(before)}, not "
+            f"{list(config.objectives)}; use another --study-name"
+        )
     if CONFIG_ATTR not in study.user_attrs:
         study.set_user_attr(CONFIG_ATTR, config.to_dict())
         study.set_user_attr(MODEL_ATTR, prepared.model_path)
@@ -205,13 +223,13 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
     trials = study.get_trials(deepcopy=False)
     done = {t.user_attrs.get(PROMOTED_FROM_ATTR) for t in trials} - {None}
     firsts = [
-        t
+        (loss, t.number, t)
         for t in trials
         if t.state == optuna.trial.TrialState.COMPLETE
         and PROMOTED_FROM_ATTR not in t.user_attrs
-        and t.value is not None
+        and (loss := trial_loss(t)) is not None
     ]
-    best = sorted(firsts, key=lambda t: float(t.value))[: config.promote]  # type: ignore[arg-type]
+    best = [t for _, _, t in sorted(firsts, key=lambda item: item[:2])[: config.promote]]
     chosen = [t for t in best if t.number not in done]
     for trial in chosen:
         study.enqueue_trial(trial.params, user_attrs={PROMOTED_FROM_ATTR: trial.number})
@@ -317,10 +335,13 @@ def _summary(
         elapsed_seconds=0.0,  # set when the study is closed
         tracking_uri=tracker.tracking_uri,
         objective=config.objective,
+        objectives=list(config.objectives),
     )
+    if summary.states["complete"] and config.multi_objective:
+        summary.pareto_front = pareto_points(study, config.objectives[1])
     if summary.states["complete"]:
         best = best_complete_trial(study)
-        summary.best_value, summary.best_trial = best.value, best.number
+        summary.best_value, summary.best_trial = trial_loss(best), best.number
         summary.best_estimate = estimate_section(
             study, best, correction=current_correction(study, best)
         )
@@ -335,6 +356,19 @@ def _summary(
 
 
 _BEST_KEYS = (*PARAM_KEYS, "effective_batch_size")
+
+
+def pareto_points(study: optuna.Study, second: str) -> list[dict[str, Any]]:
+    """The Pareto front of a loss-and-hours (or cost) study, cheapest first.
+
+    Taken over the standing trials (a promoted trial stands for its configuration), from
+    the values Optuna minimised.
+    """
+    from analysis.report.pareto import pareto_front
+
+    standing = [t for t in standing_trials(study) if t.values and len(t.values) == 2]
+    front = pareto_front((t.values[0], t.values[1], t.number) for t in standing)
+    return [{"trial": number, "loss": loss, second: other} for loss, other, number in front]
 
 
 def _tracking_uri(config: StudyConfig) -> str:

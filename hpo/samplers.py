@@ -18,7 +18,7 @@ from optuna.samplers import BaseSampler
 from common.errors import BadInputError
 from hpo.skopt_sampler import SkoptSampler
 
-SAMPLER_NAMES = ("tpe", "gp", "cmaes", "random", "skopt")
+SAMPLER_NAMES = ("tpe", "nsga2", "gp", "cmaes", "random", "skopt")
 
 
 def make_sampler(
@@ -27,7 +27,8 @@ def make_sampler(
     """Builds an Optuna sampler by name.
 
     Args:
-        name: One of ``tpe`` (default), ``gp``, ``cmaes``, ``random``, ``skopt``.
+        name: One of ``tpe`` (default), ``nsga2`` (multi-objective studies), ``gp``,
+            ``cmaes``, ``random``, ``skopt``.
         seed: Seed for every random draw of the sampler (and its fallback sampler).
         n_startup_trials: Random trials before the model is used; None keeps each
             sampler's default (10 for TPE, GP and skopt, 1 for CMA-ES). Ignored by
@@ -53,6 +54,10 @@ def make_sampler(
             return optuna.samplers.TPESampler(
                 seed=seed, multivariate=True, group=True, n_startup_trials=startup
             )
+    if name == "nsga2":
+        # A genetic algorithm: its first generation (population_size trials) is random.
+        # The per-profile parameters outside the shared space are drawn at random.
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=min(50, startup * 2))
     if name == "gp":
         # Short training runs give a noisy loss, hence deterministic_objective=False.
         return optuna.samplers.GPSampler(

@@ -27,3 +27,8 @@ def count_states(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
     for trial in trials:
         counts[STATE_NAMES[trial.state]] += 1
     return counts
+
+
+def trial_loss(trial: optuna.trial.FrozenTrial) -> float | None:
+    """A finished trial's loss: its value, or its first value in a multi-objective study."""
+    return float(trial.values[0]) if trial.values else None

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.cli import EXIT_OK, check_writable, run_cli
+from common.cli import EXIT_OK, check_writable, check_writable_dir, run_cli
 from common.errors import BadInputError, HpoError
 from common.files import write_json
 from common.flags import FieldFlags, add_field_flags
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     config = load_config(args.config, flags.given(args))
+    check_writable_dir(config.work_dir, "work_dir")
     if args.json:
         check_writable(args.json)
 
@@ -158,6 +159,18 @@ def _wait_for(procs: list[subprocess.Popen[bytes]], logs: Path) -> None:
         raise HpoError(f"worker {index} exited with code {code}: {last} (see its log)")
 
 
+def _print_pareto(summary: Any) -> None:
+    """Loss against hours or cost: the configurations no other one beats on both."""
+    if not summary.pareto_front:
+        return
+    second = summary.objectives[1]
+    print(f"Pareto front (predicted loss against full-run {second}), cheapest first:")
+    for point in summary.pareto_front:
+        amount = f"{point[second]:.3g} h" if second == "hours" else f"{point[second]:.2f}"
+        print(f"  trial {point['trial']:<4} loss {point['loss']:.4f}  {second} {amount}")
+    print("export another: python -m hpo.export --trial N, or --pick cheapest-within PCT")
+
+
 def _print_summary(summary: Any, server: dict[str, Any]) -> None:
     states = summary.states
     print(
@@ -177,6 +190,7 @@ def _print_summary(summary: Any, server: dict[str, Any]) -> None:
             shown = f"{value:.3g}" if isinstance(value, float) else value
             print(f"  {key:<28} {shown}")
         _print_estimate(summary.best_estimate)
+        _print_pareto(summary)
         print(f"preset: {summary.preset_path}")
         print(f"train it: python -m trainers.train --preset {summary.preset_path}")
         if summary.report_path:

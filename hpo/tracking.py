@@ -33,7 +33,7 @@ from common.mlflow_writer import (
 )
 from common.redact import redact
 from common.spool import Spool, spool_folders
-from hpo.states import STATE_NAMES, count_states
+from hpo.states import STATE_NAMES, count_states, trial_loss
 from trainers.tracking import StepMetrics
 
 log = logging.getLogger(__name__)
@@ -235,11 +235,15 @@ class Tracker:
         finished = len(trials)
         metrics = [metric(f"n_{k}", v, finished) for k, v in counts.items()]
         tags: dict[str, Any] = {}
-        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-        if complete:
-            best = min(complete, key=lambda t: float(t.value))  # type: ignore[arg-type]
-            metrics.append(metric("best_value", best.value, finished))  # type: ignore[arg-type]
-            tags["best_trial"] = best.number
+        losses = [
+            (loss, t.number)
+            for t in trials
+            if t.state == optuna.trial.TrialState.COMPLETE and (loss := trial_loss(t)) is not None
+        ]
+        if losses:
+            best_loss, best_number = min(losses)
+            metrics.append(metric("best_value", best_loss, finished))
+            tags["best_trial"] = best_number
         self.writer.write_batch(parent_run_id, metrics, tags=tags)
 
     # -- trials ------------------------------------------------------------------------------

@@ -41,9 +41,41 @@ def _study(price: float = 2.5) -> optuna.Study:
     return study
 
 
-def test_best_is_the_lowest_score() -> None:
+def test_best_is_the_lowest_score_that_fits() -> None:
     trial, rule = pick_trial(_study())
-    assert trial.number == 3 and rule == "best predicted loss"
+    assert trial.number == 0 and rule == "best predicted loss"  # trial 3 does not fit
+
+
+def test_best_of_all_when_nothing_fits() -> None:
+    study = optuna.create_study()
+    for loss in (2.0, 1.5, 1.8):
+        study.add_trial(
+            optuna.trial.create_trial(value=loss, user_attrs={"estimate": {"fits_window": False}})
+        )
+    assert pick_trial(study)[0].number == 1
+
+
+def _front_study() -> optuna.Study:
+    """Loss and hours as two objectives, the predictions in the user attributes as a study
+    would leave them."""
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    for loss, hours, _, fits in TRIALS:
+        study.add_trial(
+            optuna.trial.create_trial(
+                values=[loss, hours],
+                user_attrs={
+                    "predicted_final_loss": {"p50": loss},
+                    "estimate": {"duration_hours": {"p50": hours}, "fits_window": fits},
+                },
+            )
+        )
+    return study
+
+
+def test_a_front_exports_its_best_loss_point_that_fits() -> None:
+    trial, rule = pick_trial(_front_study())
+    assert trial.number == 0 and rule == "best-loss point of the Pareto front"
+    assert pick_trial(_front_study(), within_pct=1.0)[0].number == 1
 
 
 @pytest.mark.parametrize(("pct", "expected"), [(0.0, 0), (1.0, 1), (2.0, 2), (10.0, 2)])
@@ -62,7 +94,7 @@ def test_a_promoted_trial_stands_for_its_first() -> None:
     study = _study()
     study.add_trial(optuna.trial.create_trial(value=1.95, user_attrs={PROMOTED_FROM_ATTR: 1}))
     trial, _ = pick_trial(study)
-    assert trial.number == 3  # 1.90 still best; trial 1 is superseded by trial 4
+    assert trial.number == 4  # the best that fits (3 does not); trial 1 is superseded by it
     numbers = {t.number for t in standing_trials(study)}
     assert numbers == {0, 2, 3, 4}
 

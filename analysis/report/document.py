@@ -57,7 +57,7 @@ def write_report(
     """Write the study's plots and `report.md` into `out_dir` (replacing a previous report).
 
     Args:
-        study: The study (single objective).
+        study: The study (single objective, or loss first and hours or cost second).
         out_dir: The report folder; its parent is created when missing.
         full_runs: Full training runs to compare with their predicted durations.
         tracking_uri: The MLflow tracking URI, to link the study's runs (http(s) only).
@@ -69,7 +69,9 @@ def write_report(
         BadInputError: The study has no complete trial, or `out_dir` is not a folder.
     """
     rows = trial_rows(study.get_trials(deepcopy=False))
-    minimize = study.direction.name == "MINIMIZE"
+    # A multi-objective study (loss and hours or cost) is read by its first objective, the
+    # loss; the Pareto plot shows the trade-off.
+    minimize = study.directions[0].name == "MINIMIZE"
     best = best_complete(rows, minimize=minimize)
     if best is None:
         counts = ", ".join(
@@ -149,7 +151,7 @@ def _markdown(
     lines = [
         f"# Study report: {study.study_name}",
         "",
-        f"{len(rows)} trials ({tally}); direction {study.direction.name.lower()}; "
+        f"{len(rows)} trials ({tally}); {_directions(study)}; "
         f"best trial {best.number} (value {best.value:.4g}); exported trial {exported}. "
         f"Written {now}.",
         "",
@@ -164,6 +166,17 @@ def _markdown(
         else:
             lines += [f"_{section.reading}_", ""]
     return "\n".join(lines)
+
+
+def _directions(study: optuna.Study) -> str:
+    if len(study.directions) == 1:
+        return f"direction {study.direction.name.lower()}"
+    names = (study.user_attrs.get("hpo_config") or {}).get("objectives") or []
+    if len(names) != len(study.directions):
+        names = [f"objective {i}" for i in range(len(study.directions))]
+    return "Pareto front of " + " and ".join(
+        f"{name} ({d.name.lower()})" for name, d in zip(names, study.directions, strict=True)
+    )
 
 
 def _mlflow_line(attrs: Mapping[str, object], tracking_uri: str | None) -> str | None:

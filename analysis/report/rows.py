@@ -113,7 +113,8 @@ def trial_rows(trials: Iterable[FrozenTrial]) -> list[TrialRow]:
             TrialRow(
                 number=trial.number,
                 state=state,
-                value=finite(trial.value) if state == "complete" and trial.values else None,
+                # The first objective (the loss) when the study has several.
+                value=finite(trial.values[0]) if state == "complete" and trial.values else None,
                 last_intermediate=finite(steps[max(steps)]) if steps else None,
                 started=trial.datetime_start,
                 finished=trial.datetime_complete,

@@ -165,12 +165,25 @@ def _optuna_importances(study: optuna.Study) -> tuple[dict[str, float], Any]:
 
     pyplot()
     with quiet(), matplotlib.rc_context():  # Optuna switches the global style to ggplot
-        scores = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=0))
-        ax = plot_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=0))
+        # Several objectives: importances for the first, the loss.
+        target = _first_value if len(study.directions) > 1 else None
+        scores = get_param_importances(
+            study, evaluator=FanovaImportanceEvaluator(seed=0), target=target
+        )
+        ax = plot_param_importances(
+            study,
+            evaluator=FanovaImportanceEvaluator(seed=0),
+            target=target,
+            target_name="loss" if target else "Objective Value",
+        )
         fig: Any = ax.figure
         fig.set_size_inches(WIDTH_IN, HEIGHT_IN)
         fig.tight_layout()  # long parameter names would be cut at the left edge
     return dict(scores), fig
+
+
+def _first_value(trial: optuna.trial.FrozenTrial) -> float:
+    return float(trial.values[0])
 
 
 def rank_correlations(rows: Sequence[TrialRow]) -> dict[str, float]:
