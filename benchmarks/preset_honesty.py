@@ -5,7 +5,8 @@ probes) but the preset's: calibrated from the study's own short trials. For each
 each full-run length this runs what a user runs, one after another:
 
 1. a default study (`hpo.study` defaults, `--epochs E`, its own work dir: a fresh machine
-   calibration) on the bundled prompt/completion data;
+   calibration) on the first `--samples` records of the bundled prompt/completion data
+   (600 by default, so that a 10-epoch full run takes about a minute here);
 2. the full run of its exported preset (`python -m trainers.train --preset`, a new
    process, tracked in the study's MLflow store);
 
@@ -18,7 +19,8 @@ the same invocation.
 Targets (issue 11): median |p50 error| <= 8 %, every run inside its p10-p90 band, band
 half-width <= 25 % of p50.
 
-    python benchmarks/preset_honesty.py [--seeds 3] [--epochs 2,10] [--n-trials 6] [--json FILE]
+    python benchmarks/preset_honesty.py [--seeds 3] [--epochs 2,10] [--n-trials 6]
+        [--samples 600] [--json FILE]
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ TARGET_MEDIAN_PCT = 8.0
 TARGET_HALF_WIDTH_PCT = 25.0
 
 
-def study_preset(work: Path, *, seed: int, epochs: float, n_trials: int) -> dict[str, Any]:
+def study_preset(
+    work: Path, data: Path, *, seed: int, epochs: float, n_trials: int
+) -> dict[str, Any]:
     """Run a default study in `work`; its preset's path, estimate and the study's time."""
     config = load_config(
         None,
@@ -53,7 +57,7 @@ def study_preset(work: Path, *, seed: int, epochs: float, n_trials: int) -> dict
             "seed": seed,
             "epochs": epochs,
             "n_trials": n_trials,
-            "data": str(demo_data_path("prompt_completion")),
+            "data": str(data),
         },
     )
     started = time.perf_counter()
@@ -87,7 +91,9 @@ def full_run(preset: str, out: Path, tracking_uri: str | None) -> dict[str, Any]
     return result
 
 
-def row(seed: int, epochs: float, studied: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+def row(
+    seed: int, epochs: float, studied: dict[str, Any], result: dict[str, Any]
+) -> dict[str, Any]:
     """One preset against its full run: errors in % of the measured time."""
     hours = result["estimate"]["duration_hours"]
     p10, p50, p90 = (3600 * hours[k] for k in ("p10", "p50", "p90"))
@@ -136,16 +142,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="Studies (presets) per length.")
     parser.add_argument("--epochs", default="2,10", help="Full-run lengths, comma-separated.")
     parser.add_argument("--n-trials", type=int, default=6, help="Trials per study.")
+    parser.add_argument("--samples", type=int, default=600, help="Records of the data used.")
     parser.add_argument("--json", help="Write the rows and the summary here.")
     args = parser.parse_args(argv)
     lengths = [float(e) for e in args.epochs.split(",") if e.strip()]
     rows: list[dict[str, Any]] = []
     repeat: list[float] = []
     with tempfile.TemporaryDirectory(prefix="preset-honesty-") as tmp:
+        data = Path(tmp) / "data.jsonl"
+        lines = demo_data_path("prompt_completion").read_text().splitlines()[: args.samples]
+        data.write_text("\n".join(lines) + "\n")
         for epochs in lengths:
             for seed in range(args.seeds):
                 work = Path(tmp) / f"e{epochs:g}-s{seed}"
-                studied = study_preset(work, seed=seed, epochs=epochs, n_trials=args.n_trials)
+                studied = study_preset(work, data, seed=seed, epochs=epochs, n_trials=args.n_trials)
                 result = full_run(studied["preset"], work / "full", studied["tracking_uri"])
                 rows.append(row(seed, epochs, studied, result))
                 print(_line(rows[-1]), flush=True)

@@ -136,7 +136,9 @@ def test_cost_is_hours_times_the_price(tiny_model_dir: Path, tmp_path: Path) -> 
     complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert complete
     for trial in complete:
-        assert trial.values[1] == pytest.approx(3.0 * trial.user_attrs["predicted_full_run_hours_p50"])
+        assert trial.values[1] == pytest.approx(
+            3.0 * trial.user_attrs["predicted_full_run_hours_p50"]
+        )
     assert all("cost" in point for point in summary.pareto_front)
 
 
@@ -146,7 +148,10 @@ def test_cost_is_hours_times_the_price(tiny_model_dir: Path, tmp_path: Path) -> 
         ({"objectives": ["hours"]}, "objectives must be [loss], [loss, hours] or [loss, cost]"),
         ({"objectives": ["loss", "speed"]}, "but got ['loss', 'speed']"),
         ({"objectives": ["loss", "cost"]}, "needs budget.price_per_hour > 0"),
-        ({"objectives": ["loss", "hours"], "sampler": "skopt"}, "sampler skopt models one objective"),
+        (
+            {"objectives": ["loss", "hours"], "sampler": "skopt"},
+            "sampler skopt models one objective",
+        ),
         ({"objectives": ["loss", "hours"], "sampler": "cmaes"}, "use tpe, nsga2, gp or random"),
     ],
 )
