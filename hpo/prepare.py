@@ -13,6 +13,7 @@ from typing import Any
 from common.errors import BadInputError
 from hpo.config import StudyConfig
 from search_spaces import SearchSpace, load_space
+from search_spaces.families import space_for_model_type
 
 
 @dataclass
@@ -36,15 +37,16 @@ def prepare(config: StudyConfig) -> Prepared:
     from trainers.model.lora import load_tokenizer
     from trainers.tiny import default_tiny_model
 
-    space = load_space(config.space)
+    given_space = load_space(config.space) if config.space else None
+    work = Path(config.work_dir).resolve()
+    model_path = config.model or str(default_tiny_model(work / "models"))
+    space = given_space or space_for_model_type(family_model_type(model_path))
     allowed = config.profiles or tuple(space.profile_names)
     unknown = [p for p in allowed if p not in space.profile_names]
     if unknown:
         raise BadInputError(
             f"profiles: unknown profile(s) {', '.join(unknown)}; known: {', '.join(space.profile_names)}"
         )
-    work = Path(config.work_dir).resolve()
-    model_path = config.model or str(default_tiny_model(work / "models"))
     data_path = config.data or str(demo_data_path("prompt_completion"))
     tokenizer = load_tokenizer(model_path)
     stats: dict[int, Any] = {}
@@ -80,6 +82,25 @@ def prepare(config: StudyConfig) -> Prepared:
         dataset_stats=stats,
         eval_max_length=eval_length,
     )
+
+
+def family_model_type(model_path: str) -> str:
+    """The model_type whose family space (`search_spaces.families`) a study of it searches.
+
+    A tiny model of `trainers.tiny` gets none (""): the family recipes' learning rates are
+    for billions of parameters, not for a few hundred thousand.
+    """
+    from transformers import AutoConfig
+
+    from trainers.tiny import RECIPE_FILE
+
+    path = Path(model_path)
+    if (path / RECIPE_FILE).is_file():
+        return ""
+    try:
+        return str(AutoConfig.from_pretrained(model_path, local_files_only=True).model_type)
+    except (OSError, ValueError):
+        return ""  # loading the tokenizer next names what is wrong with the folder
 
 
 def model_context(model_path: str) -> int:
