@@ -1,0 +1,303 @@
+"""`python -m analysis.plan`: will this LoRA run fit, how long, at what cost, before any download.
+
+From a model's `config.json` alone (built on the meta device, no weights), a GPU and the data's
+size, it predicts the full run's duration (p10/p50/p90), its peak memory by part (weights,
+LoRA parameters, optimizer state, activations; with and without gradient checkpointing), its
+cost, and which batch profiles fit the window and the GPU. The prediction is the study's own
+time model, with the GPU's priors or a calibration measured on that GPU (it says which).
+
+Examples::
+
+    python -m analysis.plan --model-config config.json --gpu A100-80GB --samples 50000 \\
+        --max-length 1024 --profile balanced --window-hours 12 --price-per-hour 1.8
+    python -m analysis.plan --model-config mistral-7b-v0.1 --gpu RTX4090 --data train.jsonl \\
+        --tokenizer tokenizer-dir --micro-batch-size 2 --gradient-accumulation-steps 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from analysis.gpus import KNOWN_GPUS, GpuSpec, custom_gpu, find_gpu
+from analysis.planning import (
+    Fit,
+    RunShape,
+    best_of_profile,
+    coefficients_for,
+    evaluate,
+    lengths_from_count,
+    lengths_from_data,
+    load_model_config,
+    memory_breakdown,
+    plan_of,
+    shipped_configs,
+    toggled_checkpointing,
+)
+from analysis.timemodel import Coefficients, ModelProfile
+from common.cli import EXIT_OK, check_writable, run_cli
+from common.errors import BadInputError
+from common.files import write_json
+from common.fmt import format_duration
+
+GIB = 2**30
+DEFAULT_SHAPE = RunShape(micro_batch_size=4, gradient_accumulation_steps=4, max_length=512, lora_r=16)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags."""
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.plan",
+        description="Predict a LoRA run's duration, memory and cost from a config.json alone.",
+        epilog="Shipped configs (pass the name): " + ", ".join(shipped_configs()),
+    )
+    parser.add_argument("--model-config", required=True, help="config.json, its folder, or a shipped name.")
+    gpu = parser.add_argument_group("GPU")
+    gpu.add_argument("--gpu", required=True, help=f"One of {', '.join(g.name for g in KNOWN_GPUS)}, or any name with --gpu-tflops and --gpu-memory-gb.")
+    gpu.add_argument("--gpu-tflops", type=float, help="Dense bf16 peak TFLOP/s of a GPU not in the list.")
+    gpu.add_argument("--gpu-memory-gb", type=float, help="Memory (GB) of a GPU not in the list.")
+    gpu.add_argument("--calibration", action="append", default=[], help="Calibration file(s); one measured on this GPU replaces the priors.")
+    data = parser.add_argument_group("data (one of --samples or --data)")
+    data.add_argument("--samples", type=int, help="Samples in the data set.")
+    data.add_argument("--tokens-per-sample", type=int, help="Tokens per sample with --samples (default: --max-length, every sample full).")
+    data.add_argument("--data", help="JSONL data file whose token lengths are measured.")
+    data.add_argument("--tokenizer", help="Tokenizer folder for --data (default: characters / 4).")
+    run = parser.add_argument_group("run (a --profile, or explicit values; explicit values win)")
+    run.add_argument("--profile", help="A batch profile of the search space (fast, balanced, ...).")
+    run.add_argument("--space", help="Search space whose profiles are used (default: the model family's).")
+    run.add_argument("--micro-batch-size", type=int)
+    run.add_argument("--gradient-accumulation-steps", type=int)
+    run.add_argument("--max-length", type=int)
+    run.add_argument("--lora-r", type=int, default=DEFAULT_SHAPE.lora_r)
+    run.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
+    run.add_argument("--epochs", type=float, default=1.0)
+    budget = parser.add_argument_group("budget")
+    budget.add_argument("--window-hours", type=float, help="The run must end within this (p90).")
+    budget.add_argument("--price-per-hour", type=float, help="GPU price per hour, for the cost.")
+    parser.add_argument("--json", help="Write the plan to this JSON file.")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry point; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    _check_numbers(args)
+    if args.json:
+        check_writable(args.json)
+    gpu = _gpu(args)
+    config_path = _config_path(args.model_config)
+    config = load_model_config(config_path)
+    from analysis.machine import config_profile
+    from search_spaces.families import space_for_model_type
+
+    model = config_profile(config, source=str(config_path))
+    space = space_for_model_type(config.model_type, args.space)
+    coefficients, source = coefficients_for(gpu, calibrations=args.calibration, tflops=args.gpu_tflops)
+    max_length = args.max_length or (
+        space.profiles[args.profile].max_length if args.profile in space.profiles else DEFAULT_SHAPE.max_length
+    )
+    lengths, measured = _lengths(args, max_length)
+    chosen = _chosen(args, space, model, lengths, gpu, coefficients)
+    other = toggled_checkpointing(chosen, model, lengths, gpu, coefficients, args.window_hours)
+    profiles = {
+        name: best_of_profile(
+            profile, lora_r=args.lora_r, epochs=args.epochs, model=model, lengths=lengths,
+            gpu=gpu, coefficients=coefficients, window_hours=args.window_hours,
+            max_length=args.max_length,
+        )
+        for name, profile in space.profiles.items()
+    }  # fmt: skip
+    report = _report(
+        args, gpu, model, config, source, measured, lengths, chosen, other, profiles, coefficients
+    )
+    for line in _lines(report):
+        print(line)
+    if args.json:
+        write_json(args.json, report)
+    return EXIT_OK
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for name in ("micro_batch_size", "gradient_accumulation_steps", "max_length", "lora_r"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise BadInputError(f"--{name.replace('_', '-')} must be >= 1, but got {value}")
+    for name in ("window_hours", "epochs"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise BadInputError(f"--{name.replace('_', '-')} must be > 0, but got {value}")
+    if args.price_per_hour is not None and args.price_per_hour < 0:
+        raise BadInputError(f"--price-per-hour must be >= 0, but got {args.price_per_hour}")
+    if (args.samples is None) == (args.data is None):
+        raise BadInputError("give one of --samples N or --data FILE")
+
+
+def _gpu(args: argparse.Namespace) -> GpuSpec:
+    if args.gpu_tflops is not None or args.gpu_memory_gb is not None:
+        if args.gpu_tflops is None or args.gpu_memory_gb is None:
+            raise BadInputError("--gpu-tflops and --gpu-memory-gb go together")
+        return custom_gpu(args.gpu, tflops=args.gpu_tflops, memory_gb=args.gpu_memory_gb)
+    return find_gpu(args.gpu)
+
+
+def _config_path(given: str) -> Path:
+    shipped = shipped_configs()
+    if given in shipped and not Path(given).exists():
+        return shipped[given]
+    return Path(given)
+
+
+def _lengths(args: argparse.Namespace, max_length: int) -> tuple[tuple[int, ...], str]:
+    if args.data:
+        return lengths_from_data(args.data, max_length=max_length, tokenizer_dir=args.tokenizer)
+    per_sample = args.tokens_per_sample or max_length
+    how = "every sample full" if args.tokens_per_sample is None else "as given"
+    return lengths_from_count(args.samples, per_sample), f"{per_sample} tokens per sample ({how})"
+
+
+def _chosen(
+    args: argparse.Namespace,
+    space: Any,
+    model: ModelProfile,
+    lengths: tuple[int, ...],
+    gpu: GpuSpec,
+    coefficients: Coefficients,
+) -> Fit:
+    """The run asked for: a profile's best choice, with any explicit value put over it."""
+    if args.profile is not None:
+        if args.profile not in space.profiles:
+            raise BadInputError(
+                f"--profile: unknown profile {args.profile!r}; known: {', '.join(space.profiles)}"
+            )
+        base = best_of_profile(
+            space.profiles[args.profile], lora_r=args.lora_r, epochs=args.epochs, model=model,
+            lengths=lengths, gpu=gpu, coefficients=coefficients, window_hours=args.window_hours,
+            max_length=args.max_length,
+        ).shape  # fmt: skip
+    else:
+        base = RunShape(**{**DEFAULT_SHAPE.__dict__, "epochs": args.epochs, "lora_r": args.lora_r})
+    given = {
+        name: getattr(args, name)
+        for name in ("micro_batch_size", "gradient_accumulation_steps", "max_length",
+                     "gradient_checkpointing")
+        if getattr(args, name) is not None
+    }  # fmt: skip
+    shape = RunShape(**{**base.__dict__, **given})
+    return evaluate(shape, model, lengths, gpu, coefficients, window_hours=args.window_hours)
+
+
+def _fit_dict(fit: Fit, price: float | None) -> dict[str, Any]:
+    e = fit.estimate
+    return {
+        "run": dict(fit.shape.__dict__),
+        "duration_hours": {"p10": e.seconds_p10 / 3600, "p50": e.seconds_p50 / 3600, "p90": e.seconds_p90 / 3600},
+        "peak_memory_gib": e.peak_memory_bytes / GIB,
+        "peak_memory_gib_p90": e.peak_memory_bytes_p90 / GIB,
+        "tokens_per_second": e.tokens_per_second,
+        "optimizer_steps": e.optimizer_steps,
+        "cost": e.cost(price) if price is not None else None,
+        "fits_memory": fit.fits_memory,
+        "fits_window": fit.fits_window,
+        "fits": fit.fits,
+    }  # fmt: skip
+
+
+def _report(
+    args: argparse.Namespace,
+    gpu: GpuSpec,
+    model: ModelProfile,
+    config: Any,
+    source: str,
+    measured: str,
+    lengths: tuple[int, ...],
+    chosen: Fit,
+    other: Fit,
+    profiles: dict[str, Fit],
+    coefficients: Coefficients,
+) -> dict[str, Any]:
+    """The plan as one JSON-ready dict (what --json writes and the text shows)."""
+    memory = {
+        key: value / GIB
+        for key, value in memory_breakdown(plan_of(chosen.shape, model, lengths, gpu), coefficients).items()
+    }
+    with_gc, without_gc = (other, chosen) if other.shape.gradient_checkpointing else (chosen, other)
+    return {
+        "model": {"config": str(args.model_config), "model_type": config.model_type, **model.__dict__},
+        "gpu": {"name": gpu.name, "device_name": gpu.device_name, "memory_gib": gpu.memory_gib, "precision": gpu.precision},
+        "coefficients": source,
+        "prior_based": source.startswith("priors"),
+        "data": {"train_samples": len(lengths), "tokens": sum(lengths), "lengths": measured},
+        "window_hours": args.window_hours,
+        "price_per_hour": args.price_per_hour,
+        "plan": _fit_dict(chosen, args.price_per_hour),
+        "memory_gib": memory,
+        "activations_gib": {
+            "without_gradient_checkpointing": _activations(without_gc, model, lengths, gpu, coefficients),
+            "with_gradient_checkpointing": _activations(with_gc, model, lengths, gpu, coefficients),
+        },
+        "other_checkpointing": _fit_dict(other, args.price_per_hour),
+        "profiles": {name: _fit_dict(fit, args.price_per_hour) for name, fit in profiles.items()},
+    }  # fmt: skip
+
+
+def _activations(
+    fit: Fit, model: ModelProfile, lengths: tuple[int, ...], gpu: GpuSpec, c: Coefficients
+) -> float:
+    return memory_breakdown(plan_of(fit.shape, model, lengths, gpu), c)["activations"] / GIB
+
+
+def _lines(report: dict[str, Any]) -> list[str]:
+    """The plan as text, for people."""
+    model, gpu, plan = report["model"], report["gpu"], report["plan"]
+    run, hours = plan["run"], plan["duration_hours"]
+    lines = [
+        f"model: {model['config']} ({model['model_type']}, {model['total_parameters'] / 1e9:.2f}B parameters, "
+        f"LoRA rank {run['lora_r']}: {run['lora_r'] * model['lora_parameters_per_rank'] / 1e6:.1f}M trainable)",
+        f"gpu: {gpu['name']} ({gpu['device_name']}, {gpu['memory_gib']:.1f} GiB, {gpu['precision']})",
+        f"time model: {report['coefficients']}",
+        f"data: {report['data']['train_samples']} training samples, {report['data']['tokens']:,} tokens ({report['data']['lengths']})",
+        f"run: micro-batch {run['micro_batch_size']} x accumulation {run['gradient_accumulation_steps']}, "
+        f"max_length {run['max_length']}, gradient checkpointing {'on' if run['gradient_checkpointing'] else 'off'}, "
+        f"{run['epochs']:g} epoch(s), {plan['optimizer_steps']} optimizer steps",
+        f"duration: p10 {format_duration(hours['p10'] * 3600)}, p50 {format_duration(hours['p50'] * 3600)}, "
+        f"p90 {format_duration(hours['p90'] * 3600)} ({plan['tokens_per_second']:,.0f} tokens/s)",
+        "peak memory: {:.1f} GiB (p90 {:.1f}) = ".format(plan["peak_memory_gib"], plan["peak_memory_gib_p90"])
+        + ", ".join(f"{key} {value:.2f}" for key, value in report["memory_gib"].items()),
+        "activations: {:.2f} GiB without gradient checkpointing, {:.2f} GiB with".format(
+            *report["activations_gib"].values()
+        ),
+    ]  # fmt: skip
+    other = report["other_checkpointing"]
+    lines.append(
+        f"with gradient checkpointing {'on' if other['run']['gradient_checkpointing'] else 'off'}: "
+        f"peak {other['peak_memory_gib']:.1f} GiB, p50 {format_duration(other['duration_hours']['p50'] * 3600)}"
+    )
+    if plan["cost"] is not None:
+        cost = plan["cost"]
+        lines.append(f"cost: p10 {cost['p10']:.2f}, p50 {cost['p50']:.2f}, p90 {cost['p90']:.2f} at {report['price_per_hour']:g}/h")
+    lines.append(f"fits: {_verdict(plan, report['window_hours'])}")
+    lines.append("profiles (fastest fitting micro-batch x accumulation of each):")
+    for name, fit in report["profiles"].items():
+        r, h = fit["run"], fit["duration_hours"]
+        lines.append(
+            f"  {name:<18} {r['micro_batch_size']:>3} x {r['gradient_accumulation_steps']:<3} len {r['max_length']:<5} "
+            f"p50 {format_duration(h['p50'] * 3600):>9}  p90 {format_duration(h['p90'] * 3600):>9}  "
+            f"memory p90 {fit['peak_memory_gib_p90']:6.1f} GiB  {_verdict(fit, report['window_hours'])}"
+        )  # fmt: skip
+    if report["prior_based"]:
+        lines.append("prior-based: measure on this GPU (python -m analysis.calibrate) to narrow the band")
+    return lines
+
+
+def _verdict(fit: dict[str, Any], window: float | None) -> str:
+    if not fit["fits_memory"]:
+        return "no (out of memory)"
+    if fit["fits_window"] is False:
+        return f"no (p90 over the {window:g} h window)"
+    return "yes" if window is not None else "yes (memory; no window given)"
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

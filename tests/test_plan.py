@@ -1,0 +1,238 @@
+"""`python -m analysis.plan`: plans from a config.json alone, for the shipped published configs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.calibration import VERSION, Calibration
+from analysis.gpus import KNOWN_GPUS, find_gpu, peak_of
+from analysis.machine import config_profile
+from analysis.plan import main
+from analysis.planning import (
+    RunShape,
+    coefficients_for,
+    evaluate,
+    lengths_from_count,
+    load_model_config,
+    memory_breakdown,
+    plan_of,
+    shipped_configs,
+)
+from analysis.timemodel import ModelProfile, fingerprint, gpu_peak_flops, predict
+from common.cli import run_cli
+from trainers.data.paths import demo_data_path
+
+# Parameter counts the model cards publish (safetensors metadata): the meta-device profile of
+# the shipped config.json must count the same.
+PUBLISHED_PARAMETERS = {
+    "tinyllama-1.1b": 1_100_048_384,
+    "phi-3-mini-4k": 3_821_079_552,
+    "mistral-7b-v0.1": 7_241_732_096,
+    "qwen2.5-7b": 7_615_616_512,
+}
+GPUS = ("H100", "A100-80GB", "RTX4090")
+LENGTHS = lengths_from_count(10_000, 512)
+
+
+@pytest.fixture(scope="module")
+def profiles() -> dict[str, ModelProfile]:
+    return {name: config_profile(load_model_config(path)) for name, path in shipped_configs().items()}
+
+
+def plan_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = run_cli(main, list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_shipped_configs_count_the_published_parameters(profiles: dict[str, ModelProfile]) -> None:
+    assert set(profiles) == set(PUBLISHED_PARAMETERS)
+    for name, count in PUBLISHED_PARAMETERS.items():
+        assert profiles[name].total_parameters == count, name
+
+
+def test_every_known_gpu_has_a_peak() -> None:
+    for gpu in KNOWN_GPUS:
+        assert gpu_peak_flops(gpu.device_name, half=gpu.precision != "fp32") == peak_of(gpu)
+    assert find_gpu("rtx 4090") == find_gpu("RTX4090")
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMETERS))
+def test_plan_is_finite_and_ordered(name: str, gpu: str, profiles: dict[str, ModelProfile]) -> None:
+    spec = find_gpu(gpu)
+    coefficients, source = coefficients_for(spec)
+    assert source.startswith("priors")
+    e = evaluate(RunShape(4, 4, 512, 16), profiles[name], LENGTHS, spec, coefficients).estimate
+    values = (e.seconds_p10, e.seconds_p50, e.seconds_p90, e.peak_memory_bytes)
+    assert all(math.isfinite(v) and v > 0 for v in values)
+    assert e.seconds_p10 <= e.seconds_p50 <= e.seconds_p90
+    assert e.peak_memory_bytes <= e.peak_memory_bytes_p90
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMETERS))
+def test_memory_grows_with_batch_and_length_and_falls_with_checkpointing(
+    name: str, profiles: dict[str, ModelProfile]
+) -> None:
+    gpu = find_gpu("H100")
+    coefficients, _ = coefficients_for(gpu)
+    lengths = lengths_from_count(10_000, 4096)
+
+    def peak(mb: int, length: int, checkpointing: bool = False) -> int:
+        shape = RunShape(mb, 1, length, 16, checkpointing)
+        return evaluate(shape, profiles[name], lengths, gpu, coefficients).estimate.peak_memory_bytes
+
+    assert peak(1, 512) < peak(2, 512) < peak(8, 512)
+    assert peak(4, 256) < peak(4, 512) < peak(4, 2048)
+    assert peak(4, 1024, True) < peak(4, 1024)
+    # The parts `analysis.plan` shows add up to the predicted peak.
+    plan = plan_of(RunShape(4, 2, 1024, 16), profiles[name], lengths, gpu)
+    parts = memory_breakdown(plan, coefficients)
+    assert sum(parts.values()) == pytest.approx(predict(plan, coefficients).peak_memory_bytes, abs=2)
+
+
+def test_cli_plan_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    code, stdout, _ = plan_cli(
+        capsys, "--model-config", str(shipped_configs()["tinyllama-1.1b"]), "--gpu", "A100-80GB",
+        "--samples", "50000", "--max-length", "1024", "--profile", "balanced",
+        "--window-hours", "12", "--price-per-hour", "2", "--json", str(out),
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    hours = report["plan"]["duration_hours"]
+    assert 0 < hours["p10"] <= hours["p50"] <= hours["p90"]
+    assert report["plan"]["cost"]["p50"] == pytest.approx(hours["p50"] * 2)
+    assert report["prior_based"] and "priors for A100-80GB" in stdout
+    assert report["data"]["train_samples"] == 45_000
+    assert report["plan"]["run"]["max_length"] == 1024
+    assert set(report["profiles"]) == {"fast", "balanced", "quality", "memory_efficient"}
+    gc = report["activations_gib"]
+    assert gc["with_gradient_checkpointing"] < gc["without_gradient_checkpointing"]
+    assert "fits: yes" in stdout
+
+
+def test_shipped_name_and_explicit_run(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = plan_cli(
+        capsys, "--model-config", "phi-3-mini-4k", "--gpu", "RTX4090", "--samples", "2000",
+        "--micro-batch-size", "64", "--gradient-accumulation-steps", "1", "--max-length", "4096",
+    )  # fmt: skip
+    assert code == 0
+    assert "micro-batch 64 x accumulation 1, max_length 4096" in stdout
+    assert "fits: no (out of memory)" in stdout
+
+
+def test_unknown_gpu_described_by_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = plan_cli(
+        capsys, "--model-config", "tinyllama-1.1b", "--gpu", "MI300X", "--gpu-tflops", "1307",
+        "--gpu-memory-gb", "192", "--samples", "1000",
+    )  # fmt: skip
+    assert code == 0
+    assert "priors for MI300X (1307 TFLOP/s bf16 peak)" in stdout
+
+
+def test_data_file_lengths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = demo_data_path("prompt_completion")
+    records = sum(1 for line in data.open() if line.strip())
+    out = tmp_path / "plan.json"
+    code, stdout, _ = plan_cli(
+        capsys, "--model-config", "tinyllama-1.1b", "--gpu", "H100", "--data", str(data),
+        "--json", str(out),
+    )  # fmt: skip
+    assert code == 0 and "characters per token" in stdout
+    report = json.loads(out.read_text())
+    assert report["data"]["train_samples"] == records - round(records * 0.1)
+    assert 0 < report["data"]["tokens"] < report["data"]["train_samples"] * 512
+
+
+def test_calibration_measured_on_the_gpu_replaces_the_priors(
+    tmp_path: Path, profiles: dict[str, ModelProfile], capsys: pytest.CaptureFixture[str]
+) -> None:
+    gpu = find_gpu("H100")
+    prior, _ = coefficients_for(gpu)
+    # A calibration that found this GPU twice as fast as the prior assumes.
+    faster = dataclasses.replace(
+        prior,
+        micro_seconds_per_flop=prior.micro_seconds_per_flop / 2,
+        micro_seconds_per_adapter_flop=prior.adapter_seconds_per_flop / 2,
+        micro_seconds_per_attention_flop=prior.micro_seconds_per_attention_flop / 2,
+        source="calibrated",
+    )
+    model = profiles["tinyllama-1.1b"]
+    calibration = Calibration(
+        version=VERSION, fingerprint=fingerprint(gpu.hardware(), model), hardware=gpu.hardware(),
+        model=model, coefficients=faster, prior=prior, n_measurements={"micro_steps": 40},
+        created_at="2026-11-23T00:00:00+00:00", calibration_id="test",
+    )  # fmt: skip
+    calibration.save(tmp_path / "calibration.json")
+    args = ("--model-config", "mistral-7b-v0.1", "--samples", "20000", "--max-length", "512",
+            "--calibration", str(tmp_path / "calibration.json"))  # fmt: skip
+
+    def p50(gpu_name: str) -> tuple[float, dict[str, Any]]:
+        out = tmp_path / f"{gpu_name}.json"
+        assert plan_cli(capsys, *args, "--gpu", gpu_name, "--json", str(out))[0] == 0
+        report = json.loads(out.read_text())
+        return report["plan"]["duration_hours"]["p50"], report
+
+    calibrated, report = p50("H100")
+    assert report["coefficients"].startswith("calibration") and not report["prior_based"]
+    on_a100, report = p50("A100-80GB")  # measured on another GPU: priors, and it says so
+    assert report["prior_based"] and "is for NVIDIA H100 80GB HBM3" in report["coefficients"]
+    prior_h100 = evaluate(RunShape(4, 4, 512, 16), profiles["mistral-7b-v0.1"],
+                          lengths_from_count(20000, 512), gpu, prior).estimate.seconds_p50  # fmt: skip
+    assert calibrated < 0.75 * prior_h100 / 3600
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "no such file"),
+        ("{not json", "is not JSON"),
+        ('{"hidden_size": 8}', "has no model_type"),
+        ('{"model_type": "no-such-arch"}', "'no-such-arch' is not one this transformers knows"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line(
+    content: str | None, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.json"
+    if content is not None:
+        config.write_text(content)
+    out = tmp_path / "plan.json"
+    code, _, stderr = plan_cli(
+        capsys, "--model-config", str(config), "--gpu", "H100", "--samples", "100",
+        "--json", str(out),
+    )  # fmt: skip
+    assert code == 2
+    assert stderr.count("\n") == 1 and expected in stderr
+    assert not out.exists()
+
+
+def test_unknown_gpu_exits_2_listing_the_known(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis.plan", "--model-config", "tinyllama-1.1b",
+         "--gpu", "B300", "--samples", "100", "--json", str(tmp_path / "plan.json")],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1
+    assert "unknown GPU 'B300'" in proc.stderr
+    assert all(gpu.name in proc.stderr for gpu in KNOWN_GPUS)
+    assert "--gpu-tflops" in proc.stderr
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_half_described_gpu_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, stderr = plan_cli(
+        capsys, "--model-config", "tinyllama-1.1b", "--gpu", "X", "--gpu-tflops", "100",
+        "--samples", "100",
+    )  # fmt: skip
+    assert code == 2 and "go together" in stderr
