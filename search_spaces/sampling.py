@@ -42,7 +42,10 @@ def sample(
     Returns:
         The flat configuration: ``profile``, ``micro_batch_size``,
         ``gradient_accumulation_steps``, ``max_length``, ``gradient_checkpointing`` and
-        every tuned key, with ``lora_alpha = lora_alpha_ratio * lora_r`` added.
+        every tuned key, with ``lora_alpha = lora_alpha_ratio * lora_r`` added, and
+        ``base_learning_rate`` (the sampled rate, at the space's reference effective batch)
+        beside ``learning_rate`` (the rate the configuration trains with, scaled to its
+        effective batch by the space's ``learning_rate_scaling``).
 
     Raises:
         BadInputError: ``allowed_profiles`` is empty, names a profile the space does not
@@ -109,4 +112,9 @@ def params_from_trial_params(trial_params: Mapping[str, Any], space: SearchSpace
     config.update({key: trial_params[key] for key in space.domains})
     alpha = config["lora_alpha_ratio"] * config["lora_r"]
     config["lora_alpha"] = int(alpha) if float(alpha).is_integer() else alpha
+    effective = int(config["micro_batch_size"]) * int(config["gradient_accumulation_steps"])
+    base = float(config["learning_rate"])
+    config["base_learning_rate"] = base
+    config["learning_rate"] = base * space.learning_rate_factor(effective)
+    config["learning_rate_scaling"] = space.learning_rate_scaling
     return config

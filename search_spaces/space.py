@@ -8,6 +8,13 @@ section that replaces the packaged profiles::
     lora_r: {choice: [8, 16, 32]}
     lora_alpha_ratio: {choice: [1, 2]}
     lora_dropout: 0.05
+    learning_rate_scaling: sqrt   # sqrt | linear | none
+    reference_batch_size: 16
+
+With ``learning_rate_scaling`` the sampled ``learning_rate`` is a *base* rate at the
+reference effective batch; a configuration trains with it scaled by
+``(effective batch / reference_batch_size)`` to the power 1/2 (sqrt), 1 (linear) or 0 (none),
+so the range stays sensible whichever batch the profile gives.
 """
 
 from __future__ import annotations
@@ -54,7 +61,12 @@ RULES: dict[str, _Rule] = {
     "weight_decay": _Rule(0.0, 1.0, required=False),
     "warmup_ratio": _Rule(0.0, 1.0, open_high=True, required=False),
 }
-KNOWN_KEYS = ("profile", *RULES)
+LR_SCALINGS = ("sqrt", "linear", "none")
+# Measured on the tiny model (benchmarks/lr_scaling.py, README): see the README's table.
+DEFAULT_LR_SCALING = "sqrt"
+DEFAULT_REFERENCE_BATCH_SIZE = 16
+SETTINGS = ("learning_rate_scaling", "reference_batch_size")  # plain values, not domains
+KNOWN_KEYS = ("profile", *RULES, *SETTINGS)
 
 
 @dataclass(frozen=True)
@@ -65,11 +77,22 @@ class SearchSpace:
         domains: Domain of every tuned key except ``profile``, in file order.
         profiles: Every defined profile by name.
         profile_names: The profiles the search chooses from, in file order.
+        learning_rate_scaling: How the sampled (base) learning rate scales with the
+            effective batch: sqrt | linear | none.
+        reference_batch_size: The effective batch the base learning rate is sampled for.
     """
 
     domains: dict[str, Domain]
     profiles: dict[str, Profile]
     profile_names: tuple[str, ...]
+    learning_rate_scaling: str = DEFAULT_LR_SCALING
+    reference_batch_size: int = DEFAULT_REFERENCE_BATCH_SIZE
+
+    def learning_rate_factor(self, effective_batch_size: int) -> float:
+        """What the base learning rate is multiplied by at `effective_batch_size`."""
+        ratio = effective_batch_size / self.reference_batch_size
+        power = {"sqrt": 0.5, "linear": 1.0, "none": 0.0}[self.learning_rate_scaling]
+        return float(ratio**power)
 
 
 def _packaged(name: str) -> Path:
@@ -148,8 +171,28 @@ def parse_space(raw: Any, *, profiles: Mapping[str, Profile] | None = None) -> S
     if missing:
         raise BadInputError(f"missing key(s) {', '.join(missing)}")
     profile_names = _profile_names(entries.get("profile", list(profiles)), profiles)
-    domains = {key: _checked(key, value) for key, value in entries.items() if key != "profile"}
-    return SearchSpace(domains, dict(profiles), profile_names)
+    settings = _lr_settings(entries)
+    domains = {
+        key: _checked(key, value)
+        for key, value in entries.items()
+        if key != "profile" and key not in SETTINGS
+    }
+    return SearchSpace(domains, dict(profiles), profile_names, *settings)
+
+
+def _lr_settings(entries: Mapping[str, Any]) -> tuple[str, int]:
+    """``learning_rate_scaling`` and ``reference_batch_size``, checked."""
+    scaling = entries.get("learning_rate_scaling", DEFAULT_LR_SCALING)
+    if scaling not in LR_SCALINGS:
+        raise BadInputError(
+            f"learning_rate_scaling: must be one of {', '.join(LR_SCALINGS)}, but got {scaling!r}"
+        )
+    reference = entries.get("reference_batch_size", DEFAULT_REFERENCE_BATCH_SIZE)
+    if isinstance(reference, bool) or not isinstance(reference, int) or reference < 1:
+        raise BadInputError(
+            f"reference_batch_size: must be a whole number >= 1, but got {reference!r}"
+        )
+    return str(scaling), reference
 
 
 def _profile_names(raw: Any, profiles: Mapping[str, Profile]) -> tuple[str, ...]:

@@ -1,0 +1,136 @@
+"""`python -m hpo.init`: asked through a pseudo-terminal, and without one (flags, --yes).
+
+The file it writes is run by `python -m hpo.study --config` (one real trial on the tiny
+model), whose trial records the base and the applied learning rate of the default space's
+scaling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pexpect
+import pytest
+import yaml
+
+from hpo.config import load_config
+from search_spaces import load_space
+from trainers.data.paths import demo_data_path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _init(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpo.init", *args],
+        cwd=ROOT,
+        env=ENV,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_terminal_session_asks_again_after_bad_answers(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "study.yaml"
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "hpo.init", "--out", str(out)],
+        cwd=str(ROOT),
+        env=ENV,
+        encoding="utf-8",
+        timeout=90,
+    )
+    child.expect("Model folder")
+    child.sendline(str(tmp_path / "nowhere"))
+    child.expect("not a model folder.*try again")
+    child.expect("Model folder")
+    child.sendline(str(tiny_model_dir))
+    child.expect("Training data")
+    child.sendline(str(demo_data_path("prompt_completion")))
+    child.expect(r"found: 3,000 prompt_completion samples; tokens per sample p50 \d+")
+    child.expect(r"Window for the full run, in hours \[12\]")
+    child.sendline("-3")
+    child.expect("window_hours: must be > 0, but got '-3'")
+    child.expect("Window")
+    child.sendline("0.5")
+    child.expect(r"Safety margin.*\[30\]")
+    child.sendline("")  # the default, 30 min, is the whole window
+    child.expect(r"must be shorter than the window \(0.5 h\)")
+    child.sendline("5")
+    child.expect("price per hour")
+    child.sendline("2.5")
+    child.expect("Profiles")
+    child.sendline("fast,turbo")
+    child.expect("unknown turbo")
+    child.sendline("fast")
+    child.expect("python -m hpo.study --config " + str(out))
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    config = load_config(str(out))
+    assert config.model == str(tiny_model_dir.resolve())
+    assert (config.budget.window_hours, config.budget.safety_margin_minutes) == (0.5, 5.0)
+    assert config.budget.price_per_hour == 2.5 and tuple(config.profiles or ()) == ("fast",)
+    text = out.read_text(encoding="utf-8")
+    assert "# The training data: 3,000 prompt_completion samples" in text
+    assert "# Hardware found: cpu" in text
+
+
+def test_without_a_terminal_a_missing_answer_exits_2_and_writes_nothing(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "study.yaml"
+    proc = _init("--model", str(tiny_model_dir), "--out", str(out))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: data: no terminal to ask in; pass --data"
+    bad = _init(
+        "--yes", "--model", str(tiny_model_dir), "--data", str(demo_data_path("text")),
+        "--window-hours", "1", "--safety-margin-minutes", "90", "--out", str(out),
+    )  # fmt: skip
+    assert bad.returncode == 2 and "safety_margin_minutes" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_yes_writes_a_config_that_hpo_study_runs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "study.yaml"
+    made = _init(
+        "--yes", "--model", str(tiny_model_dir), "--data",
+        str(demo_data_path("prompt_completion")), "--profiles", "fast", "--out", str(out),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert f"python -m hpo.study --config {out}" in made.stdout
+    assert yaml.safe_load(out.read_text(encoding="utf-8"))["budget"]["window_hours"] == 12.0
+    work, result = tmp_path / "work", tmp_path / "result.json"
+    study = subprocess.run(
+        [
+            sys.executable, "-m", "hpo.study", "--config", str(out), "--work-dir", str(work),
+            "--n-trials", "1", "--trial-fraction", "0.03", "--trial-evals", "2",
+            "--eval-samples", "16", "--sampler", "random", "--json", str(result),
+        ],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert study.returncode == 0, study.stderr[-2000:]
+    summary = json.loads(result.read_text(encoding="utf-8"))
+    assert summary["states"]["complete"] == 1
+    (trial,) = optuna.load_study(
+        study_name=summary["study_name"], storage=f"sqlite:///{work / 'optuna.db'}"
+    ).trials
+    attrs = trial.user_attrs
+    batch = attrs["micro_batch_size"] * attrs["gradient_accumulation_steps"]
+    space = load_space()
+    assert attrs["learning_rate_scaling"] == space.learning_rate_scaling
+    assert attrs["base_learning_rate"] == pytest.approx(trial.params["learning_rate"])
+    assert attrs["learning_rate"] == pytest.approx(
+        attrs["base_learning_rate"] * space.learning_rate_factor(batch)
+    )
