@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +43,24 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     except Exception:  # a bug: the traceback helps, the password in it must not show
         print(redact(traceback.format_exc()), file=sys.stderr, end="")
         return EXIT_FAILED
+
+
+def check_writable_dir(path: str | Path, what: str) -> None:
+    """Fail early (bad input) when folder `path` cannot be created or written; creates nothing.
+
+    Probes the nearest existing ancestor with a temporary file, which also catches what
+    `os.access` misses for root (read-only file systems, /proc).
+    """
+    probe = Path(path).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise BadInputError(f"{what}: cannot create {path}: {probe} is a file")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise BadInputError(f"{what}: cannot write {path}: {probe}: {exc.strerror}") from None
 
 
 def check_writable(path: str | Path) -> None:

@@ -34,6 +34,7 @@ from hpo.pruners import make_pruner
 from hpo.samplers import make_sampler
 from hpo.states import FINISHED_STATES, state_counts, trial_loss
 from hpo.storage import has_heartbeats, make_storage
+from hpo.study_space import check_same_space, space_record
 from hpo.tracking import PARENT_ATTR, Tracker
 from hpo.what_fits import check_space
 from hpo.workers import claimed, fail_dead_workers_trials
@@ -99,6 +100,7 @@ def open_study(config: StudyConfig, prepared: Prepared) -> optuna.Study:
             f"study '{config.study_name}' was created with objectives {list(before)}, not "
             f"{list(config.objectives)}; use another --study-name"
         )
+    check_same_space(study, space_record(prepared.space, config.profiles))
     if CONFIG_ATTR not in study.user_attrs:
         study.set_user_attr(CONFIG_ATTR, config.to_dict())
         study.set_user_attr(MODEL_ATTR, prepared.model_path)

@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     check_writable_dir(config.work_dir, "work_dir")
     if args.json:
         check_writable(args.json)
+    _check_tracking_server(config)
 
     from hpo.runner import run_study
 
@@ -64,6 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, redact_values(summary.to_dict()))
     _print_summary(summary, mlflow_defaults().get("server") or {})
     return EXIT_OK
+
+
+def _check_tracking_server(config: StudyConfig) -> None:
+    """A tracking server that must answer (`--tracking-outage fail`): asked before any store
+    is written, so a refused start leaves no study behind."""
+    uri = config.tracking_uri or ""
+    if config.tracking_outage != "fail":
+        return
+    if uri.startswith(("http://", "https://")):
+        from hpo.tracking import Tracker
+
+        Tracker(uri, config.experiment_name or "hpo-lora")  # raises when it does not answer
 
 
 def run_workers(config: StudyConfig, n_workers: int, argv: list[str]) -> int:

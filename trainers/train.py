@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.cli import EXIT_FAILED, EXIT_OK, check_writable, run_cli
+from common.cli import EXIT_FAILED, EXIT_OK, check_writable, check_writable_dir, run_cli
 from common.errors import BadInputError, GaveUp
 from common.files import write_json
 from common.flags import FieldFlags, add_field_flags
@@ -31,6 +31,7 @@ from trainers.summary import predicted_seconds, resume_command, summary_lines
 
 EXIT_RESUMABLE = 3  # stopped by the window or a signal, with a checkpoint
 log = logging.getLogger(__name__)
+DEFAULT_RUNS_DIR = "hpo-runs"  # the study's default work dir
 MLFLOW_RUN_FILE = "mlflow_run.json"  # in the output dir: the run a resume continues
 # Without a checkpoint setting in the preset or on the command line, the full run saves this
 # often: a long run without checkpoints cannot be resumed or rolled back.
@@ -106,6 +107,9 @@ def load_run(preset_path: str | None, given: dict[str, Any]) -> Preset:
         return Preset(spec=TrainSpec.from_dict(given))
     nested = {key: value for key, value in given.items() if isinstance(value, dict)}
     flat = {key: value for key, value in given.items() if key not in nested}
+    # Each preset trains into its own folder: two presets run one after the other from one
+    # folder do not collide (--output-dir still decides).
+    flat.setdefault("output_dir", default_output_dir(preset_path))
     preset = load_preset(preset_path, **flat)
     if nested:
         values = preset.spec.to_dict()
@@ -113,6 +117,33 @@ def load_run(preset_path: str | None, given: dict[str, Any]) -> Preset:
             values[key] = {**values[key], **part}
         preset.spec = TrainSpec.from_dict(values)
     return preset
+
+
+def default_output_dir(preset_path: str | Path) -> str:
+    """`hpo-runs/full/<preset name>`: where a preset's full run goes without --output-dir."""
+    return str(Path(DEFAULT_RUNS_DIR) / "full" / Path(preset_path).stem)
+
+
+def check_start(spec: TrainSpec, resume: bool) -> None:
+    """What would refuse this start, checked before an MLflow run exists for it.
+
+    Raises:
+        BadInputError: A model folder without `config.json`, a data path that is not a file,
+            an output folder that cannot be written, or that holds checkpoints without
+            `--resume` (or none to resume). Bad records in the data are found later, when
+            training loads them (its MLflow run then ends FAILED).
+    """
+    from trainers.loop.run import _starting_checkpoint
+
+    model = Path(spec.model)
+    if not (model / "config.json").is_file():
+        what = "has no config.json" if model.is_dir() else "is not a folder"
+        raise BadInputError(f"model {spec.model} {what}: give a transformers model folder")
+    if not Path(spec.data).is_file():
+        what = "is a directory" if Path(spec.data).is_dir() else "not found"
+        raise BadInputError(f"data {spec.data} {what}: give a JSONL file")
+    check_writable_dir(spec.output_dir, "output_dir")
+    _starting_checkpoint(spec, resume)
 
 
 def full_run_spec(spec: TrainSpec, given: dict[str, Any]) -> TrainSpec:
@@ -181,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     predicted = predicted_seconds(preset.estimate)
     if args.json:
         check_writable(args.json)
+    check_start(spec, args.resume)
 
     from tqdm.contrib.logging import logging_redirect_tqdm
 

@@ -1,0 +1,72 @@
+"""A study keeps its search space: continuing a study name with another space is refused.
+
+Optuna would go on sampling the stored study from the new space, and the study would mix
+trials of two questions; the user gets told what differs and a free name instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import optuna
+
+from common.errors import BadInputError
+from search_spaces.space import SearchSpace
+
+SPACE_ATTR = "hpo_space"  # study user attribute: the space its trials were sampled from
+
+
+def space_record(space: SearchSpace, profiles: tuple[str, ...] | None) -> dict[str, Any]:
+    """The space as plain data: every tuned key's domain and the profiles allowed."""
+    record: dict[str, Any] = {
+        key: {"kind": type(domain).__name__, **dataclasses.asdict(domain)}
+        for key, domain in space.domains.items()
+    }
+    allowed = profiles or space.profile_names
+    record["profile"] = {
+        name: {
+            k: v for k, v in dataclasses.asdict(space.profiles[name]).items() if k != "description"
+        }
+        for name in allowed
+        if name in space.profiles
+    }
+    # YAML/JSON round trips turn tuples into lists; compare what the storage gives back.
+    return _plain(record)
+
+
+def check_same_space(study: optuna.Study, record: dict[str, Any]) -> None:
+    """Record the study's space on first use; later, refuse another one.
+
+    Raises:
+        BadInputError: Naming the keys whose domains differ and a study name that is free.
+    """
+    stored = study.user_attrs.get(SPACE_ATTR)
+    if stored is None:
+        study.set_user_attr(SPACE_ATTR, record)
+        return
+    if stored == record:
+        return
+    keys = sorted(k for k in set(stored) | set(record) if stored.get(k) != record.get(k))
+    free = _free_name(study)
+    raise BadInputError(
+        f"study '{study.study_name}' exists with another search space (differs in: "
+        f"{', '.join(keys)}); run this space as a new study (--study-name {free}) or give "
+        "the original space to continue it"
+    )
+
+
+def _free_name(study: optuna.Study) -> str:
+    taken = set(optuna.get_all_study_names(storage=study._storage))
+    number = 2
+    while f"{study.study_name}-{number}" in taken:
+        number += 1
+    return f"{study.study_name}-{number}"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
