@@ -55,6 +55,26 @@ def _model_without_config(tmp: Path, model: Path) -> str:
 _GOOD = {"prompt": "Say hi.", "completion": " hi"}
 
 STUDY_ROWS: dict[str, Row] = {
+    "unknown sampler": lambda tmp, m: (["--sampler", "bogus"], "sampler"),
+    "unknown pruner": lambda tmp, m: (["--pruner", "bogus"], "pruner"),
+    "zero trials": lambda tmp, m: (["--n-trials", "0"], "n_trials"),
+    "data file not found": lambda tmp, m: (["--data", str(tmp / "nope.jsonl")], "nope.jsonl"),
+    "unknown field in the study YAML": lambda tmp, m: (
+        ["--config", _file(tmp / "s.yaml", "trial_fraction: 0.1\nbogus_field: 1\n")],
+        "bogus_field",
+    ),
+    "zero budget in the study YAML": lambda tmp, m: (
+        ["--config", _file(tmp / "s.yaml", "budget:\n  window_hours: 0\n")],
+        "window_hours",
+    ),
+    "study YAML that is not YAML": lambda tmp, m: (
+        ["--config", _file(tmp / "s.yaml", "sampler: [unclosed\n")],
+        "not valid YAML",
+    ),
+    "space file not found": lambda tmp, m: (
+        ["--config", _file(tmp / "s.yaml", "space: missing-space.yaml\n")],
+        "missing-space.yaml",
+    ),
     "malformed JSONL (line number)": lambda tmp, m: (
         ["--data", _file(tmp / "bad.jsonl", json.dumps(_GOOD) + "\n{not json\n")],
         "bad.jsonl:2: not valid JSON",
