@@ -402,7 +402,7 @@ def _micro_rows(run: RunMeasurements, model: ModelProfile) -> tuple[np.ndarray, 
     features = np.column_stack(
         [
             np.ones_like(tokens),
-            frozen_flops(model.total_parameters, 1.0, gc) * tokens,
+            frozen_flops(model.compute_parameters, 1.0, gc) * tokens,
             adapter_flops(run.trainable_parameters, 1.0, gc) * tokens,
             attention_flops(model, 1.0, gc) * tokens * seq,  # b * s^2 = tokens * s
         ]
@@ -484,7 +484,7 @@ def _fit_coefficients(
         ],
         (p.optimizer_fixed_seconds, p.optimizer_seconds_per_parameter),
     )
-    evals, n_eval = _fit_evaluations(stored, n_params, p)
+    evals, n_eval = _fit_evaluations(stored, float(model.compute_parameters), p)
     checkpoint, n_checkpoint = _fit_two_terms(
         [_pairs(r.checkpoint_seconds, r.trainable_parameters) for r in stored],
         (p.checkpoint_fixed_seconds, p.checkpoint_seconds_per_parameter),

@@ -87,6 +87,7 @@ def config_profile(config: Any, *, source: str = "config") -> ModelProfile:
                 model = AutoModelForCausalLM.from_config(config)
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise BadInputError(f"cannot build a causal LM from {source}: {exc}") from exc
+        active = active_parameters(model)
         # Dropout changes no count, and LoRA on fused expert tensors admits none.
         _, info = apply_lora(model, LoraSpec(r=1, dropout=0.0))
     return ModelProfile(
@@ -95,7 +96,26 @@ def config_profile(config: Any, *, source: str = "config") -> ModelProfile:
         hidden_size=info.hidden_size,
         vocab_size=info.vocab_size,
         lora_parameters_per_rank=info.lora_parameters_per_rank,
+        active_parameters=active,
     )
+
+
+def active_parameters(model: Any) -> int:
+    """The parameters one token runs through in a mixture of experts; 0 for a dense model.
+
+    A token is routed to `num_experts_per_tok` of each layer's `num_local_experts` (or
+    `num_experts`) experts, so that share of the expert weights (parameters under an
+    `experts` module) is active, and everything else (attention, router, shared experts).
+    """
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    experts = getattr(text, "num_local_experts", None) or getattr(text, "num_experts", None)
+    per_token = getattr(text, "num_experts_per_tok", None)
+    if not experts or not per_token:
+        return 0
+    total = sum(p.numel() for p in model.parameters())
+    in_experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    return int(total - in_experts * (1.0 - per_token / experts)) if in_experts else 0
 
 
 def profile_from_result(result: Mapping[str, Any]) -> ModelProfile:

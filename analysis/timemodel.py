@@ -75,6 +75,9 @@ class ModelProfile:
         vocab_size: Rows of the output embedding (logits memory).
         lora_parameters_per_rank: Trainable LoRA parameters at rank 1 (sum over target
             modules of in + out features); rank r trains r times as many.
+        active_parameters: The frozen parameters one token's forward pass multiplies by: a
+            mixture of experts runs only some of its experts per token. 0: all of
+            `total_parameters` (a dense model).
     """
 
     total_parameters: int
@@ -82,11 +85,23 @@ class ModelProfile:
     hidden_size: int
     vocab_size: int
     lora_parameters_per_rank: int
+    active_parameters: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            _check(value > 0, f"ModelProfile.{f.name} must be > 0 but got {value=}")
+            if f.name == "active_parameters":
+                _check(
+                    0 <= value <= self.total_parameters,
+                    f"ModelProfile.active_parameters must be in [0, total_parameters] but got {value=}",
+                )
+            else:
+                _check(value > 0, f"ModelProfile.{f.name} must be > 0 but got {value=}")
+
+    @property
+    def compute_parameters(self) -> int:
+        """The parameters a token's matmuls run through (the active ones of a mixture)."""
+        return self.active_parameters or self.total_parameters
 
 
 @dataclass(frozen=True)
@@ -149,6 +164,8 @@ def fingerprint(hardware: HardwareInfo, model: ModelProfile) -> str:
         "n_layers": model.n_layers,
         "hidden_size": model.hidden_size,
     }
+    if model.active_parameters:  # only a mixture of experts: dense fingerprints stay as they were
+        key["active_parameters"] = model.active_parameters
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -590,7 +607,7 @@ def _micro_step_seconds(plan: Plan, c: Coefficients, tokens: float, square: floa
     return (
         c.micro_fixed_seconds
         + c.micro_seconds_per_flop
-        * frozen_flops(plan.model.total_parameters, tokens, checkpointing)
+        * frozen_flops(plan.model.compute_parameters, tokens, checkpointing)
         + c.adapter_seconds_per_flop
         * adapter_flops(plan.trainable_parameters, tokens, checkpointing)
         + c.micro_seconds_per_attention_flop * attention_flops(plan.model, square, checkpointing)
@@ -605,7 +622,7 @@ def _eval_seconds(plan: Plan, c: Coefficients, lengths: np.ndarray) -> float:
     return (
         c.eval_fixed_seconds
         + c.eval_seconds_per_batch * eval_batches
-        + c.eval_seconds_per_flop * 2.0 * plan.model.total_parameters * eval_tokens
+        + c.eval_seconds_per_flop * 2.0 * plan.model.compute_parameters * eval_tokens
     )
 
 

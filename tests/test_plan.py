@@ -236,3 +236,32 @@ def test_half_described_gpu_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
         "--samples", "100",
     )  # fmt: skip
     assert code == 2 and "go together" in stderr
+
+
+def test_mixture_of_experts_computes_with_its_active_parameters(tmp_path: Path) -> None:
+    """Mixtral-8x7B (published: 46.7B parameters, 12.9B active per token): memory holds every
+    expert, the matmuls run through two of eight."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False,
+    }))  # fmt: skip
+    model = config_profile(load_model_config(config))
+    assert model.total_parameters == 46_702_792_704
+    assert model.active_parameters == pytest.approx(12.9e9, rel=0.01)
+    gpu = find_gpu("H100")
+    coefficients, _ = coefficients_for(gpu)
+    shape = RunShape(4, 4, 1024, 16)
+    lengths = lengths_from_count(5000, 1024)
+    moe = evaluate(shape, model, lengths, gpu, coefficients).estimate
+    as_dense = evaluate(
+        shape, dataclasses.replace(model, active_parameters=0), lengths, gpu, coefficients
+    ).estimate
+    assert moe.peak_memory_bytes == as_dense.peak_memory_bytes  # every expert is in memory
+    ratio = moe.extra["micro_step_seconds"] / as_dense.extra["micro_step_seconds"]
+    assert 0.25 < ratio < 0.4  # about 12.9 / 46.7, plus the adapters and attention
+    assert fingerprint(gpu.hardware(), model) != fingerprint(
+        gpu.hardware(), dataclasses.replace(model, active_parameters=0)
+    )
