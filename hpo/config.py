@@ -200,6 +200,13 @@ class StudyConfig:
             "(stop with one line). Mid-study, records always wait on disk."
         },
     )
+    system_metrics_seconds: float = field(
+        default=10.0,
+        metadata={
+            "help": "Seconds between samples of CPU, memory and GPU use on each trial's MLflow "
+            "run (MLflow system metrics; 0: none)."
+        },
+    )
     device: str = field(
         default="auto", metadata={"help": f"Training device: {' | '.join(DEVICES)}."}
     )
@@ -243,6 +250,10 @@ class StudyConfig:
             f"grace_seconds must be longer than heartbeat_seconds, but got {self.grace_seconds=}",
         )
         _require(self.epochs > 0, f"epochs must be > 0, but got {self.epochs=}")
+        _require(
+            self.system_metrics_seconds >= 0,
+            f"system_metrics_seconds must be >= 0, but got {self.system_metrics_seconds=}",
+        )
         _require(
             self.objective in OBJECTIVES,
             f"objective must be one of {', '.join(OBJECTIVES)}, but got objective={self.objective!r}",

@@ -235,7 +235,7 @@ class Objective:
         try:
             from trainers.loop.run import train
 
-            result = train(spec, [reporter, metrics])
+            result = train(spec, [reporter, *self._system_metrics(run_id), metrics])
         except BadInputError:
             ctx.tracker.end_trial(run_id, "failed", tags={"reason": "bad input"})
             raise
@@ -245,6 +245,16 @@ class Objective:
             self._end(trial, run_id, "failed", reason)
             raise TrainingFailed(reason) from exc
         return result, time.perf_counter() - started
+
+    def _system_metrics(self, run_id: RunRef) -> list[TrainingCallback]:
+        """MLflow's CPU/memory/GPU sampling on the trial's run (none while tracking is offline)."""
+        ctx = self.context
+        seconds = ctx.config.system_metrics_seconds
+        if seconds <= 0 or ctx.tracker.offline:
+            return []
+        from trainers.system_metrics import SystemMetrics
+
+        return [SystemMetrics(ctx.tracker.tracking_uri, run_id, interval_seconds=seconds)]
 
     def _end(
         self,
