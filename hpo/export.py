@@ -126,6 +126,10 @@ def build_preset(
         "trial": trial.number,
         "value": trial.values[0] if trial.values else None,
         "profile": trial.user_attrs.get("profile"),
+        # The sampled rate at the space's reference batch; `training.learning_rate` is the
+        # rate scaled to this configuration's effective batch.
+        "base_learning_rate": trial.user_attrs.get("base_learning_rate"),
+        "learning_rate_scaling": trial.user_attrs.get("learning_rate_scaling"),
         "mlflow_parent_run_id": study.user_attrs.get(PARENT_ATTR),
         "mlflow_run_id": trial.user_attrs.get("mlflow_run_id"),
         "storage": redact(storage_url),
