@@ -252,8 +252,10 @@ def _lines(report: dict[str, Any]) -> list[str]:
     """The plan as text, for people."""
     model, gpu, plan = report["model"], report["gpu"], report["plan"]
     run, hours = plan["run"], plan["duration_hours"]
+    active = model["active_parameters"]
     lines = [
-        f"model: {model['config']} ({model['model_type']}, {model['total_parameters'] / 1e9:.2f}B parameters, "
+        f"model: {model['config']} ({model['model_type']}, {model['total_parameters'] / 1e9:.2f}B parameters"
+        + (f" ({active / 1e9:.2f}B active per token)" if active else "") + ", "
         f"LoRA rank {run['lora_r']}: {run['lora_r'] * model['lora_parameters_per_rank'] / 1e6:.1f}M trainable)",
         f"gpu: {gpu['name']} ({gpu['device_name']}, {gpu['memory_gib']:.1f} GiB, {gpu['precision']})",
         f"time model: {report['coefficients']}",

@@ -5,6 +5,7 @@ Bad input stops here, before a study or an MLflow run exists.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,9 @@ from typing import Any
 from common.errors import BadInputError
 from hpo.config import StudyConfig
 from search_spaces import SearchSpace, load_space
-from search_spaces.families import space_for_model_type
+from search_spaces.families import describe_choice, space_for_model_type
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,7 +43,9 @@ def prepare(config: StudyConfig) -> Prepared:
     given_space = load_space(config.space) if config.space else None
     work = Path(config.work_dir).resolve()
     model_path = config.model or str(default_tiny_model(work / "models"))
-    space = given_space or space_for_model_type(family_model_type(model_path))
+    model_type = family_model_type(model_path)
+    space = given_space or space_for_model_type(model_type)
+    log.info("%s", describe_choice(model_type, config.space))
     allowed = config.profiles or tuple(space.profile_names)
     unknown = [p for p in allowed if p not in space.profile_names]
     if unknown:

@@ -32,6 +32,7 @@ from benchmarks._held_out import lengths_of
 from search_spaces import LogUniform, load_space
 from search_spaces.families import (
     FAMILIES,
+    describe_choice,
     family_of,
     load_family_space,
     lora_targets,
@@ -203,3 +204,11 @@ def test_study_prepare_picks_the_family_space(tmp_path: Path) -> None:
         load_family_space("mistral")
     )
     assert prepare(StudyConfig(model=str(tiny), data=data, work_dir=work)).space == load_space()
+
+
+def test_the_choice_is_named() -> None:
+    assert "mistral family" in describe_choice("mistral", None)
+    assert describe_choice("gpt2", None) == (
+        "default search space (no family file for model_type 'gpt2')"
+    )
+    assert describe_choice("mistral", "my.yaml") == "search space my.yaml (given)"

@@ -91,6 +91,8 @@ def describe_choice(model_type: str, space: str | Path | None) -> str:
     family = family_of(model_type)
     if family:
         return f"search space of the {family} family ({family_path(family)})"
+    if not model_type:
+        return "default search space"
     return f"default search space (no family file for model_type {model_type!r})"
 
 
