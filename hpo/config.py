@@ -92,7 +92,7 @@ class StudyConfig:
         default=None, metadata={"help": "JSONL data. Default: the bundled demo data."}
     )
     space: str | None = field(
-        default=None, metadata={"help": "Search-space YAML. Default: search_spaces/default.yaml."}
+        default=None, metadata={"help": "Search-space YAML. Default: the model family's (search_spaces/families/, by model_type), else search_spaces/default.yaml."}
     )
     profiles: tuple[str, ...] | None = field(
         default=None, metadata={"help": "Profiles allowed, comma-separated. Default: all."}
