@@ -224,6 +224,14 @@ TRAIN_ROWS: dict[str, Row] = {
         ["--preset", _preset(tmp, m), "--output-dir", str(Path(_file(tmp / "a-file", "")) / "o")],
         "a-file",
     ),
+    "malformed JSONL (line number)": lambda tmp, m: (
+        ["--preset", _preset(tmp, m), "--data", _file(tmp / "bad.jsonl", "{oops\n")],
+        "bad.jsonl:1: not valid JSON",
+    ),
+    "empty data file": lambda tmp, m: (
+        ["--preset", _preset(tmp, m), "--data", _file(tmp / "empty.jsonl", "")],
+        "empty.jsonl",
+    ),
     "an output folder with checkpoints and no --resume": lambda tmp, m: (
         ["--preset", _preset(tmp, m), "--output-dir", _with_checkpoint(tmp)],
         "--resume",

@@ -130,10 +130,11 @@ def check_start(spec: TrainSpec, resume: bool) -> None:
     Raises:
         BadInputError: A model folder without `config.json`, a data path that is not a file,
             an output folder that cannot be written, or that holds checkpoints without
-            `--resume` (or none to resume). Bad records in the data are found later, when
-            training loads them (its MLflow run then ends FAILED).
+            `--resume` (or none to resume), a malformed or empty data file.
     """
+    from trainers.data.dataset import load_tokenized
     from trainers.loop.run import _starting_checkpoint
+    from trainers.model.lora import load_tokenizer
 
     model = Path(spec.model)
     if not (model / "config.json").is_file():
@@ -144,6 +145,8 @@ def check_start(spec: TrainSpec, resume: bool) -> None:
         raise BadInputError(f"data {spec.data} {what}: give a JSONL file")
     check_writable_dir(spec.output_dir, "output_dir")
     _starting_checkpoint(spec, resume)
+    # Every record checked (and tokenized into the cache, where training finds it).
+    load_tokenized(spec.data_spec(), load_tokenizer(spec.model))
 
 
 def full_run_spec(spec: TrainSpec, given: dict[str, Any]) -> TrainSpec:
