@@ -49,10 +49,10 @@ def choose_data_loading(device: str, cpu_count: int | None, requested: int | Non
     cores = max(1, cpu_count or 1)
     pin = device == "cuda"  # page-locked host memory speeds up copies to a CUDA device only
     if requested is not None:
-        workers, reason = requested, f"{requested} worker(s) as requested"
+        workers, reason = requested, f"{requested} worker(s) on {device} as requested"
     elif device == "cuda":
         workers = min(MAX_GPU_WORKERS, max(0, cores // 2 - 1) if cores > 2 else 0)
-        reason = f"{workers} worker(s) for a CUDA device on {cores} cores (half, one kept back)"
+        reason = f"{workers} worker(s) for {device} on {cores} cores (half, one kept back)"
     else:
         workers = 0
         reason = f"no workers on {device}: the training itself uses the {cores} core(s)"
