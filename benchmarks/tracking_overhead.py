@@ -1,5 +1,6 @@
 """What MLflow tracking costs a trial: hpo's tracker against no tracking and against
-optuna-integration's `MLflowCallback`, side by side in one run.
+optuna-integration's `MLflowCallback`, side by side in one run; `hpo+system` adds MLflow's
+system-metrics monitor (CPU, memory, GPU) on the trial's run, as a study does.
 
 Each trial is a real short LoRA training of the tiny model. The three modes take turns
 trial by trial. Time spent inside tracking calls on the trial's path is measured directly
@@ -8,6 +9,7 @@ run on a background writer and are reported apart (they overlap training and com
 the CPU). The share is tracking time / trial wall time.
 
     python benchmarks/tracking_overhead.py [--json FILE] [--trials 6] [--steps 30]
+        [--system-metrics-seconds 10]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from hpo.tracking import Tracker, TrialMetrics  # noqa: E402
 from trainers.data.paths import demo_data_path  # noqa: E402
 from trainers.loop.run import train  # noqa: E402
 from trainers.spec import LoraSpec, TrainSpec  # noqa: E402
+from trainers.system_metrics import SystemMetrics  # noqa: E402
 from trainers.tiny import default_tiny_model  # noqa: E402
 
 
@@ -77,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps", type=int, default=30, help="optimizer steps per trial (the study's default fidelity)"
     )
+    parser.add_argument(
+        "--system-metrics-seconds", type=float, default=10.0, help="hpo+system's sampling interval"
+    )
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -116,24 +122,33 @@ def main(argv: list[str] | None = None) -> int:
     study_cb = optuna.create_study(study_name="cb", storage=f"sqlite:///{work / 'optuna.db'}")
 
     def run_trial(mode: str) -> tuple[float, float, float]:
-        study = {"off": study_off, "hpo": study_hpo, "mlflowcallback": study_cb}[mode]
+        study = {"off": study_off, "hpo": study_hpo, "hpo+system": study_hpo,
+                 "mlflowcallback": study_cb}[mode]  # fmt: skip
+        tracked = mode.startswith("hpo")
         trial = study.ask()
         lr = trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True)
         tracker.flush()  # the previous trial's queued writes are not this trial's
         before = watch.seconds + callback_watch.seconds
         store_before = store_watch.seconds
         start = time.perf_counter()
-        callbacks = []
-        run_id = ""
-        if mode == "hpo":
+        callbacks: list[Any] = []
+        run_id: Any = ""
+        if tracked:
             run_id = tracker.start_trial(parent, "hpo", trial.number, {"learning_rate": lr})
+            if mode == "hpo+system":
+                system = SystemMetrics(
+                    tracker.tracking_uri, run_id, interval_seconds=args.system_metrics_seconds
+                )
+                system.on_train_begin = watch.wrap(system.on_train_begin)  # type: ignore[method-assign]
+                system.on_train_end = watch.wrap(system.on_train_end)  # type: ignore[method-assign]
+                callbacks.append(system)
             callbacks.append(TimedMetrics(tracker, run_id, watch))
         result = train(spec(trial.number, lr), callbacks)
         value = float(result.final_eval_loss or 0.0)
-        if mode == "hpo":
+        if tracked:
             tracker.end_trial(run_id, "complete", metrics={"value": value})
         frozen = study.tell(trial, value)
-        if mode == "hpo":
+        if tracked:
             tracker.update_parent(parent, study)
         elif mode == "mlflowcallback":
             timed_callback(study, frozen)
@@ -141,12 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         tracker.flush()
         return elapsed, watch.seconds + callback_watch.seconds - before, store_watch.seconds - store_before
 
-    modes = ["off", "hpo", "mlflowcallback"]
+    modes = ["off", "hpo", "hpo+system", "mlflowcallback"]
     times: dict[str, list[float]] = {m: [] for m in modes}
     overheads: dict[str, list[float]] = {m: [] for m in modes}
     store_seconds: list[float] = []
     for i in range(args.trials):
-        order = modes[i % 3 :] + modes[: i % 3]  # rotate so no mode always runs first
+        k = i % len(modes)
+        order = modes[k:] + modes[:k]  # rotate so no mode always runs first
         for mode in order:
             elapsed, overhead, store = run_trial(mode)
             times[mode].append(elapsed)
@@ -172,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         f"whole-trial difference hpo - off: {summary['hpo']['trial_ms'] - summary['off']['trial_ms']:+.0f} ms "
         "(training-time noise of this machine included)"
     )
+    print(
+        f"whole-trial difference hpo+system - hpo: "
+        f"{summary['hpo+system']['trial_ms'] - summary['hpo']['trial_ms']:+.0f} ms "
+        f"(sampling every {args.system_metrics_seconds:g} s on a background thread)"
+    )
     print(f"one-time set-up (tracking store + experiment + parent run): {setup_seconds * 1000:.0f} ms")
     print("targets: <= 1 % of trial time and <= 50 ms per trial")
     write_json(
@@ -181,6 +202,12 @@ def main(argv: list[str] | None = None) -> int:
             "overhead_ms_per_trial": summary["hpo"]["overhead_ms_per_trial"],
             "trial_ms": summary["hpo"]["trial_ms"],
             "untracked_trial_ms": summary["off"]["trial_ms"],
+            "system_metrics": {
+                "interval_seconds": args.system_metrics_seconds,
+                "overhead_percent": summary["hpo+system"]["overhead_percent"],
+                "overhead_ms_per_trial": summary["hpo+system"]["overhead_ms_per_trial"],
+                "trial_ms": summary["hpo+system"]["trial_ms"],
+            },
             "mlflowcallback": {
                 "overhead_percent": summary["mlflowcallback"]["overhead_percent"],
                 "overhead_ms_per_trial": summary["mlflowcallback"]["overhead_ms_per_trial"],
