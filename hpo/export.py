@@ -9,7 +9,7 @@ import argparse
 import datetime as dt
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import yaml
@@ -26,6 +26,9 @@ from hpo.runspec import stored_config, train_spec
 from hpo.storage import make_storage, redact
 from trainers.preset import preset_dict
 from trainers.spec import TrainSpec
+
+if TYPE_CHECKING:
+    from hpo.tracking import Tracker
 
 CONFIG_ATTR = "hpo_config"
 MODEL_ATTR = "hpo_model_path"
@@ -157,22 +160,26 @@ def export_study(
     trial: optuna.trial.FrozenTrial | None = None,
     picked_by: str | None = None,
     tracking_uri: str | None = None,
+    tracker: Tracker | None = None,
 ) -> Path:
     """Write the preset of `trial` (default: the best) and attach it to the parent run.
 
     `tracking_uri`: the store to attach it in; default the study's, which is stored with its
     password hidden (a password-protected server then needs MLFLOW_TRACKING_PASSWORD).
+    `tracker`: the running study's own (its writer spools while the server is away).
     """
     if trial is None:
         trial, picked_by = pick_trial(study)
     preset = build_preset(study, trial, storage_url=storage_url)
     preset["provenance"]["picked_by"] = picked_by or "chosen by the caller"
     path = write_preset(preset, out)
-    _attach(study, path, tracking_uri)
+    _attach(study, path, tracking_uri, tracker)
     return path
 
 
-def _attach(study: optuna.Study, path: Path, tracking_uri: str | None) -> None:
+def _attach(
+    study: optuna.Study, path: Path, tracking_uri: str | None, tracker: Tracker | None = None
+) -> None:
     from hpo.tracking import PARENT_ATTR, Tracker
 
     config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
@@ -180,7 +187,7 @@ def _attach(study: optuna.Study, path: Path, tracking_uri: str | None) -> None:
     tracking_uri = tracking_uri or config.get("tracking_uri")
     if not parent or not tracking_uri:
         return
-    tracker = Tracker(tracking_uri, config["experiment_name"])
+    tracker = tracker or Tracker(tracking_uri, config["experiment_name"])
     tracker.log_artifact(parent, path)
 
 

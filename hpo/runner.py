@@ -351,7 +351,11 @@ def _summary(
         out = Path(config.work_dir) / "presets" / f"{config.study_name}.yaml"
         summary.preset_path = str(
             export_study(
-                study, out, storage_url=config.storage_url, tracking_uri=tracker.tracking_uri
+                study,
+                out,
+                storage_url=config.storage_url,
+                tracking_uri=tracker.tracking_uri,
+                tracker=tracker,
             )
         )
     return summary

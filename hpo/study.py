@@ -113,10 +113,18 @@ def run_workers(config: StudyConfig, n_workers: int, argv: list[str]) -> int:
     # Both stores' tables (and the experiment) are created here once, not raced for.
     make_storage(url, heartbeat_seconds=config.heartbeat_seconds)
     if config.tracking_uri:
+        from common.mlflow_writer import TrackingUnreachable
         from hpo.tracking import Tracker
 
         artifacts = str(Path(config.work_dir) / "mlartifacts")
-        Tracker(config.tracking_uri, config.experiment_name or "hpo-lora", artifact_dir=artifacts)
+        try:
+            Tracker(
+                config.tracking_uri, config.experiment_name or "hpo-lora", artifact_dir=artifacts
+            )
+        except TrackingUnreachable:
+            if config.tracking_outage != "spool":
+                raise
+            # Each worker starts offline and keeps its records in its own spool.
     logs = Path(config.work_dir) / "workers"
     logs.mkdir(parents=True, exist_ok=True)
     procs = []

