@@ -20,7 +20,6 @@ MLflow is imported inside the functions that use it: importing this module is ch
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -353,7 +352,7 @@ class MlflowWriter:
                 self._drain()
             return
         try:
-            self._send(record, spooled=False)
+            self._send(record)
         except Exception as exc:
             if self.spool_root is None or not is_outage(exc):
                 raise
@@ -425,14 +424,14 @@ class MlflowWriter:
             with contextlib.suppress(RuntimeError):  # shut down meanwhile
                 self.submit(self._drain)
 
-    def _send(self, record: dict[str, Any], *, spooled: bool, folder: Path | None = None) -> None:
-        """One record into the store (a spooled run creation looks for its run first)."""
+    def _send(self, record: dict[str, Any], spool: Spool | None = None) -> None:
+        """One record into the store; from `spool`, a run creation looks for its run first."""
         op = record["op"]
         if op == "experiment":
             found = self._experiment_now(record["name"], record.get("dir"))
-            self._map(record["client_id"], found)
+            self._map(record["client_id"], found, spool)
         elif op == "create_run":
-            self._send_create(record, spooled=spooled)
+            self._send_create(record, spool)
         elif op == "log_batch":
             self._send_batch(record)
         elif op == "terminate":
@@ -443,8 +442,8 @@ class MlflowWriter:
             self.client.update_run(self.resolve(record["run"]), status=record["status"])
         elif op == "artifact":
             path = Path(record["path"])
-            if folder is not None and not path.is_absolute():
-                path = folder / path
+            if spool is not None and not path.is_absolute():
+                path = spool.folder / path
             run_id = self.resolve(record["run"])
             if path.is_dir():
                 self.client.log_artifacts(run_id, str(path), artifact_path=record["artifact_path"])
@@ -453,16 +452,16 @@ class MlflowWriter:
         else:
             raise ValueError(f"unknown MLflow record, but got op={op!r}")
 
-    def _send_create(self, record: dict[str, Any], *, spooled: bool) -> None:
+    def _send_create(self, record: dict[str, Any], spool: Spool | None) -> None:
         client_id = record["client_id"]
         experiment_id = self.resolve(record["experiment_id"])
-        if spooled:
+        if spool is not None:
             # Sent before, its reply lost with the server? Then the run is there already.
             found = self._find_run(experiment_id, f"tags.`{CLIENT_ID_TAG}` = '{client_id}'")
             if found is None and record.get("adopt"):
                 found = self._find_run(experiment_id, record["adopt"])
             if found is not None:
-                self._map(client_id, found)
+                self._map(client_id, found, spool)
                 return
         run = self.client.create_run(
             experiment_id,
@@ -474,7 +473,7 @@ class MlflowWriter:
             },
             start_time=record["start_time"],
         )
-        self._map(client_id, str(run.info.run_id))
+        self._map(client_id, str(run.info.run_id), spool)
 
     def _find_run(self, experiment_id: str, filter_string: str) -> str | None:
         from mlflow.entities import ViewType
@@ -504,10 +503,11 @@ class MlflowWriter:
             param_list = param_list[MAX_PARAMS_PER_CALL:]
             tag_list = tag_list[MAX_TAGS_PER_CALL:]
 
-    def _map(self, client_id: str, run_id: str) -> None:
+    def _map(self, client_id: str, run_id: str, spool: Spool | None) -> None:
+        """Remember the store's id, on disk too when the record came from a spool."""
         self._ids[client_id] = run_id
-        if self.spool is not None:
-            self.spool.map_id(client_id, run_id)
+        if spool is not None:
+            spool.map_id(client_id, run_id)
 
 
 def drain(writer: MlflowWriter, spool: Spool) -> tuple[int, Exception | None]:
@@ -524,13 +524,12 @@ def drain(writer: MlflowWriter, spool: Spool) -> tuple[int, Exception | None]:
     sent = 0
     for record in spool.pending():
         try:
-            writer._send(record, spooled=True, folder=spool.folder)
+            writer._send(record, spool)
         except Exception as exc:
             if is_outage(exc):
                 return sent, exc
             log.warning("MLflow refused a spooled %s record: %s", record["op"], _first_line(exc))
-            with (spool.folder / "rejected.jsonl").open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps({**record, "error": _first_line(exc)}) + "\n")
+            spool.reject(record, _first_line(exc))
         spool.mark_sent()
         sent += 1
     return sent, None

@@ -13,6 +13,7 @@ One folder per writer process:
     meta.json       tracking URI (password hidden), host, process id, start time
     artifacts/      copies of files to upload, named by the records that upload them
     lock            held (flock) while a process writes or sends this spool
+    rejected.jsonl  records the store refused for another reason than an outage, with why
 
 Records are redacted before they are spooled (the writer redacts params and tags): nothing
 secret is written here.
@@ -38,6 +39,7 @@ SENT = "sent"
 IDS = "ids.json"
 META = "meta.json"
 LOCK = "lock"
+REJECTED = "rejected.jsonl"
 
 
 class SpoolBusy(Exception):
@@ -118,6 +120,11 @@ class Spool:
         self.sent += count
         write_atomic(self.folder / SENT, f"{self.sent}\n")
 
+    def reject(self, record: dict[str, Any], error: str) -> None:
+        """Keep a record the store refused (not an outage) aside, with the reason."""
+        with (self.folder / REJECTED).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps({**record, "error": error}) + "\n")
+
     def map_id(self, client_id: str, run_id: str) -> None:
         """Remember the server's id of a run created from the spool."""
         self.ids[client_id] = run_id
@@ -128,10 +135,11 @@ class Spool:
         return self.folder / "artifacts" / name
 
     def close(self, *, remove_if_done: bool = True) -> None:
-        """Release the lock; a spool with nothing waiting is removed."""
+        """Release the lock; a spool with nothing waiting (and nothing refused) is removed."""
         if self._lock is None:
             return
-        if remove_if_done and self.waiting == 0:
+        # Records the store refused stay for a reader to see (rejected.jsonl).
+        if remove_if_done and self.waiting == 0 and not (self.folder / REJECTED).exists():
             _remove_tree(self.folder)
         fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)
         self._lock.close()

@@ -15,8 +15,15 @@ import pytest
 from mlflow import MlflowClient
 
 from common.errors import BadInputError
-from common.mlflow_writer import CLIENT_ID_TAG, MlflowWriter, TrackingUnreachable, metric, replay
-from common.spool import Spool, spool_folders
+from common.mlflow_writer import (
+    CLIENT_ID_TAG,
+    MlflowWriter,
+    TrackingUnreachable,
+    drain,
+    metric,
+    replay,
+)
+from common.spool import REJECTED, Spool, spool_folders
 from hpo.config import load_config
 from hpo.runner import run_study
 from hpo.states import STATE_NAMES
@@ -339,3 +346,24 @@ def test_a_study_started_while_the_server_is_away_is_sent_later(
             assert _history(client, child.info.run_id, "train_loss")
     finally:
         server.stop(kill=True)
+
+
+def test_a_record_the_store_refuses_is_kept_aside_and_the_rest_goes_on(tmp_path: Path) -> None:
+    writer = MlflowWriter(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = writer.experiment("refused", artifact_dir=str(tmp_path / "art"))
+    spool = Spool(tmp_path / "spool", tracking_uri=writer.tracking_uri)
+    run = {"op": "create_run", "client_id": "hpo-run-a", "experiment_id": experiment}
+    spool.append({**run, "run_name": "a", "tags": {}, "start_time": 1, "adopt": None})
+    batch = {"params": {}, "tags": {}, "metrics": [["x", 1.0, 2, 0]]}
+    spool.append({"op": "log_batch", "run": "no-such-run", **batch})
+    spool.append({"op": "log_batch", "run": "hpo-run-a", **batch})
+    spool.append({"op": "terminate", "run": "hpo-run-a", "status": "FINISHED", "end_time": 3})
+
+    assert drain(writer, spool) == (4, None) and spool.waiting == 0
+    rejected = [json.loads(line) for line in (spool.folder / REJECTED).read_text().splitlines()]
+    assert [r["run"] for r in rejected] == ["no-such-run"] and rejected[0]["error"]
+    stored = writer.client.get_run(spool.ids["hpo-run-a"])
+    assert stored.info.status == "FINISHED" and stored.data.metrics == {"x": 1.0}
+    assert stored.data.tags[CLIENT_ID_TAG] == "hpo-run-a"
+    spool.close()
+    assert (spool.folder / REJECTED).exists()  # kept for a reader, not removed with the spool
