@@ -37,7 +37,7 @@ def overfitting_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
         "--max-length", "64", "--validation-fraction", "0.3",
         "--eval-interval", "7", "--eval-samples", "16",
         "--early-stopping-patience", "3", "--cache-dir", str(tmp / "cache"),
-        "--tracking-uri", tracking, "--system-metrics-seconds", "1",
+        "--tracking-uri", tracking, "--system-metrics-seconds", "0.2",
         "--json", str(tmp / "result.json"), "--quiet",
     ]  # fmt: skip
     code = run_cli(main, argv)

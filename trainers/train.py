@@ -207,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     parser, flags = build_parser()
     args = parser.parse_args(raw_argv)
+    if args.system_metrics_seconds < 0:
+        raise BadInputError(
+            f"system_metrics_seconds must be >= 0, but got {args.system_metrics_seconds=}"
+        )
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     given = flags.given(args)
     preset = load_run(args.preset, given)
@@ -223,10 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     from trainers.loop.run import train
 
     callbacks: list[Any] = [] if args.quiet else [TqdmProgress(file=sys.stderr)]
-    if args.system_metrics_seconds < 0:
-        raise BadInputError(
-            f"system_metrics_seconds must be >= 0, but got {args.system_metrics_seconds=}"
-        )
     tracker = _tracker(args, preset, spec, predicted)
     if tracker is not None:
         if args.system_metrics_seconds > 0:
