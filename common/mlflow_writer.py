@@ -306,6 +306,12 @@ class MlflowWriter:
         self.submit(lambda: self._handle({**record, "run": self.resolve(_run_id(run_id))}))
         self.flush()
 
+    def send_waiting(self) -> int:
+        """Try now to send what waits in the spool (after what is queued); returns what still waits."""
+        if self.spool is not None and self.spool.waiting:
+            self.submit(self._drain).result()
+        return self.waiting
+
     def close(self) -> int:
         """Try once more to send what waits, stop retrying, and release the spool.
 
@@ -314,8 +320,7 @@ class MlflowWriter:
         """
         with contextlib.suppress(Exception):
             self.flush()
-        if self.spool is not None and self.spool.waiting:
-            self.submit(self._drain).result()
+        self.send_waiting()
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()

@@ -86,6 +86,8 @@ class Tracker:
         self.experiment_name = experiment_name
         self.writer = MlflowWriter(tracking_uri, spool_root=spool_dir)
         self.offline = False  # started while the server did not answer
+        # Open trial runs that could not be looked for while the server was away.
+        self._unreconciled: tuple[str, optuna.Study] | None = None
         try:
             self.experiment_id = self.writer.experiment(experiment_name, artifact_dir=artifact_dir)
         except TrackingUnreachable as exc:
@@ -190,7 +192,10 @@ class Tracker:
         """
         self.flush()
         if self.writer.waiting:
-            return 0  # the server is away: a later start closes them
+            # The server is away: tried again when the study closes, else at a later start.
+            self._unreconciled = (parent_run_id, study)
+            return 0
+        self._unreconciled = None
         try:
             open_runs = self.client.search_runs(
                 [self.experiment_id],
@@ -306,6 +311,8 @@ class Tracker:
         """
         self.writer.set_terminated(parent_run_id, "FINISHED")
         self.writer.flush()
+        if self._unreconciled is not None and not self.writer.send_waiting():
+            self.reconcile(*self._unreconciled)  # the server is back: close them now
         return self.writer.close()
 
     @property
