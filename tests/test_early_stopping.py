@@ -167,3 +167,17 @@ def test_early_stopping_counts_evaluations_without_an_improvement_above_min_delt
     assert verdict.stop and verdict.reason and "best 2.9000 at step 3" in verdict.reason
     stopping.replay([[1, 3.0], [2, 2.5]])  # a rollback dropped the later evaluations
     assert (stopping.best_step, stopping.evals_without_improvement) == (2, 0)
+
+
+def test_a_resumed_run_continues_the_early_stopping_count(overfitting_run) -> None:
+    from trainers.loop.run import _early_stopping
+
+    _, report, _ = overfitting_run
+    saved = checkpoint.read_run_state(report["best_checkpoint"])
+    assert saved["early_stopping"]["best_step"] == report["best_step"]
+    spec = TrainSpec(model="m", data="d.jsonl", early_stopping_patience=3)
+    resumed = _early_stopping(spec, saved)
+    assert resumed is not None
+    assert (resumed.best_step, resumed.best_loss) == (report["best_step"], saved["val_loss"])
+    assert resumed.patience == 3 and resumed.evals_without_improvement == 0
+    assert _early_stopping(TrainSpec(model="m", data="d.jsonl"), saved) is None  # off
