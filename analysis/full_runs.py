@@ -32,7 +32,8 @@ from trainers.tracking import REPORT_ARTIFACT
 log = logging.getLogger(__name__)
 
 FULL_RUN_ROLE = "full_training"  # the `hpo.role` tag of a full run's MLflow run
-_STOPPED_EARLY = ("stopped_by_window", "stopped_by_signal")
+# Their step times count for the time fit; their final loss is not the full schedule's end.
+_STOPPED_EARLY = ("stopped_by_window", "stopped_by_signal", "stopped_early")
 
 
 @dataclass(frozen=True)
