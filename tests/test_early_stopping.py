@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,13 @@ def overfitting_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
         "--tracking-uri", tracking, "--system-metrics-seconds", "0.2",
         "--json", str(tmp / "result.json"), "--quiet",
     ]  # fmt: skip
-    code = run_cli(main, argv)
+    # MLflow's SQLite store puts artifacts under ./mlruns: keep them in the test's folder.
+    cwd = os.getcwd()
+    os.chdir(tmp)
+    try:
+        code = run_cli(main, argv)
+    finally:
+        os.chdir(cwd)
     report = json.loads((tmp / "result.json").read_text(encoding="utf-8"))
     return code, report, tracking
 
