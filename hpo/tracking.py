@@ -92,9 +92,14 @@ class Tracker:
             self.experiment_id = self.writer.experiment(experiment_name, artifact_dir=artifact_dir)
         except TrackingUnreachable as exc:
             if outage != "spool" or spool_dir is None:
+                # Only a study keeps records on disk (a spool folder): say so only there.
+                spool = (
+                    ", or pass --tracking-outage spool to keep records on disk until it answers"
+                    if spool_dir is not None
+                    else ""
+                )
                 raise TrackingUnreachable(
-                    f"{exc}: start it, point --tracking-uri at one that answers, or pass "
-                    "--tracking-outage spool to keep records on disk until it answers"
+                    f"{exc}: start it or point --tracking-uri at one that answers{spool}"
                 ) from None
             log.warning("%s: the study starts all the same; records wait on disk", exc)
             self.offline = True
