@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,14 @@ from search_spaces import SearchSpace, sample
 from trainers.events import EvalInfo, TrainingCallback
 from trainers.result import TrainResult
 from trainers.spec import TrainSpec, optimizer_steps
+
+
+def _drop_checkpoints(output_dir: str) -> None:
+    """A trial's checkpoint was saved to be timed; a trial never resumes, so it goes."""
+    from trainers.loop.checkpoint import checkpoints
+
+    for _, path in checkpoints(output_dir):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _first_run_id(study: optuna.Study, number: Any) -> str | None:
@@ -235,7 +244,10 @@ class Objective:
         try:
             from trainers.loop.run import train
 
-            result = train(spec, [reporter, *self._system_metrics(run_id), metrics])
+            try:
+                result = train(spec, [reporter, *self._system_metrics(run_id), metrics])
+            finally:
+                _drop_checkpoints(spec.output_dir)
         except BadInputError:
             ctx.tracker.end_trial(run_id, "failed", tags={"reason": "bad input"})
             raise

@@ -9,8 +9,9 @@ from the full run's step count), the same data order, cut short after `trial_fra
 the full run's training samples (`TrainSpec.stop_after_steps`). Fidelity is therefore
 counted in data, not in optimizer steps: at a fixed step count a larger effective batch
 has seen more samples and wins by construction. The trial evaluates `trial_evals` times,
-evenly spaced, and saves nothing; the full run evaluates every `full_eval_interval` and
-saves every `full_checkpoint_interval` steps. Both evaluate the same `eval_samples` at the
+evenly spaced, and saves one checkpoint at its last step, so that the time model measures
+what a save costs on this machine (the objective deletes it afterwards); the full run
+evaluates every `full_eval_interval` and saves every `full_checkpoint_interval` steps. Both evaluate the same `eval_samples` at the
 study's one `eval_max_length`, so every loss of a study is on one scale.
 """
 
@@ -130,7 +131,8 @@ def train_spec(
         spec,
         stop_after_steps=schedule.stop_after_steps,
         eval_interval=schedule.eval_interval,
-        checkpoint_interval=0,
+        # One save, at the end: its measured time calibrates the full run's saves.
+        checkpoint_interval=schedule.stop_after_steps,
     )
 
 

@@ -285,3 +285,16 @@ def test_runs_read_without_opening_them(studied: Studied) -> None:
     listed = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/report.md", "report/history.png", "report/curves.png"} <= listed
     assert Path(studied.summary.report_path or "").is_file()
+
+
+def test_trials_time_one_save_and_keep_none(studied: Studied) -> None:
+    """A trial saves a checkpoint at its end to time it; the full run's saves are predicted
+    from that measurement (not the prior's guess), and no trial leaves one on disk."""
+    work = Path(studied.config.work_dir)
+    trained = [p for p in (work / "trials").iterdir() if p.is_dir()]
+    assert trained and not list((work / "trials").glob("*/checkpoint-*"))
+    calibration = load(work / "calibration.json")
+    saves = [s for run in calibration.runs for s in run.checkpoint_seconds]
+    assert saves and all(s > 0 for s in saves)
+    prior = calibration.prior.checkpoint_fixed_seconds
+    assert calibration.coefficients.checkpoint_fixed_seconds != prior

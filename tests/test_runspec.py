@@ -171,7 +171,7 @@ def test_the_trial_is_the_start_of_the_same_configuration(exported: Exported) ->
     assert spec.stop_after_steps == round(0.02 * full_steps) >= 3
     assert spec.eval_interval == spec.stop_after_steps // 3
     assert spec.max_steps is None  # the full run's schedule (warm-up, decay horizon), cut short
-    assert spec.checkpoint_interval == 0
+    assert spec.checkpoint_interval == spec.stop_after_steps  # one save, timed, at its end
     # The trial and its full run evaluate the same samples: their losses are on one scale.
     assert spec.eval_samples == exported.preset.spec.eval_samples == config.eval_samples
     assert dataclasses.replace(
