@@ -5,8 +5,8 @@ probes) but the preset's: calibrated from the study's own short trials. For each
 each full-run length this runs what a user runs, one after another:
 
 1. a default study (`hpo.study` defaults, `--epochs E`, its own work dir: a fresh machine
-   calibration) on the first `--samples` records of the bundled prompt/completion data
-   (600 by default, so that a 10-epoch full run takes about a minute here);
+   calibration) on the bundled prompt/completion data (`--samples N` takes its first N
+   records; with 600 the trials are too short to calibrate: see the README);
 2. the full run of its exported preset (`python -m trainers.train --preset`, a new
    process, tracked in the study's MLflow store);
 
@@ -20,7 +20,7 @@ Targets (issue 11): median |p50 error| <= 8 %, every run inside its p10-p90 band
 half-width <= 25 % of p50.
 
     python benchmarks/preset_honesty.py [--seeds 3] [--epochs 2,10] [--n-trials 6]
-        [--samples 600] [--json FILE]
+        [--samples 3000] [--json FILE]
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="Studies (presets) per length.")
     parser.add_argument("--epochs", default="2,10", help="Full-run lengths, comma-separated.")
     parser.add_argument("--n-trials", type=int, default=6, help="Trials per study.")
-    parser.add_argument("--samples", type=int, default=600, help="Records of the data used.")
+    parser.add_argument("--samples", type=int, default=3000, help="Records of the data used.")
     parser.add_argument("--json", help="Write the rows and the summary here.")
     args = parser.parse_args(argv)
     lengths = [float(e) for e in args.epochs.split(",") if e.strip()]
