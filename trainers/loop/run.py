@@ -271,6 +271,8 @@ def _best_and_advice(result: TrainResult, spec: TrainSpec) -> None:
     # A rollback leaves the abandoned branch's records: the last record of each step counts.
     by_step = {int(r["step"]): (float(r["loss"]), r.get("train_loss")) for r in result.eval_records}
     kept = {int(step) for step, _ in result.eval_losses}
+    if spec.stop_after_steps is not None:
+        return  # a trial is cut short on purpose: advice on its curve would be noise
     result.advice = advise([(s, *by_step[s]) for s in sorted(by_step) if s in kept])
     for line in result.advice:
         log.warning("advice: %s", line)
