@@ -31,19 +31,20 @@ from analysis.planning import (
     lengths_from_count,
     lengths_from_data,
     load_model_config,
-    memory_breakdown,
     plan_of,
     shipped_configs,
     toggled_checkpointing,
 )
-from analysis.timemodel import Coefficients, ModelProfile
+from analysis.timemodel import Coefficients, ModelProfile, memory_breakdown
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_json
 from common.fmt import format_duration
 
 GIB = 2**30
-DEFAULT_SHAPE = RunShape(micro_batch_size=4, gradient_accumulation_steps=4, max_length=512, lora_r=16)
+DEFAULT_SHAPE = RunShape(
+    micro_batch_size=4, gradient_accumulation_steps=4, max_length=512, lora_r=16
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,25 +54,46 @@ def build_parser() -> argparse.ArgumentParser:
         description="Predict a LoRA run's duration, memory and cost from a config.json alone.",
         epilog="Shipped configs (pass the name): " + ", ".join(shipped_configs()),
     )
-    parser.add_argument("--model-config", required=True, help="config.json, its folder, or a shipped name.")
+    parser.add_argument(
+        "--model-config", required=True, help="config.json, its folder, or a shipped name."
+    )
     gpu = parser.add_argument_group("GPU")
-    gpu.add_argument("--gpu", required=True, help=f"One of {', '.join(g.name for g in KNOWN_GPUS)}, or any name with --gpu-tflops and --gpu-memory-gb.")
-    gpu.add_argument("--gpu-tflops", type=float, help="Dense bf16 peak TFLOP/s of a GPU not in the list.")
+    gpu.add_argument(
+        "--gpu",
+        required=True,
+        help=f"One of {', '.join(g.name for g in KNOWN_GPUS)}, or any name with --gpu-tflops and --gpu-memory-gb.",
+    )
+    gpu.add_argument(
+        "--gpu-tflops", type=float, help="Dense bf16 peak TFLOP/s of a GPU not in the list."
+    )
     gpu.add_argument("--gpu-memory-gb", type=float, help="Memory (GB) of a GPU not in the list.")
-    gpu.add_argument("--calibration", action="append", default=[], help="Calibration file(s); one measured on this GPU replaces the priors.")
+    gpu.add_argument(
+        "--calibration",
+        action="append",
+        default=[],
+        help="Calibration file(s); one measured on this GPU replaces the priors.",
+    )
     data = parser.add_argument_group("data (one of --samples or --data)")
     data.add_argument("--samples", type=int, help="Samples in the data set.")
-    data.add_argument("--tokens-per-sample", type=int, help="Tokens per sample with --samples (default: --max-length, every sample full).")
+    data.add_argument(
+        "--tokens-per-sample",
+        type=int,
+        help="Tokens per sample with --samples (default: --max-length, every sample full).",
+    )
     data.add_argument("--data", help="JSONL data file whose token lengths are measured.")
     data.add_argument("--tokenizer", help="Tokenizer folder for --data (default: characters / 4).")
     run = parser.add_argument_group("run (a --profile, or explicit values; explicit values win)")
     run.add_argument("--profile", help="A batch profile of the search space (fast, balanced, ...).")
-    run.add_argument("--space", help="Search space whose profiles are used (default: the model family's).")
+    run.add_argument(
+        "--space", help="Search space whose profiles are used (default: the model family's)."
+    )
     run.add_argument("--micro-batch-size", type=int)
     run.add_argument("--gradient-accumulation-steps", type=int)
     run.add_argument("--max-length", type=int)
     run.add_argument("--lora-r", type=int, default=DEFAULT_SHAPE.lora_r)
-    run.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
+    run.add_argument(
+        "--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None
+    )
     run.add_argument("--epochs", type=float, default=1.0)
     budget = parser.add_argument_group("budget")
     budget.add_argument("--window-hours", type=float, help="The run must end within this (p90).")
@@ -94,9 +116,13 @@ def main(argv: list[str] | None = None) -> int:
 
     model = config_profile(config, source=str(config_path))
     space = space_for_model_type(config.model_type, args.space)
-    coefficients, source = coefficients_for(gpu, calibrations=args.calibration, tflops=args.gpu_tflops)
+    coefficients, source = coefficients_for(
+        gpu, calibrations=args.calibration, tflops=args.gpu_tflops
+    )
     max_length = args.max_length or (
-        space.profiles[args.profile].max_length if args.profile in space.profiles else DEFAULT_SHAPE.max_length
+        space.profiles[args.profile].max_length
+        if args.profile in space.profiles
+        else DEFAULT_SHAPE.max_length
     )
     lengths, measured = _lengths(args, max_length)
     chosen = _chosen(args, space, model, lengths, gpu, coefficients)
@@ -220,7 +246,9 @@ def _report(
     """The plan as one JSON-ready dict (what --json writes and the text shows)."""
     memory = {
         key: value / GIB
-        for key, value in memory_breakdown(plan_of(chosen.shape, model, lengths, gpu), coefficients).items()
+        for key, value in memory_breakdown(
+            plan_of(chosen.shape, model, lengths, gpu), coefficients
+        ).items()
     }
     with_gc, without_gc = (other, chosen) if other.shape.gradient_checkpointing else (chosen, other)
     return {
@@ -278,7 +306,9 @@ def _lines(report: dict[str, Any]) -> list[str]:
     )
     if plan["cost"] is not None:
         cost = plan["cost"]
-        lines.append(f"cost: p10 {cost['p10']:.2f}, p50 {cost['p50']:.2f}, p90 {cost['p90']:.2f} at {report['price_per_hour']:g}/h")
+        lines.append(
+            f"cost: p10 {cost['p10']:.2f}, p50 {cost['p50']:.2f}, p90 {cost['p90']:.2f} at {report['price_per_hour']:g}/h"
+        )
     lines.append(f"fits: {_verdict(plan, report['window_hours'])}")
     lines.append("profiles (fastest fitting micro-batch x accumulation of each):")
     for name, fit in report["profiles"].items():
@@ -289,7 +319,9 @@ def _lines(report: dict[str, Any]) -> list[str]:
             f"memory p90 {fit['peak_memory_gib_p90']:6.1f} GiB  {_verdict(fit, report['window_hours'])}"
         )  # fmt: skip
     if report["prior_based"]:
-        lines.append("prior-based: measure on this GPU (python -m analysis.calibrate) to narrow the band")
+        lines.append(
+            "prior-based: measure on this GPU (python -m analysis.calibrate) to narrow the band"
+        )
     return lines
 
 

@@ -23,12 +23,10 @@ from analysis.calibration import Calibration, load
 from analysis.gpus import GpuSpec, peak_of
 from analysis.plans import plan_for
 from analysis.timemodel import (
-    PRECISION_BYTES,
     Coefficients,
     Estimate,
     ModelProfile,
     Plan,
-    activation_bytes,
     predict,
     prior_coefficients,
 )
@@ -155,9 +153,7 @@ class RunShape:
     epochs: float = 1.0
 
 
-def plan_of(
-    shape: RunShape, model: ModelProfile, lengths: Sequence[int], gpu: GpuSpec
-) -> Plan:
+def plan_of(shape: RunShape, model: ModelProfile, lengths: Sequence[int], gpu: GpuSpec) -> Plan:
     """The time model's plan of a full run of `shape` (the study's intervals and evaluation)."""
     spec = TrainSpec(
         model="config.json",
@@ -210,28 +206,6 @@ def _same_gpu(calibration: Calibration, gpu: GpuSpec) -> bool:
         and hardware.device_name.strip().lower() == gpu.device_name.strip().lower()
         and hardware.precision == gpu.precision
     )
-
-
-def memory_breakdown(plan: Plan, coefficients: Coefficients) -> dict[str, float]:
-    """Peak memory in bytes by part: the terms `predict` adds up for `peak_memory_bytes`."""
-    trainable = float(plan.trainable_parameters)
-    longest = max(min(n, plan.max_length) for n in plan.token_lengths)
-    return {
-        "weights": plan.model.total_parameters * PRECISION_BYTES[plan.precision],
-        "lora_parameters": 4.0 * trainable,  # fp32 adapters
-        "lora_gradients": 4.0 * trainable,
-        "optimizer_state": 8.0 * trainable,  # AdamW's two fp32 moments
-        "activations": coefficients.activation_memory_scale
-        * activation_bytes(
-            plan.model,
-            plan.micro_batch_size,
-            longest,
-            plan.precision,
-            plan.gradient_checkpointing,
-            plan.device_kind,
-        ),
-        "runtime_overhead": coefficients.memory_fixed_bytes,  # CUDA context, allocator
-    }
 
 
 @dataclass(frozen=True)
@@ -308,8 +282,14 @@ def best_of_profile(
     return min(fits, key=lambda f: f.estimate.peak_memory_bytes_p90)
 
 
-def toggled_checkpointing(fit: Fit, model: ModelProfile, lengths: Sequence[int], gpu: GpuSpec,
-                          coefficients: Coefficients, window_hours: float | None) -> Fit:
+def toggled_checkpointing(
+    fit: Fit,
+    model: ModelProfile,
+    lengths: Sequence[int],
+    gpu: GpuSpec,
+    coefficients: Coefficients,
+    window_hours: float | None,
+) -> Fit:
     """The same run with gradient checkpointing switched the other way."""
     shape = dataclasses.replace(
         fit.shape, gradient_checkpointing=not fit.shape.gradient_checkpointing

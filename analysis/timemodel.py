@@ -495,9 +495,16 @@ def activation_bytes(
     return layers * width + logits
 
 
+# Bytes per trainable (LoRA) parameter: fp32 adapter, its fp32 gradient, AdamW's two moments.
+_TRAINABLE_BYTES = {"lora_parameters": 4.0, "lora_gradients": 4.0, "optimizer_state": 8.0}
+
+
 def static_memory_bytes(model: ModelProfile, trainable_parameters: float, precision: str) -> float:
     """Weights at training precision + fp32 adapters, their gradients and AdamW's two moments."""
-    return model.total_parameters * PRECISION_BYTES[precision] + 16.0 * trainable_parameters
+    per_parameter = sum(_TRAINABLE_BYTES.values())
+    return (
+        model.total_parameters * PRECISION_BYTES[precision] + per_parameter * trainable_parameters
+    )
 
 
 # ----------------------------------------------------------------------------- predict
@@ -643,12 +650,23 @@ def _interval(c: Coefficients, micro_steps: int, train_share: float) -> tuple[fl
     return low, high
 
 
-def _peak_memory_bytes(plan: Plan, c: Coefficients, longest: int) -> int:
-    """Fixed overhead + weights and optimizer state + the activations of the longest batch."""
-    peak = (
-        c.memory_fixed_bytes
-        + static_memory_bytes(plan.model, plan.trainable_parameters, plan.precision)
-        + c.activation_memory_scale
+def memory_breakdown(
+    plan: Plan, coefficients: Coefficients, longest: int | None = None
+) -> dict[str, float]:
+    """Peak memory in bytes by part; `predict`'s `peak_memory_bytes` is their sum.
+
+    Args:
+        plan: The run.
+        coefficients: The machine's (calibrated) coefficients.
+        longest: Tokens of the longest sample; default: from the plan's lengths.
+    """
+    trainable = float(plan.trainable_parameters)
+    if longest is None:
+        longest = max(min(n, plan.max_length) for n in plan.token_lengths)
+    return {
+        "weights": plan.model.total_parameters * PRECISION_BYTES[plan.precision],
+        **{part: per * trainable for part, per in _TRAINABLE_BYTES.items()},
+        "activations": coefficients.activation_memory_scale
         * activation_bytes(
             plan.model,
             plan.micro_batch_size,
@@ -656,6 +674,11 @@ def _peak_memory_bytes(plan: Plan, c: Coefficients, longest: int) -> int:
             plan.precision,
             plan.gradient_checkpointing,
             plan.device_kind,
-        )
-    )
-    return int(peak)
+        ),
+        "runtime_overhead": coefficients.memory_fixed_bytes,  # CUDA context, allocator
+    }
+
+
+def _peak_memory_bytes(plan: Plan, c: Coefficients, longest: int) -> int:
+    """Fixed overhead + weights and optimizer state + the activations of the longest batch."""
+    return int(sum(memory_breakdown(plan, c, longest).values()))

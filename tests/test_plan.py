@@ -22,11 +22,10 @@ from analysis.planning import (
     evaluate,
     lengths_from_count,
     load_model_config,
-    memory_breakdown,
     plan_of,
     shipped_configs,
 )
-from analysis.timemodel import ModelProfile, fingerprint, gpu_peak_flops, predict
+from analysis.timemodel import ModelProfile, fingerprint, gpu_peak_flops, memory_breakdown, predict
 from common.cli import run_cli
 from trainers.data.paths import demo_data_path
 
@@ -44,7 +43,9 @@ LENGTHS = lengths_from_count(10_000, 512)
 
 @pytest.fixture(scope="module")
 def profiles() -> dict[str, ModelProfile]:
-    return {name: config_profile(load_model_config(path)) for name, path in shipped_configs().items()}
+    return {
+        name: config_profile(load_model_config(path)) for name, path in shipped_configs().items()
+    }
 
 
 def plan_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -88,7 +89,9 @@ def test_memory_grows_with_batch_and_length_and_falls_with_checkpointing(
 
     def peak(mb: int, length: int, checkpointing: bool = False) -> int:
         shape = RunShape(mb, 1, length, 16, checkpointing)
-        return evaluate(shape, profiles[name], lengths, gpu, coefficients).estimate.peak_memory_bytes
+        return evaluate(
+            shape, profiles[name], lengths, gpu, coefficients
+        ).estimate.peak_memory_bytes
 
     assert peak(1, 512) < peak(2, 512) < peak(8, 512)
     assert peak(4, 256) < peak(4, 512) < peak(4, 2048)
@@ -96,7 +99,9 @@ def test_memory_grows_with_batch_and_length_and_falls_with_checkpointing(
     # The parts `analysis.plan` shows add up to the predicted peak.
     plan = plan_of(RunShape(4, 2, 1024, 16), profiles[name], lengths, gpu)
     parts = memory_breakdown(plan, coefficients)
-    assert sum(parts.values()) == pytest.approx(predict(plan, coefficients).peak_memory_bytes, abs=2)
+    assert sum(parts.values()) == pytest.approx(
+        predict(plan, coefficients).peak_memory_bytes, abs=2
+    )
 
 
 def test_cli_plan_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
