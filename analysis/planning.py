@@ -31,14 +31,16 @@ from analysis.timemodel import (
     prior_coefficients,
 )
 from common.errors import BadInputError
-from trainers.spec import LoraSpec, TrainSpec
+from trainers.spec import (
+    STUDY_EVAL_SAMPLES,
+    STUDY_FULL_CHECKPOINT_INTERVAL,
+    STUDY_FULL_EVAL_INTERVAL,
+    LoraSpec,
+    TrainSpec,
+)
 
 CHARS_PER_TOKEN = 4.0  # English text under a BPE tokenizer, when no tokenizer is given
 VALIDATION_FRACTION = 0.1  # as a study holds out by default
-# A study's full run: evaluations and checkpoints every so many optimizer steps.
-FULL_EVAL_INTERVAL = 200
-FULL_CHECKPOINT_INTERVAL = 500
-EVAL_SAMPLES = 64
 
 
 def shipped_configs() -> dict[str, Path]:
@@ -163,13 +165,13 @@ def plan_of(shape: RunShape, model: ModelProfile, lengths: Sequence[int], gpu: G
         gradient_accumulation_steps=shape.gradient_accumulation_steps,
         max_length=shape.max_length,
         epochs=shape.epochs,
-        eval_interval=FULL_EVAL_INTERVAL,
-        eval_samples=EVAL_SAMPLES,
-        checkpoint_interval=FULL_CHECKPOINT_INTERVAL,
+        eval_interval=STUDY_FULL_EVAL_INTERVAL,
+        eval_samples=STUDY_EVAL_SAMPLES,
+        checkpoint_interval=STUDY_FULL_CHECKPOINT_INTERVAL,
         gradient_checkpointing=shape.gradient_checkpointing,
     )
     clipped = [min(n, shape.max_length) for n in lengths]
-    return plan_for(spec, model, clipped, n_validation=EVAL_SAMPLES, hardware=gpu.hardware())
+    return plan_for(spec, model, clipped, n_validation=STUDY_EVAL_SAMPLES, hardware=gpu.hardware())
 
 
 def coefficients_for(

@@ -10,7 +10,13 @@ from typing import Any
 from common.errors import BadInputError
 from common.files import read_yaml
 from common.redact import redact_values
-from trainers.spec import DEVICES, PRECISIONS
+from trainers.spec import (
+    DEVICES,
+    PRECISIONS,
+    STUDY_EVAL_SAMPLES,
+    STUDY_FULL_CHECKPOINT_INTERVAL,
+    STUDY_FULL_EVAL_INTERVAL,
+)
 
 SAMPLERS = ("tpe", "nsga2", "gp", "cmaes", "random", "skopt")
 # What a study minimises: the trial's loss (`objective`), and optionally its full run's
@@ -92,7 +98,10 @@ class StudyConfig:
         default=None, metadata={"help": "JSONL data. Default: the bundled demo data."}
     )
     space: str | None = field(
-        default=None, metadata={"help": "Search-space YAML. Default: the model family's (search_spaces/families/, by model_type), else search_spaces/default.yaml."}
+        default=None,
+        metadata={
+            "help": "Search-space YAML. Default: the model family's (search_spaces/families/, by model_type), else search_spaces/default.yaml."
+        },
     )
     profiles: tuple[str, ...] | None = field(
         default=None, metadata={"help": "Profiles allowed, comma-separated. Default: all."}
@@ -134,7 +143,9 @@ class StudyConfig:
     promote_fraction: float = field(
         default=0.3, metadata={"help": "Share of the full run a promoted trial trains on."}
     )
-    eval_samples: int = field(default=48, metadata={"help": "Validation samples per evaluation."})
+    eval_samples: int = field(
+        default=STUDY_EVAL_SAMPLES, metadata={"help": "Validation samples per evaluation."}
+    )
     eval_max_length: int | None = field(
         default=None,
         metadata={
@@ -146,10 +157,12 @@ class StudyConfig:
         default=1.0, metadata={"help": "Epochs of the full run the preset describes."}
     )
     full_eval_interval: int = field(
-        default=200, metadata={"help": "Steps between evaluations in the full run."}
+        default=STUDY_FULL_EVAL_INTERVAL,
+        metadata={"help": "Steps between evaluations in the full run."},
     )
     full_checkpoint_interval: int = field(
-        default=500, metadata={"help": "Steps between checkpoints in the full run."}
+        default=STUDY_FULL_CHECKPOINT_INTERVAL,
+        metadata={"help": "Steps between checkpoints in the full run."},
     )
     budget: Budget = field(
         default_factory=Budget,

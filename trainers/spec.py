@@ -15,6 +15,11 @@ if TYPE_CHECKING:
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda", "mps")
+# What a study's full run evaluates and saves unless its config says otherwise: the
+# defaults of `hpo.config.StudyConfig`, and what `analysis.plan` plans with.
+STUDY_EVAL_SAMPLES = 48
+STUDY_FULL_EVAL_INTERVAL = 200
+STUDY_FULL_CHECKPOINT_INTERVAL = 500
 OVERFLOW_MODES = ("truncate", "pack")
 
 
@@ -259,8 +264,7 @@ class TrainSpec:
         )
         _require(
             self.early_stopping_min_delta >= 0,
-            "early_stopping_min_delta must be >= 0, but got "
-            f"{self.early_stopping_min_delta=}",
+            f"early_stopping_min_delta must be >= 0, but got {self.early_stopping_min_delta=}",
         )
         _require(
             self.dataloader_workers is None
