@@ -1,0 +1,511 @@
+"""Search efficiency against what users do today: same budget, same task, the full run decides.
+
+One task: the tiny model, the bundled prompt/completion data, a full run of `--epochs`, and a
+window chosen so that about half of the default space cannot fit (the share of the space's
+configurations whose full run the time model, calibrated here by a probe, predicts at p50
+beyond the window; printed). Per seed, four methods one after another, each with the same
+wall-clock budget (`--minutes`):
+
+1. `hpo`: `python -m hpo.study` with its defaults, the task's window and epochs, `--timeout`
+   (and `--n-trials` large, so the timeout ends it), in its own work dir; its pick is the
+   preset it exports;
+2. `hf`: transformers' `Trainer.hyperparameter_search(backend="optuna")`, TPE, no pruning;
+3. `optuna_mlflow`: plain Optuna TPE with optuna-integration's `MLflowCallback`;
+4. `random`: Optuna's RandomSampler.
+
+Methods 2-4 know nothing of the window: fixed-step trials (`benchmarks/_peer_searches.py`).
+The verdict: every configuration that was a method's pick at some point of its search gets
+its full run with the window enforced (`trainers.loop.run.train` with a `WindowGuard`; a run
+the window stops is scored by its validation loss at the stop), on the same validation
+samples for every method of a seed. The pick's full-run loss over search time is the
+best-so-far curve; the final pick's is the method's result. `infeasible_compute_share`:
+the share of a method's trial seconds spent on configurations the calibrated time model
+predicts (p50) beyond the window.
+
+    python benchmarks/hpo_efficiency.py [--minutes 1.5] [--seeds 3] [--json FILE] [--plot PNG]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import _search_curves as curves  # noqa: E402
+from benchmarks._common import machine, table, write_json  # noqa: E402
+
+METHODS = ("hpo", "hf", "optuna_mlflow", "random")
+PEER = "hf"  # the method whose final quality hpo must reach in a third of its time
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass
+class Task:
+    """The benchmark's one task, for one seed."""
+
+    config: Any  # hpo.config.StudyConfig: model, data, epochs, evaluation, seed
+    prepared: Any  # hpo.prepare.Prepared
+    estimator: Any  # hpo.estimator.StudyEstimator, calibrated by the probe
+    available_seconds: float
+
+    def p50_seconds(self, params: dict[str, Any]) -> float:
+        return float(self.estimator.verdict(params).full_run.seconds_p50)
+
+    def infeasible(self, params: dict[str, Any]) -> bool:
+        return self.p50_seconds(params) > self.available_seconds
+
+
+# ------------------------------------------------------------------------------- the task
+
+
+def calibrate(model: str, data: str, work: Path) -> None:
+    """Fit the time model on this machine from the probe design (`analysis.calibrate --probe`)."""
+    from analysis.calibrate import calibrate_from_results, run_probes
+    from analysis.machine import this_machine
+    from analysis.records import CALIBRATION_FILE
+
+    with tempfile.TemporaryDirectory(prefix="probe-", dir=work) as folder:
+        results = run_probes(model, data, work_dir=folder, device="cpu")
+    calibrate_from_results(results, this_machine("cpu", "auto")).save(work / CALIBRATION_FILE)
+
+
+def make_task(work: Path, *, epochs: float, seed: int, window_seconds: float | None) -> Task:
+    """The task for `seed`; without `window_seconds`, the window that leaves half beyond it."""
+    from hpo.config import Budget, StudyConfig
+    from hpo.estimator import StudyEstimator
+    from hpo.prepare import prepare
+    from hpo.what_fits import candidates
+    from trainers.data.paths import demo_data_path
+    from trainers.tiny import default_tiny_model
+
+    config = StudyConfig(
+        model=str(default_tiny_model()),
+        data=str(demo_data_path("prompt_completion")),
+        work_dir=str(work),
+        epochs=epochs,
+        seed=seed,
+        device="cpu",
+        budget=Budget(window_hours=1000.0, safety_margin_minutes=0.0),
+    )
+    prepared = prepare(config)
+    config = dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
+    estimator = StudyEstimator(config, prepared)
+    if window_seconds is None:
+        space = prepared.space
+        durations = [
+            float(estimator.verdict(p).full_run.seconds_p50)
+            for p in candidates(space, space.profile_names)
+        ]
+        window_seconds = curves.window_for_share(durations, 0.5)
+    return Task(config, prepared, estimator, window_seconds)
+
+
+def space_share(task: Task) -> dict[str, Any]:
+    """The share of the space's configurations (equally likely) that cannot fit, p50 and p90."""
+    from hpo.what_fits import candidates
+
+    space = task.prepared.space
+    verdicts = [task.estimator.verdict(p) for p in candidates(space, space.profile_names)]
+    return {
+        "configurations": len(verdicts),
+        "share_beyond_p50": curves.share_beyond(
+            [v.full_run.seconds_p50 for v in verdicts], task.available_seconds
+        ),
+        "share_beyond_p90": curves.share_beyond(
+            [v.full_run.seconds_p90 for v in verdicts], task.available_seconds
+        ),
+        "time_model_source": verdicts[0].coefficients.source,
+    }
+
+
+# ----------------------------------------------------------------------------- the searches
+
+
+def run_hpo(task: Task, work: Path, seconds: float) -> tuple[str, Path]:
+    """`python -m hpo.study` in a subprocess; returns its storage URL and exported preset."""
+    out = work / "study.json"
+    command = [
+        sys.executable, "-m", "hpo.study",
+        "--model", str(task.config.model), "--data", str(task.config.data),
+        "--epochs", f"{task.config.epochs:g}",
+        "--window-hours", f"{task.available_seconds / 3600:.8f}",
+        "--safety-margin-minutes", "0",
+        "--timeout", f"{seconds:g}", "--n-trials", "100000",
+        "--seed", str(task.config.seed), "--work-dir", str(work),
+        "--json", str(out), "--no-progress",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    (work / "study.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+    if done.returncode != 0:
+        raise RuntimeError(f"hpo.study exited {done.returncode}: {done.stderr.strip()[-600:]}")
+    summary = json.loads(out.read_text(encoding="utf-8"))
+    return f"sqlite:///{work / 'optuna.db'}", Path(summary["preset_path"])
+
+
+def run_method(method: str, task: Task, work: Path, seconds: float) -> dict[str, Any]:
+    """One method's search; returns its trial records, picks and timings."""
+    import optuna
+
+    from benchmarks import _peer_searches as peers
+
+    work.mkdir(parents=True)
+    config = dataclasses.replace(task.config, work_dir=str(work))
+    storage = f"sqlite:///{work / 'optuna.db'}"
+    preset = None
+    load_start = os.getloadavg()[0]
+    started = time.time()
+    if method == "hpo":
+        storage, preset = run_hpo(task, work / "study", seconds)
+    elif method == "hf":
+        peers.hf_search(config, task.prepared, storage=storage, work=work, seconds=seconds)
+    else:
+        sampler: optuna.samplers.BaseSampler = (
+            optuna.samplers.TPESampler(seed=config.seed)
+            if method == "optuna_mlflow"
+            else optuna.samplers.RandomSampler(seed=config.seed)
+        )
+        mlflow_uri = f"sqlite:///{work / 'mlflow.db'}" if method == "optuna_mlflow" else None
+        peers.optuna_search(
+            config, task.prepared, sampler=sampler, storage=storage, work=work,
+            seconds=seconds, mlflow_uri=mlflow_uri,
+        )  # fmt: skip
+    wall = time.time() - started
+    load_end = os.getloadavg()[0]
+    study = optuna.load_study(
+        study_name=task.config.study_name if method == "hpo" else "search", storage=storage
+    )
+    records, params = trial_records(method, study, task, started)
+    return {
+        "records": records,
+        "params": params,
+        "preset": preset,
+        "search_seconds": wall,
+        "loadavg_start": load_start,
+        "loadavg_end": load_end,
+    }
+
+
+def trial_records(
+    method: str, study: Any, task: Task, started: float
+) -> tuple[list[curves.TrialRecord], dict[int, dict[str, Any]]]:
+    """Each finished trial as a record, and each scored trial's configuration."""
+    import optuna
+
+    from search_spaces.sampling import params_from_trial_params
+
+    records, params = [], {}
+    for trial in study.get_trials(deepcopy=False):
+        if trial.datetime_start is None or trial.datetime_complete is None:
+            continue
+        if method == "hpo":
+            config = dict(trial.user_attrs)
+            fits = bool((trial.user_attrs.get("estimate") or {}).get("fits_window", True))
+        else:
+            config = params_from_trial_params(trial.params, task.prepared.space)
+            fits = True
+        complete = trial.state == optuna.trial.TrialState.COMPLETE and trial.values
+        score = float(trial.values[0]) if complete else None
+        if score is not None:
+            params[trial.number] = config
+        records.append(
+            curves.TrialRecord(
+                number=trial.number,
+                started=trial.datetime_start.timestamp() - started,
+                finished=trial.datetime_complete.timestamp() - started,
+                score=score,
+                fits=fits,
+                infeasible=task.infeasible(_time_params(config)),
+            )
+        )
+    return records, params
+
+
+def _time_params(config: dict[str, Any]) -> dict[str, Any]:
+    """What the time model needs of a configuration (a pruned hpo trial may lack the rest)."""
+    from hpo.what_fits import TIME_NEUTRAL_PARAMS
+
+    return {**TIME_NEUTRAL_PARAMS, **{k: v for k, v in config.items() if v is not None}}
+
+
+# ------------------------------------------------------------------------------ the verdict
+
+
+def full_run(task: Task, spec: Any) -> dict[str, Any]:
+    """The configuration's full run inside the window; a stopped run's loss is taken at the stop."""
+    from trainers.loop.run import train
+    from trainers.loop.window import WindowGuard
+
+    started = time.perf_counter()
+    result = train(spec, window=WindowGuard(window_seconds=task.available_seconds))
+    seconds = time.perf_counter() - started
+    loss = result.final_eval_loss
+    if result.status == "stopped_by_window" and (
+        not result.eval_losses or result.eval_losses[-1][0] != result.final_step
+    ):
+        loss = loss_at_checkpoint(spec, result.final_step)
+    shutil.rmtree(spec.output_dir, ignore_errors=True)
+    return {
+        "loss": loss,
+        "status": result.status,
+        "fits": result.status != "stopped_by_window",
+        "steps": result.final_step,
+        "total_steps": result.total_steps,
+        "seconds": seconds,
+    }
+
+
+def loss_at_checkpoint(spec: Any, step: int) -> float | None:
+    """The validation loss of the checkpoint the window stop saved (resumed, no step trained)."""
+    from trainers.loop.run import train
+
+    resumed = dataclasses.replace(spec, max_steps=step)
+    return train(resumed, resume=True).final_eval_loss
+
+
+def verdicts(task: Task, method: str, search: dict[str, Any], work: Path) -> dict[int, Any]:
+    """The full run of every configuration that was the method's pick at some point."""
+    from hpo.runspec import train_spec
+    from trainers.preset import load_preset
+
+    changes = curves.picks_over_time(search["records"])
+    out: dict[int, Any] = {}
+    for index, (_, number) in enumerate(changes):
+        if number in out:
+            continue
+        output = str(work / f"full-{method}-{number}")
+        final = index == len(changes) - 1
+        if method == "hpo" and final and search["preset"] is not None:
+            spec = dataclasses.replace(load_preset(search["preset"]).spec, output_dir=output)
+        else:
+            spec = train_spec(
+                task.config,
+                search["params"][number],
+                model=task.prepared.model_path,
+                data=task.prepared.data_path,
+                full_run=True,
+                output_dir=output,
+            )
+        out[number] = full_run(task, spec)
+        print(f"  {method} pick {number}: {_brief(out[number])}", flush=True)
+    return out
+
+
+def _brief(run: dict[str, Any]) -> str:
+    loss = "n/a" if run["loss"] is None else f"{run['loss']:.4f}"
+    return f"loss {loss}, {run['status']} at step {run['steps']}/{run['total_steps']} in {run['seconds']:.1f} s"
+
+
+# ------------------------------------------------------------------------------- the report
+
+
+def seed_rows(task: Task, seed: int, work: Path, seconds: float) -> list[dict[str, Any]]:
+    """All methods for one seed: search, verdict, curves."""
+    rows = []
+    for method in METHODS:
+        print(f"seed {seed}: {method} searching for {seconds:.0f} s", flush=True)
+        search = run_method(method, task, work / method, seconds)
+        runs = verdicts(task, method, search, work)
+        changes = curves.picks_over_time(search["records"])
+        losses = {n: r["loss"] for n, r in runs.items() if r["loss"] is not None}
+        curve = curves.pick_loss_curve([c for c in changes if c[1] in losses], losses)
+        final = runs[changes[-1][1]] if changes else None
+        records = search["records"]
+        rows.append(
+            {
+                "seed": seed,
+                "method": method,
+                "search_seconds": search["search_seconds"],
+                "trials": len(records),
+                "scored_trials": sum(r.score is not None for r in records),
+                "final_pick": changes[-1][1] if changes else None,
+                "final_loss": final["loss"] if final else None,
+                "fits": final["fits"] if final else False,
+                "final_run": final,
+                "curve": curve,
+                "picks": {str(n): r for n, r in runs.items()},
+                "infeasible_compute_share": curves.infeasible_share(records),
+                "trial_seconds": sum(r.seconds for r in records),
+                "loadavg_start": search["loadavg_start"],
+                "loadavg_end": search["loadavg_end"],
+                "trial_records": [dataclasses.asdict(r) for r in records],
+            }
+        )
+    peer = next(r for r in rows if r["method"] == PEER)
+    for row in rows:
+        if peer["final_loss"] is None:
+            reached = None
+        else:
+            reached = curves.time_to_reach(row["curve"], peer["final_loss"])
+        row["time_to_peer_best_seconds"] = reached
+        row["time_to_peer_best_ratio"] = curves.time_ratio(reached, peer["search_seconds"])
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's keys: per method final loss (mean, spread), fit share, ratio, compute share."""
+    out: dict[str, Any] = {
+        "final_loss": {},
+        "fit_share": {},
+        "infeasible_compute_share": {},
+        "search_seconds": {},
+    }
+    for method in METHODS:
+        mine = [r for r in rows if r["method"] == method]
+        losses = [r["final_loss"] for r in mine if r["final_loss"] is not None]
+        out["final_loss"][method] = curves.mean_and_spread(losses)
+        out["fit_share"][method] = sum(r["fits"] for r in mine) / len(mine)
+        seconds = sum(r["trial_seconds"] for r in mine)
+        out["infeasible_compute_share"][method] = (
+            sum(r["infeasible_compute_share"] * r["trial_seconds"] for r in mine) / seconds
+            if seconds
+            else 0.0
+        )
+        out["search_seconds"][method] = curves.mean_and_spread([r["search_seconds"] for r in mine])
+    per_seed = [r["time_to_peer_best_ratio"] for r in rows if r["method"] == "hpo"]
+    out["time_to_peer_best_ratio"] = {
+        "median": curves.median_or_none(per_seed),
+        "per_seed": per_seed,
+    }
+    return out
+
+
+def print_table(summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    headers = ["method", "full-run loss", "sd", "fit share", "search s", "infeasible share"]
+    lines = []
+    for method in METHODS:
+        loss = summary["final_loss"][method]
+        lines.append(
+            [
+                method,
+                _num(loss["mean"]),
+                _num(loss["sd"]),
+                f"{summary['fit_share'][method]:.0%}",
+                _num(summary["search_seconds"][method]["mean"], ".0f"),
+                f"{summary['infeasible_compute_share'][method]:.0%}",
+            ]
+        )
+    print(table(headers, lines))
+    ratio = summary["time_to_peer_best_ratio"]
+    print(
+        f"time_to_peer_best_ratio (hpo vs {PEER}): median {ratio['median']}, per seed {ratio['per_seed']}"
+    )
+    per = [
+        [r["seed"], r["method"], r["trials"], _num(r["final_loss"]), r["fits"], _num(r["time_to_peer_best_seconds"], ".0f")]
+        for r in rows
+    ]  # fmt: skip
+    print(table(["seed", "method", "trials", "full-run loss", "fits", "reaches peer at s"], per))
+
+
+def _num(value: float | None, spec: str = ".4f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def plot(rows: list[dict[str, Any]], path: str, window_seconds: float) -> None:
+    """The pick's full-run loss over search time, one panel per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = sorted({r["seed"] for r in rows})
+    fig, axes = plt.subplots(1, len(seeds), figsize=(4.5 * len(seeds), 3.6), squeeze=False)
+    for ax, seed in zip(axes[0], seeds, strict=True):
+        for row in (r for r in rows if r["seed"] == seed):
+            points = row["curve"]
+            if not points:
+                continue
+            xs = [t for t, _ in points] + [row["search_seconds"]]
+            ys = [loss for _, loss in points] + [points[-1][1]]
+            ax.step(xs, ys, where="post", label=row["method"], marker="o", markersize=3)
+        ax.set_title(f"seed {seed} (window {window_seconds:.0f} s)")
+        ax.set_xlabel("search time (s)")
+        ax.set_ylabel("pick's full-run val loss")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=1.5, help="search budget per method")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--epochs", type=float, default=1.0, help="epochs of the full run")
+    parser.add_argument("--window-seconds", type=float, help="default: half the space fits")
+    parser.add_argument("--json", help="write the result here")
+    parser.add_argument("--plot", help="write the best-so-far plot (PNG) here")
+    args = parser.parse_args(argv)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="hpo-efficiency-") as folder:
+        work = Path(folder)
+        task = _task_setup(work, args.epochs, args.window_seconds)
+        share = space_share(task)
+        print(
+            f"window {task.available_seconds:.1f} s for a {args.epochs:g}-epoch full run: "
+            f"{share['share_beyond_p50']:.0%} of the space's {share['configurations']} "
+            f"configurations predicted (p50) beyond it, {share['share_beyond_p90']:.0%} at p90 "
+            f"(time model: {share['time_model_source']})",
+            flush=True,
+        )
+        rows: list[dict[str, Any]] = []
+        for seed in range(args.seeds):
+            seeded = task if seed == 0 else _reseeded(task, work, seed)
+            rows += seed_rows(seeded, seed, work / f"seed-{seed}", args.minutes * 60)
+    summary = summarize(rows)
+    print_table(summary, rows)
+    if args.plot:
+        plot(rows, args.plot, task.available_seconds)
+    write_json(
+        args.json,
+        {
+            "final_loss": summary["final_loss"],
+            "fit_share": summary["fit_share"],
+            "time_to_peer_best_ratio": summary["time_to_peer_best_ratio"],
+            "infeasible_compute_share": summary["infeasible_compute_share"],
+            "rows": rows,
+            "search_seconds": summary["search_seconds"],
+            "window_seconds": task.available_seconds,
+            "space": share,
+            "epochs": args.epochs,
+            "minutes": args.minutes,
+            "seeds": args.seeds,
+            "peer": PEER,
+            "total_seconds": time.time() - started,
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": machine(),
+        },
+    )
+    return 0
+
+
+def _task_setup(work: Path, epochs: float, window_seconds: float | None) -> Task:
+    from trainers.data.paths import demo_data_path
+    from trainers.tiny import default_tiny_model
+
+    calibrate(str(default_tiny_model()), str(demo_data_path("prompt_completion")), work)
+    return make_task(work, epochs=epochs, seed=0, window_seconds=window_seconds)
+
+
+def _reseeded(task: Task, work: Path, seed: int) -> Task:
+    """The same task and window for another seed (its own data split and order)."""
+    return make_task(
+        work, epochs=task.config.epochs, seed=seed, window_seconds=task.available_seconds
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
