@@ -37,6 +37,7 @@ from analysis.timemodel import (
 )
 from common.errors import BadInputError
 from common.files import write_atomic
+from trainers.spec import eval_batch_size
 
 FORMAT = "hpo-calibration"
 VERSION = 1
@@ -178,8 +179,8 @@ class RunMeasurements:
 
     @property
     def eval_batches(self) -> int:
-        """Forward calls per evaluation (the trainer evaluates in micro-batches)."""
-        return math.ceil(self.eval_samples / self.micro_batch_size)
+        """Forward calls per evaluation (`trainers.spec.eval_batch_size` samples each)."""
+        return math.ceil(self.eval_samples / eval_batch_size(self.micro_batch_size))
 
     def capped(self, max_micro_steps: int = MAX_STORED_MICRO_STEPS) -> RunMeasurements:
         """Keep the warm-up steps and at most `max_micro_steps` evenly spaced steady ones.

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import BadInputError
-from trainers.spec import optimizer_steps
+from trainers.spec import eval_batch_size, optimizer_steps
 
 DEVICE_KINDS = ("cpu", "cuda", "mps")
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -622,10 +622,10 @@ def _micro_step_seconds(plan: Plan, c: Coefficients, tokens: float, square: floa
 
 
 def _eval_seconds(plan: Plan, c: Coefficients, lengths: np.ndarray) -> float:
-    """One evaluation of `plan.eval_samples` samples, in micro-batches of the training size."""
+    """One evaluation of `plan.eval_samples` samples, `trainers.spec.eval_batch_size` each."""
     # The trainer records unpadded eval tokens, so the fitted rate already includes padding.
     eval_tokens = plan.eval_samples * float(lengths.mean())
-    eval_batches = math.ceil(plan.eval_samples / plan.micro_batch_size)
+    eval_batches = math.ceil(plan.eval_samples / eval_batch_size(plan.micro_batch_size))
     return (
         c.eval_fixed_seconds
         + c.eval_seconds_per_batch * eval_batches

@@ -92,6 +92,10 @@ class Objective:
 
     def __init__(self, context: StudyContext) -> None:
         self.context = context
+        # One base model, tokenizer and tokenized data for all of this worker's trials.
+        from trainers.loop.inputs import RunInputs
+
+        self.inputs = RunInputs(freeze_gc=True)
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
         ctx = self.context
@@ -245,7 +249,11 @@ class Objective:
             from trainers.loop.run import train
 
             try:
-                result = train(spec, [reporter, *self._system_metrics(run_id), metrics])
+                result = train(
+                    spec,
+                    [reporter, *self._system_metrics(run_id), metrics],
+                    inputs=self.inputs,
+                )
             finally:
                 _drop_checkpoints(spec.output_dir)
         except BadInputError:

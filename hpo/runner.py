@@ -82,7 +82,9 @@ def open_study(config: StudyConfig, prepared: Prepared) -> optuna.Study:
     # report intermediate values there); the window and memory gate trials as before.
     pruner = "none" if config.multi_objective else config.pruner
     if config.multi_objective and config.pruner != "none":
-        log.info("objectives %s: trials are not pruned by %s", list(config.objectives), config.pruner)
+        log.info(
+            "objectives %s: trials are not pruned by %s", list(config.objectives), config.pruner
+        )
     study = optuna.create_study(
         study_name=config.study_name,
         storage=storage,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from trainers.data.paths import demo_data_path
-from trainers.loop.run import load_inputs, train
+from trainers.loop.inputs import RunInputs
+from trainers.loop.run import train
 from trainers.spec import LoraSpec, TrainSpec
 
 
@@ -69,19 +71,27 @@ def test_eval_records_count_the_data_seen(tiny_model_dir: Path, tmp_path: Path) 
     assert all(r["tokens_seen"] > 0 for r in result.eval_records)
 
 
+def _data(spec: TrainSpec) -> Any:
+    inputs = RunInputs(keep_base=False)
+    try:
+        return inputs.attach(spec, "cpu").data
+    finally:
+        inputs.release()
+
+
 def test_profiles_with_other_max_length_evaluate_identical_tokens(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    short = load_inputs(_full_run(tiny_model_dir, tmp_path, max_length=6))
-    long = load_inputs(_full_run(tiny_model_dir, tmp_path, max_length=256))
-    assert [e.input_ids for e in short.data.validation] == [
-        e.input_ids for e in long.data.validation
+    short = _data(_full_run(tiny_model_dir, tmp_path, max_length=6))
+    long = _data(_full_run(tiny_model_dir, tmp_path, max_length=256))
+    assert [e.input_ids for e in short.validation] == [
+        e.input_ids for e in long.validation
     ]
-    assert [e.labels for e in short.data.validation] == [e.labels for e in long.data.validation]
+    assert [e.labels for e in short.validation] == [e.labels for e in long.validation]
     # ... while their training samples are cut at their own lengths.
-    assert max(len(e.input_ids) for e in short.data.train) <= 6
-    assert max(len(e.input_ids) for e in long.data.train) > 6
+    assert max(len(e.input_ids) for e in short.train) <= 6
+    assert max(len(e.input_ids) for e in long.train) > 6
     # Without a study-wide length, validation follows the training length (the old way).
-    own = load_inputs(_full_run(tiny_model_dir, tmp_path, max_length=6, eval_max_length=None))
-    assert max(len(e.input_ids) for e in own.data.validation) <= 6
-    assert max(len(e.input_ids) for e in long.data.validation) > 6
+    own = _data(_full_run(tiny_model_dir, tmp_path, max_length=6, eval_max_length=None))
+    assert max(len(e.input_ids) for e in own.validation) <= 6
+    assert max(len(e.input_ids) for e in long.validation) > 6

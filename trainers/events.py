@@ -66,6 +66,7 @@ class EvalInfo:
         """Validation minus training loss: growing while training falls means overfitting."""
         return None if self.train_loss is None else self.loss - self.train_loss
 
+
 @dataclass(frozen=True)
 class Forecast:
     """Where the run stands after `step`, and where it will end."""

@@ -371,6 +371,16 @@ class Schedule(Protocol):
     def max_steps(self) -> int | None: ...
 
 
+EVAL_BATCH_FACTOR = 2
+
+
+def eval_batch_size(micro_batch_size: int) -> int:
+    """Samples per evaluation forward pass: more than training's, as nothing is kept for a
+    backward pass (the output logits, which often dominate, are the same per token: hence
+    only twice). The trainer halves it after an out-of-memory error."""
+    return EVAL_BATCH_FACTOR * micro_batch_size
+
+
 def optimizer_steps(run: Schedule, train_samples: int) -> int:
     """Optimizer steps of a run's schedule, counted the way transformers' Trainer counts them.
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import EvalLoopOutput
 
 from common.errors import Diverged
 from trainers.events import EvalInfo, RunInfo, StepInfo, TrainingCallback
@@ -171,6 +172,67 @@ class MeasuredTrainer(Trainer):
             if reason is not None:
                 raise Diverged(reason, safe_step=self.divergence.best_step)
         return metrics
+
+    def evaluation_loop(
+        self,
+        dataloader: Any,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """The validation loss per token, whatever the batching; no gradients.
+
+        The Trainer's loop averages the batches' mean losses, weighted by samples, so the
+        same validation set scored at micro-batch 1 and 8 gives two numbers, and trials of
+        a study that differ in micro-batch are not on one scale. This one sums the loss over
+        every target token and divides by their count. Samples go longest first in batches
+        of `per_device_eval_batch_size` (twice the training micro-batch: no activations are
+        kept for a backward pass), so a batch pads to about its own length; the batch
+        halves after an out-of-memory error and stays halved for the run.
+        """
+        examples = sorted(self.eval_dataset, key=lambda e: -len(e.input_ids))  # type: ignore[arg-type]
+        own: Any = self.model
+        model = self._wrap_model(own, training=False)
+        model.eval()
+        while True:
+            try:
+                total, count = self._loss_sum(model, examples, self.args.per_device_eval_batch_size)
+                break
+            except torch.OutOfMemoryError:
+                if self.args.per_device_eval_batch_size <= 1:
+                    raise
+                self.args.per_device_eval_batch_size //= 2
+                log.warning(
+                    "evaluation ran out of memory: batch %d from now on",
+                    self.args.per_device_eval_batch_size,
+                )
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+        loss = total / count if count else float("nan")
+        return EvalLoopOutput(
+            predictions=None,  # type: ignore[arg-type]
+            label_ids=None,
+            metrics={f"{metric_key_prefix}_loss": loss},
+            num_samples=len(examples),
+        )
+
+    def _loss_sum(self, model: Any, examples: list[Any], batch: int) -> tuple[float, int]:
+        """Summed loss over the target tokens of `examples`, and their count."""
+        collate: Any = self.data_collator
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for first in range(0, len(examples), batch):
+                inputs = self._prepare_inputs(collate(examples[first : first + batch]))
+                # The model shifts the labels: each row predicts its tokens after the first.
+                targets = int((inputs["labels"][:, 1:] != -100).sum())
+                if targets == 0:
+                    continue
+                with self.compute_loss_context_manager():
+                    loss = model(**inputs).loss
+                total += float(loss.float()) * targets  # the model's loss: mean over targets
+                count += targets
+        return total, count
 
     def _check_early_stopping(self, step: int, loss: float) -> None:
         """Keep a checkpoint of each new best; stop when the loss stopped improving."""

@@ -8,31 +8,27 @@ recovery is on, restarts it after out-of-memory errors or a diverging loss
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import json
 import logging
 import time
-import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from common.errors import BadInputError, Diverged, GaveUp, TrainingFailed
-from trainers.data.dataset import TokenizedData, load_tokenized
 from trainers.events import RunInfo, TrainingCallback
 from trainers.loop import checkpoint
 from trainers.loop.data_loading import available_cpus, choose_data_loading
 from trainers.loop.early_stopping import EarlyStopping, advise
+from trainers.loop.inputs import Attached, RunInputs
 from trainers.loop.measured import Bridge, Clock, Recorder, TrainerHooks, now_iso, rss_bytes
 from trainers.loop.recovery import DivergenceMonitor, RecoveryState
 from trainers.loop.trainer_setup import build_trainer
 from trainers.loop.window import WindowGuard
-from trainers.model.lora import ModelInfo, apply_lora, load_base_model, load_tokenizer
 from trainers.model.runtime import RuntimeChoice, detect_runtime
 from trainers.result import TrainResult
 from trainers.spec import TrainSpec
@@ -46,6 +42,7 @@ def train(
     *,
     resume: bool = False,
     window: WindowGuard | None = None,
+    inputs: RunInputs | None = None,
 ) -> TrainResult:
     """Run one LoRA training described by `spec`.
 
@@ -55,6 +52,9 @@ def train(
         resume: Continue from the newest valid checkpoint in `spec.output_dir`.
         window: Forecasts the end after every step and stops the run (with a checkpoint)
             before its window closes; forecasts are logged and sent to `on_forecast`.
+        inputs: Tokenizer, data and base model kept from earlier runs of this process (a
+            study's worker); the run attaches its adapter to that base model and takes it
+            off at its end. Default: loaded for this run alone.
 
     Raises:
         BadInputError: The model, data or a setting is unusable; `resume` without a valid
@@ -69,7 +69,26 @@ def train(
     saved = checkpoint.read_run_state(resume_dir) if resume_dir else {}
     runtime = detect_runtime(spec.device, spec.precision, spec.compile)
     set_seed(spec.seed)
-    loaded = load_inputs(spec)
+    inputs = inputs or RunInputs(keep_base=False)
+    loaded = inputs.attach(spec, runtime.device)
+    try:
+        return _train_attached(
+            spec, callbacks, resume_dir, saved, window, runtime, loaded, wall_start
+        )
+    finally:
+        inputs.release(compiled=runtime.compile)
+
+
+def _train_attached(
+    spec: TrainSpec,
+    callbacks: Sequence[TrainingCallback],
+    resume_dir: Path | None,
+    saved: dict[str, Any],
+    window: WindowGuard | None,
+    runtime: RuntimeChoice,
+    loaded: Attached,
+    wall_start: float,
+) -> TrainResult:
     # Logged once the inputs are known good, so a bad-input error stays the only line.
     log.info("runtime: %s", runtime.reason)
     if runtime.device == "cuda":
@@ -151,40 +170,10 @@ def train(
     return close()
 
 
-@dataclass
-class RunInputs:
-    """The inputs of a run: tokenizer, tokenized data, the model with its adapter."""
-
-    tokenizer: Any
-    data: TokenizedData
-    model: Any
-    info: ModelInfo
-
-
-def load_inputs(spec: TrainSpec) -> RunInputs:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()  # "Loading weights" bars, once per trial
-    tokenizer = load_tokenizer(spec.model)
-    data = load_tokenized(spec.data_spec(), tokenizer)
-    if spec.eval_max_length is not None and spec.eval_max_length != spec.max_length:
-        # The same validation samples at one length for every run of a study: the split
-        # depends on the records and the seed only, so it is the same at every length.
-        at_eval_length = dataclasses.replace(spec.data_spec(), max_length=spec.eval_max_length)
-        data = dataclasses.replace(
-            data, validation=load_tokenized(at_eval_length, tokenizer).validation
-        )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
-        model, info = apply_lora(load_base_model(spec.model), spec.lora)
-    return RunInputs(tokenizer, data, model, info)
-
-
 def _new_result(
     spec: TrainSpec,
     runtime: RuntimeChoice,
-    loaded: RunInputs,
+    loaded: Attached,
     recovery: RecoveryState,
     saved: dict[str, Any],
     resume_dir: Path | None,

@@ -20,7 +20,7 @@ from trainers.loop.data_loading import DataLoading, choose_data_loading
 from trainers.loop.measured import MeasuredTrainer, TrainerHooks
 from trainers.loop.recovery import RecoveryState
 from trainers.model.runtime import RuntimeChoice
-from trainers.spec import TrainSpec
+from trainers.spec import TrainSpec, eval_batch_size
 
 
 class ListDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -94,7 +94,7 @@ def training_arguments(
         return TrainingArguments(
             output_dir=spec.output_dir,
             per_device_train_batch_size=spec.micro_batch_size,
-            per_device_eval_batch_size=spec.micro_batch_size,
+            per_device_eval_batch_size=eval_batch_size(spec.micro_batch_size),
             gradient_accumulation_steps=spec.gradient_accumulation_steps,
             learning_rate=spec.learning_rate,
             weight_decay=spec.weight_decay,
