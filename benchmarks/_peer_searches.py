@@ -13,6 +13,7 @@ wall-clock budget, into an Optuna storage the benchmark reads afterwards:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import shutil
 from pathlib import Path
@@ -70,15 +71,34 @@ def optuna_search(
             raise RuntimeError(f"trial {trial.number} ended without a validation loss")
         return float(result.final_eval_loss)
 
-    callbacks = []
-    if mlflow_uri:
-        from optuna_integration import MLflowCallback
-
-        callbacks.append(MLflowCallback(tracking_uri=mlflow_uri, metric_name="val_loss"))
+    callbacks = [_MlflowNames(mlflow_uri)] if mlflow_uri else []
     study = optuna.create_study(
         storage=storage, study_name="search", sampler=sampler, direction="minimize"
     )
     study.optimize(objective, timeout=seconds, callbacks=callbacks)
+
+
+class _MlflowNames:
+    """optuna-integration's `MLflowCallback`, with `@` in parameter names replaced by `:`.
+
+    MLflow refuses `@` in a parameter name, and the space's per-profile parameters are
+    named `micro_batch_size@fast` (`search_spaces.sampling.profile_param_name`).
+    """
+
+    def __init__(self, tracking_uri: str) -> None:
+        import warnings
+
+        from optuna_integration import MLflowCallback
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # experimental
+            self.callback = MLflowCallback(tracking_uri=tracking_uri, metric_name="val_loss")
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        renamed = copy.copy(trial)
+        renamed.params = {k.replace("@", ":"): v for k, v in trial.params.items()}
+        renamed.distributions = {k.replace("@", ":"): v for k, v in trial.distributions.items()}
+        self.callback(study, renamed)
 
 
 def hf_search(
