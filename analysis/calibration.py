@@ -48,6 +48,10 @@ _F_SCALE = 0.1  # log-ratio scale where the robust loss turns from quadratic to 
 _PRIOR_LOG_SD = 2.0  # a weak pull to the prior: decides only what the data leave open
 _RUN_SD_PRIOR = 0.12  # run-to-run sd of step time before seeing repeats (5-13 % here)
 _RUN_SD_FLOOR = 0.05
+# The drift's sd before repeats are seen: a steady machine's run-to-run spread, worth two
+# degrees of freedom (as the model's prior is worth two runs).
+_DRIFT_PRIOR_SD = _RUN_SD_FLOOR
+_DRIFT_PRIOR_DOF = 2
 # Peak memory: a held-out run's log(measured / predicted) has about this sd before any is
 # seen (worth two runs); the p90 never sits less than 5 % above the median (on CPU the
 # process's resident memory only ratchets up from one run to the next, by 1-5 % here).
@@ -709,8 +713,7 @@ def _spread(
     run_sd = math.sqrt((2 * _RUN_SD_PRIOR**2 + (k - 1) * shape_var) / (k + 1))
     run_sd = max(run_sd, _RUN_SD_FLOOR)
     quantile = float(student_t.ppf(0.9, k + 1))
-    drift_sd = math.sqrt(drift_var)
-    drift_p90 = float(student_t.ppf(0.9, drift_dof)) * drift_sd if drift_dof else 0.0
+    drift_sd, drift_p90 = _drift_band(drift_var, drift_dof)
     return (
         mean,
         float(ratio.std()) / mean,
@@ -719,6 +722,23 @@ def _spread(
         drift_sd,
         drift_p90,
     )
+
+
+def _drift_band(variance: float, dof: int) -> tuple[float, float]:
+    """The drift's sd and p90 log offset from the pooled variance of repeated configurations.
+
+    Like the model's sd, a shrinkage estimate: a prior sd worth `_DRIFT_PRIOR_DOF` degrees of
+    freedom pooled with what the repeats measured, and a Student t quantile with their sum.
+    Without it one repeated pair (1 degree of freedom) set the p90 at t = 3.08 sample sds, a
+    Cauchy tail: a single pair 40 % apart made a band of x2.7 (benchmarks/preset_honesty.py).
+    Unmeasured (no repeats): 0, the model's band then carries the whole spread.
+    """
+    if not dof:
+        return 0.0, 0.0
+    prior_dof = _DRIFT_PRIOR_DOF
+    pooled = (prior_dof * _DRIFT_PRIOR_SD**2 + dof * variance) / (prior_dof + dof)
+    sd = math.sqrt(pooled)
+    return sd, float(student_t.ppf(0.9, prior_dof + dof)) * sd
 
 
 def _drift_variance(levels: Sequence[tuple[float, object]]) -> tuple[float, int]:

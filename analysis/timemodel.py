@@ -29,6 +29,7 @@ from trainers.spec import eval_batch_size, optimizer_steps
 DEVICE_KINDS = ("cpu", "cuda", "mps")
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 Z90 = 1.2815515655446004  # standard normal quantile of 0.9
+BAND_PARTS = ("model", "drift", "step_noise", "total")  # see `interval_components`
 
 # Dense peak FLOP/s (half precision tensor cores, fp32 without TF32), from vendor data sheets.
 # More specific names come first so that "A100" is not taken for "A10", "L40S" for "L4" and
@@ -583,6 +584,7 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     }
     total = sum(breakdown.values())
     low, high = _interval(c, micro_steps, train / total)
+    band = interval_components(c, micro_steps, train / total)
     train_tokens = micro_steps * tokens
     memory = _peak_memory_bytes(plan, c, int(lengths.max()))
     return Estimate(
@@ -604,6 +606,8 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
             "optimizer_step_seconds": optimizer,
             "eval_seconds_each": one_eval,
             "checkpoint_seconds_each": one_ckpt,
+            # The band's parts (log p90 offsets): which one makes it wide.
+            **{f"band_{part}_log_p90": band[part] for part in BAND_PARTS},
         },
     )
 
@@ -633,21 +637,38 @@ def _eval_seconds(plan: Plan, c: Coefficients, lengths: np.ndarray) -> float:
     )
 
 
-def _interval(c: Coefficients, micro_steps: int, train_share: float) -> tuple[float, float]:
-    """Factors that turn the median duration into p10 and p90.
+def interval_components(c: Coefficients, micro_steps: int, train_share: float) -> dict[str, float]:
+    """The duration band's parts, each as a log offset of p90 above the median.
 
-    Two kinds of error. Per-step noise is independent between steps, so its relative sd
-    over the sum of M micro-steps shrinks as 1/sqrt(M) (stalls shift the mean, which
-    `step_mean_ratio` already carries). Systematic error (a wrong coefficient, another
-    machine state for the whole run) hits every step alike and does not average out; the
-    machine's measured drift is of that kind too (counted whole: a drift slower than the
-    run does not average out either). The three are independent, so their quantile offsets
-    add in quadrature.
+    Three kinds of error. Per-step noise (`step_noise`) is independent between steps, so its
+    relative sd over the sum of M micro-steps shrinks as 1/sqrt(M) (stalls shift the mean,
+    which `step_mean_ratio` already carries). The model's own error (`model`: a wrong
+    coefficient, a configuration the fit is off for) hits every step alike and does not
+    average out; nor does the machine's measured drift (`drift`: counted whole, a drift
+    slower than the run does not average out either). The three are independent, so their
+    quantile offsets add in quadrature (`total`). `model_p10` is the model's lower offset
+    (a negative number; the fit may be skewed).
+
+    Args:
+        c: The coefficients.
+        micro_steps: Micro-steps of the run.
+        train_share: The training steps' share of the run's predicted seconds.
     """
     noise = Z90 * c.step_noise_sd / math.sqrt(max(micro_steps, 1)) * train_share
-    low = math.exp(-math.hypot(c.systematic_log_p10, c.drift_log_p90, noise))
-    high = math.exp(math.hypot(c.systematic_log_p90, c.drift_log_p90, noise))
-    return low, high
+    return {
+        "model": c.systematic_log_p90,
+        "model_p10": c.systematic_log_p10,
+        "drift": c.drift_log_p90,
+        "step_noise": noise,
+        "total": math.hypot(c.systematic_log_p90, c.drift_log_p90, noise),
+    }
+
+
+def _interval(c: Coefficients, micro_steps: int, train_share: float) -> tuple[float, float]:
+    """Factors that turn the median duration into p10 and p90 (see `interval_components`)."""
+    parts = interval_components(c, micro_steps, train_share)
+    low = math.exp(-math.hypot(parts["model_p10"], parts["drift"], parts["step_noise"]))
+    return low, math.exp(parts["total"])
 
 
 def memory_breakdown(

@@ -20,7 +20,7 @@ Targets (issue 11): median |p50 error| <= 8 %, every run inside its p10-p90 band
 half-width <= 25 % of p50.
 
     python benchmarks/preset_honesty.py [--seeds 3] [--epochs 2,10] [--n-trials 6]
-        [--samples 3000] [--json FILE]
+        [--samples 3000] [--probe-seconds 0] [--json FILE]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ TARGET_HALF_WIDTH_PCT = 25.0
 
 
 def study_preset(
-    work: Path, data: Path, *, seed: int, epochs: float, n_trials: int
+    work: Path, data: Path, *, seed: int, epochs: float, n_trials: int, probe_seconds: float = 0.0
 ) -> dict[str, Any]:
     """Run a default study in `work`; its preset's path, estimate and the study's time."""
     config = load_config(
@@ -58,6 +58,7 @@ def study_preset(
             "epochs": epochs,
             "n_trials": n_trials,
             "data": str(data),
+            "probe_seconds": probe_seconds,
         },
     )
     started = time.perf_counter()
@@ -114,7 +115,15 @@ def row(
         "half_width_pct": 100 * (p90 - p10) / 2 / p50,
         "optimizer_steps": result.get("optimizer_steps"),
         "calibration_runs": result["estimate"].get("calibration_runs"),
+        # The band's parts at p90, in % above p50 (hpo.estimator): which one makes it wide.
+        **{f"band_{part}_pct": value for part, value in band_parts(result["estimate"]).items()},
     }
+
+
+def band_parts(estimate: dict[str, Any]) -> dict[str, float]:
+    """The preset's band parts (model, drift, step_noise, total), % above p50 at p90."""
+    band = estimate.get("band_pct") or {}
+    return {part: float(band[part]) for part in ("model", "drift", "step_noise") if part in band}
 
 
 def summarise(rows: list[dict[str, Any]], repeat: list[float]) -> dict[str, Any]:
@@ -128,6 +137,8 @@ def summarise(rows: list[dict[str, Any]], repeat: list[float]) -> dict[str, Any]
         "median_half_width_pct": median([r["half_width_pct"] for r in rows]),
         "max_half_width_pct": max((r["half_width_pct"] for r in rows), default=float("nan")),
         "repeat_noise_pct": noise,
+        # Per run, the band part that is widest (see hpo.estimator's band_pct).
+        "widest_band_part": _widest(rows),
     }
     summary["targets_met"] = {
         "median_p50_error": median(errors) <= TARGET_MEDIAN_PCT,
@@ -137,12 +148,28 @@ def summarise(rows: list[dict[str, Any]], repeat: list[float]) -> dict[str, Any]
     return summary
 
 
+def _widest(rows: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        parts = {k: v for k, v in r.items() if k.startswith("band_") and k.endswith("_pct")}
+        if parts:
+            name = max(parts, key=lambda k: parts[k]).removeprefix("band_").removesuffix("_pct")
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="Studies (presets) per length.")
     parser.add_argument("--epochs", default="2,10", help="Full-run lengths, comma-separated.")
     parser.add_argument("--n-trials", type=int, default=6, help="Trials per study.")
     parser.add_argument("--samples", type=int, default=3000, help="Records of the data used.")
+    parser.add_argument(
+        "--probe-seconds",
+        type=float,
+        default=0.0,
+        help="The studies' probe_seconds (0, the default: the trials alone calibrate).",
+    )
     parser.add_argument("--json", help="Write the rows and the summary here.")
     args = parser.parse_args(argv)
     lengths = [float(e) for e in args.epochs.split(",") if e.strip()]
@@ -155,7 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         for epochs in lengths:
             for seed in range(args.seeds):
                 work = Path(tmp) / f"e{epochs:g}-s{seed}"
-                studied = study_preset(work, data, seed=seed, epochs=epochs, n_trials=args.n_trials)
+                studied = study_preset(
+                    work,
+                    data,
+                    seed=seed,
+                    epochs=epochs,
+                    n_trials=args.n_trials,
+                    probe_seconds=args.probe_seconds,
+                )
                 result = full_run(studied["preset"], work / "full", studied["tracking_uri"])
                 rows.append(row(seed, epochs, studied, result))
                 print(_line(rows[-1]), flush=True)
@@ -164,11 +198,11 @@ def main(argv: list[str] | None = None) -> int:
                     repeat = [float(result["wall_seconds"]), float(again["wall_seconds"])]
     summary = summarise(rows, repeat)
     headers = ["seed", "epochs", "profile", "p10 s", "p50 s", "p90 s", "measured s",
-               "p50 err %", "in band", "half-width %"]  # fmt: skip
+               "p50 err %", "in band", "half-width %", "model %", "drift %"]  # fmt: skip
     print(table(headers, [
         [r["seed"], r["epochs"], r["profile"], r["predicted_p10_s"], r["predicted_p50_s"],
          r["predicted_p90_s"], r["measured_s"], r["p50_error_pct"], r["inside_band"],
-         r["half_width_pct"]]
+         r["half_width_pct"], r.get("band_model_pct"), r.get("band_drift_pct")]
         for r in rows
     ]))  # fmt: skip
     print(json.dumps(summary, indent=2))

@@ -164,6 +164,15 @@ class StudyConfig:
         default=STUDY_FULL_CHECKPOINT_INTERVAL,
         metadata={"help": "Steps between checkpoints in the full run."},
     )
+    probe_seconds: float = field(
+        default=0.0,
+        metadata={
+            "help": "Before the first trial, when the work dir holds no calibration for this "
+            "hardware and model: train the probe design (as python -m analysis.calibrate "
+            "--probe) for about this many seconds (at least 3 runs) and calibrate from it; "
+            "later studies reuse it. 0: no probe, the trials alone calibrate."
+        },
+    )
     budget: Budget = field(
         default_factory=Budget,
         metadata={"help": "The window a full run must fit into, and what an hour costs."},
@@ -211,6 +220,14 @@ class StudyConfig:
             "help": "A tracking server that does not answer at start: spool (start all the "
             "same; records wait under the work dir and are sent when it answers) | fail "
             "(stop with one line). Mid-study, records always wait on disk."
+        },
+    )
+    reuse_base_model: bool = field(
+        default=True,
+        metadata={
+            "help": "Keep the base model, tokenizer and tokenized data in memory between a "
+            "worker's trials and swap only the LoRA adapter (false: load them for every "
+            "trial, as a full run does)."
         },
     )
     system_metrics_seconds: float = field(
@@ -263,6 +280,9 @@ class StudyConfig:
             f"grace_seconds must be longer than heartbeat_seconds, but got {self.grace_seconds=}",
         )
         _require(self.epochs > 0, f"epochs must be > 0, but got {self.epochs=}")
+        _require(
+            self.probe_seconds >= 0, f"probe_seconds must be >= 0, but got {self.probe_seconds=}"
+        )
         _require(
             self.system_metrics_seconds >= 0,
             f"system_metrics_seconds must be >= 0, but got {self.system_metrics_seconds=}",

@@ -12,17 +12,23 @@ shared calibration file is `hpo.calibration_file`.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
+import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from analysis.calibration import RunMeasurements, update
+from analysis.calibrate import run_probes
+from analysis.calibration import Calibration, RunMeasurements, fit, update
 from analysis.full_runs import FullRun, absorb
 from analysis.learning_curve import LossCorrection
 from analysis.machine import model_profile, this_machine
 from analysis.plans import plan_for
 from analysis.records import TRIAL_ATTR, trial_record
 from analysis.timemodel import (
+    BAND_PARTS,
     Coefficients,
     Estimate,
     HardwareInfo,
@@ -47,6 +53,7 @@ if TYPE_CHECKING:
     from trainers.result import TrainResult
 
 
+log = logging.getLogger(__name__)
 ESTIMATE_ATTR = "estimate"  # the preset's `estimate` section (hpo.export reads it)
 STORED_MICRO_STEPS = 48  # per trial in the Optuna storage: enough to refit, small rows
 GIB = 2**30
@@ -109,9 +116,12 @@ class StudyEstimator:
         self.model = model or model_profile(prepared.model_path)
         self.fingerprint = fingerprint(self.hardware, self.model)
         self.file = CalibrationFile(config.work_dir, self.fingerprint)
-        self.calibration = self.file.load()
         self._cpu_probe = cpu_probe
         self._prior: Coefficients | None = None
+        self.calibration = self.file.load()
+        self.probe_runs = 0  # probe runs this estimator trained (0: none, or reused)
+        if self.calibration is None and config.probe_seconds > 0:
+            self.calibration = self._probe()
         self._length_cache: dict[int, tuple[tuple[int, ...], int]] = {}
         limit_gb = config.budget.max_memory_gb
         self.memory_limit_bytes = limit_gb * GIB if limit_gb else float(self.hardware.memory_bytes)
@@ -124,6 +134,42 @@ class StudyEstimator:
         if self._prior is None:
             self._prior = prior_coefficients(self.hardware, cpu_probe=self._cpu_probe)
         return self._prior
+
+    def _probe(self) -> Calibration:
+        """Calibrate from the probe design before the first trial and save it for later studies.
+
+        Runs once per hardware + model fingerprint and work dir: the next study finds the file.
+        """
+        config = self.config
+        log.info(
+            "no calibration for fingerprint %s in %s: probing this machine for about %.0f s",
+            self.fingerprint,
+            config.work_dir,
+            config.probe_seconds,
+        )
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="probe-", dir=config.work_dir) as work:
+            results = run_probes(
+                self.prepared.model_path,
+                self.prepared.data_path,
+                work_dir=work,
+                budget_seconds=config.probe_seconds,
+                device=config.device,
+                precision=config.precision,
+            )
+        runs = [RunMeasurements.from_result_dict(r) for r in results]
+        fitted = fit(runs, self.model, self.hardware, prior=self.prior)
+        calibration = self.file.merged(fitted) or fitted
+        self.file.save(calibration)
+        self.probe_runs = len(runs)
+        log.info(
+            "calibrated from %d probe runs in %.0f s (calibration %s, saved to %s)",
+            len(runs),
+            time.perf_counter() - started,
+            calibration.calibration_id,
+            self.file.path,
+        )
+        return calibration
 
     @property
     def coefficients(self) -> Coefficients:
@@ -335,8 +381,17 @@ class StudyEstimator:
                 "calibration_id": calibration.calibration_id if calibration else None,
                 "calibration_runs": calibration.n_measurements.get("runs", 0) if calibration else 0,
                 "source": estimate.source,
+                "band_pct": _band_pct(estimate),
             }
         )
+
+
+def _band_pct(estimate: Estimate) -> dict[str, float]:
+    """The duration band's parts as % above the median at p90: which one makes it wide."""
+    return {
+        part: 100.0 * math.expm1(estimate.extra.get(f"band_{part}_log_p90", 0.0))
+        for part in BAND_PARTS
+    }
 
 
 def _honesty_metrics(own: Estimate, full: Estimate, measured: float) -> dict[str, float]:

@@ -63,7 +63,8 @@ def test_a_drifting_machine_gets_a_wider_band_than_a_steady_one() -> None:
     assert drifting.coefficients.drift_log_sd == pytest.approx(spread, rel=0.2)
     assert steady.coefficients.drift_log_sd < 0.03
     wide, narrow = predict(PLAN, drifting.coefficients), predict(PLAN, steady.coefficients)
-    assert log_half_width(wide) > 2.5 * log_half_width(narrow)
+    # The steady machine's drift is pooled with a 5 % prior (two degrees of freedom).
+    assert log_half_width(wide) > 2.0 * log_half_width(narrow)
     assert wide.seconds_p10 / wide.seconds_p50 < narrow.seconds_p10 / narrow.seconds_p50
     # The band of the drifting machine covers its measured levels; the steady one stays tight.
     assert math.exp(log_half_width(wide)) > 1.2
