@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from analysis.calibration import Calibration, RunMeasurements, fit, load
-from analysis.timemodel import Coefficients, Estimate, Plan, predict
+from analysis.timemodel import Z90, Coefficients, Estimate, Plan, predict
 from tests.test_calibration import CONFIGS, CPU, MODEL, PRIOR, TRUTH, runs, synthetic_run
 
 # The same configuration measured again and again while the machine's speed wanders, as a
@@ -95,6 +95,47 @@ def test_drift_widens_both_ends_in_quadrature() -> None:
     assert drift.seconds_p50 == plain.seconds_p50
     assert math.log(drift.seconds_p90 / drift.seconds_p50) == pytest.approx(math.hypot(0.05, 0.12))
     assert math.log(drift.seconds_p50 / drift.seconds_p10) == pytest.approx(math.hypot(0.05, 0.12))
+
+
+def test_one_repeated_pair_gets_a_pooled_drift_not_a_cauchy_tail() -> None:
+    # One configuration measured twice, 50 % apart: 1 degree of freedom. A Student t with 1
+    # degree of freedom put p90 at 3.08 sample sds (a band of x2.2 from this pair alone);
+    # pooled with the 5 % prior worth 2 degrees of freedom, t(3) of the pooled sd.
+    c = calibrated((1.5,)).coefficients  # the configuration ran once at 1.0 among the others
+    sample_sd = math.log(1.5) / math.sqrt(2)
+    pooled = math.sqrt((2 * 0.05**2 + sample_sd**2) / 3)
+    assert c.drift_log_sd == pytest.approx(pooled, rel=0.15)
+    assert c.drift_log_p90 == pytest.approx(1.638 * c.drift_log_sd, rel=0.01)
+    assert c.drift_log_p90 < 0.7 * 3.078 * sample_sd
+    # Still honest about the pair: the band covers both runs around their mean.
+    assert math.log(predict(PLAN, c).seconds_p90 / predict(PLAN, c).seconds_p50) > math.log(1.5) / 2
+
+
+def test_the_band_parts_are_carried_by_the_estimate_and_add_in_quadrature() -> None:
+    c = dataclasses.replace(
+        PRIOR,
+        systematic_log_p10=-0.08,
+        systematic_log_p90=0.1,
+        drift_log_sd=0.15,
+        drift_log_p90=0.2,
+        step_noise_sd=0.5,
+    )
+    estimate = predict(PLAN, c)
+    parts = {k: estimate.extra[f"band_{k}_log_p90"] for k in ("model", "drift", "step_noise")}
+    share = estimate.breakdown["train"] / estimate.seconds_p50
+    assert parts["model"] == 0.1 and parts["drift"] == 0.2
+    assert parts["step_noise"] == pytest.approx(Z90 * 0.5 / math.sqrt(estimate.micro_steps) * share)
+    total = math.log(estimate.seconds_p90 / estimate.seconds_p50)
+    assert estimate.extra["band_total_log_p90"] == pytest.approx(total)
+    assert total == pytest.approx(math.hypot(*parts.values()))
+    low = math.log(estimate.seconds_p50 / estimate.seconds_p10)
+    assert low == pytest.approx(math.hypot(0.08, 0.2, parts["step_noise"]))
+    # The preset shows them as % above the median at p90 (hpo.estimator).
+    from hpo.estimator import _band_pct
+
+    band = _band_pct(estimate)
+    assert band["drift"] == pytest.approx(100 * (math.exp(0.2) - 1))
+    assert band["total"] == pytest.approx(100 * (estimate.seconds_p90 / estimate.seconds_p50 - 1))
 
 
 def test_old_calibration_files_load_with_no_drift_and_the_prior_memory_margin(
