@@ -61,14 +61,14 @@ def test_a_drifting_machine_gets_a_wider_band_than_a_steady_one() -> None:
     drifting, steady = calibrated(DRIFTING), calibrated(STEADY)
     spread = float(np.std(np.log(DRIFTING), ddof=1))
     assert drifting.coefficients.drift_log_sd == pytest.approx(spread, rel=0.2)
-    assert steady.coefficients.drift_log_sd < 0.03
+    # The steady machine's 1-2 % is pooled with the 12 % prior worth two degrees of freedom.
+    assert steady.coefficients.drift_log_sd < 0.06
     wide, narrow = predict(PLAN, drifting.coefficients), predict(PLAN, steady.coefficients)
-    # The steady machine's drift is pooled with a 5 % prior (two degrees of freedom).
-    assert log_half_width(wide) > 2.0 * log_half_width(narrow)
+    assert log_half_width(wide) > 1.7 * log_half_width(narrow)
     assert wide.seconds_p10 / wide.seconds_p50 < narrow.seconds_p10 / narrow.seconds_p50
     # The band of the drifting machine covers its measured levels; the steady one stays tight.
     assert math.exp(log_half_width(wide)) > 1.2
-    assert math.exp(log_half_width(narrow)) < 1.1
+    assert math.exp(log_half_width(narrow)) < 1.12
 
 
 def test_drift_turns_a_borderline_configuration_infeasible() -> None:
@@ -100,10 +100,10 @@ def test_drift_widens_both_ends_in_quadrature() -> None:
 def test_one_repeated_pair_gets_a_pooled_drift_not_a_cauchy_tail() -> None:
     # One configuration measured twice, 50 % apart: 1 degree of freedom. A Student t with 1
     # degree of freedom put p90 at 3.08 sample sds (a band of x2.2 from this pair alone);
-    # pooled with the 5 % prior worth 2 degrees of freedom, t(3) of the pooled sd.
+    # pooled with the 12 % prior worth 2 degrees of freedom, t(3) of the pooled sd.
     c = calibrated((1.5,)).coefficients  # the configuration ran once at 1.0 among the others
     sample_sd = math.log(1.5) / math.sqrt(2)
-    pooled = math.sqrt((2 * 0.05**2 + sample_sd**2) / 3)
+    pooled = math.sqrt((2 * 0.12**2 + sample_sd**2) / 3)
     assert c.drift_log_sd == pytest.approx(pooled, rel=0.15)
     assert c.drift_log_p90 == pytest.approx(1.638 * c.drift_log_sd, rel=0.01)
     assert c.drift_log_p90 < 0.7 * 3.078 * sample_sd
