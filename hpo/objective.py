@@ -95,7 +95,7 @@ class Objective:
         # One base model, tokenizer and tokenized data for all of this worker's trials.
         from trainers.loop.inputs import RunInputs
 
-        self.inputs = RunInputs(freeze_gc=True)
+        self.inputs = RunInputs(freeze_gc=True) if context.config.reuse_base_model else None
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
         ctx = self.context
@@ -301,6 +301,10 @@ class Objective:
             "tokens_per_second": result.tokens_per_second,
             "median_step_seconds": median_step,
             "trial_seconds": seconds,
+            # Where the trial's time went: optimizer steps (with their data loading) and
+            # evaluations; the rest of `trial_seconds` is set-up, the timed save, teardown.
+            "steps_seconds": float(sum(result.step_seconds)),
+            "eval_seconds": float(result.timings.get("eval", 0.0)),
             "trained_steps": float(result.optimizer_steps),
             "peak_memory_bytes": float(result.peak_memory_bytes),
             # Not the time model: optimizer steps of the full run x measured median step time.

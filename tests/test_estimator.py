@@ -124,9 +124,9 @@ def budget_study(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
     real_train = trainers.loop.run.train
 
-    def counting_train(spec: Any, callbacks: Any = ()) -> Any:
+    def counting_train(spec: Any, callbacks: Any = (), **options: Any) -> Any:
         calls.append(Path(spec.output_dir).name)
-        return real_train(spec, callbacks)
+        return real_train(spec, callbacks, **options)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(trainers.loop.run, "train", counting_train)

@@ -11,7 +11,7 @@ are saved with ``save_pretrained`` so that ``AutoModelForCausalLM.from_pretraine
 Command line::
 
     python -m trainers.tiny --out DIR [--arch llama|mistral|qwen2|phi3|gemma|mixtral|gpt_neox|gpt2]
-        [--size xs|s] [--seed N] [--pretrain-steps N]
+        [--size xs|s|m] [--seed N] [--pretrain-steps N]
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ class TinySize:
 SIZES: dict[str, TinySize] = {
     "xs": TinySize(hidden_size=64, num_layers=2, num_heads=4),
     "s": TinySize(hidden_size=128, num_layers=4, num_heads=4),
+    # ~100 M parameters (llama: 98.9 M): big enough that loading it costs what it costs,
+    # for the trial-overhead benchmark.
+    "m": TinySize(hidden_size=768, num_layers=16, num_heads=12),
 }
 
 
