@@ -41,7 +41,7 @@ SIZE_FLAGS = {
     "s": [],
     "m": ["--trial-evals", "2", "--eval-samples", "16", "--trial-fraction", "0.1"],
 }
-SIZE_RECORDS = {"s": None, "m": 240}
+SIZE_RECORDS = {"s": None, "m": 1200}
 
 
 def trial_rows(storage: str, study_name: str) -> list[dict[str, Any]]:
