@@ -121,7 +121,7 @@ class StudyEstimator:
         self.calibration = self.file.load()
         self.probe_runs = 0  # probe runs this estimator trained (0: none, or reused)
         if self.calibration is None and config.probe_seconds > 0:
-            self.calibration = self._probe()
+            self.calibration = self._probe(config.probe_seconds)
         self._length_cache: dict[int, tuple[tuple[int, ...], int]] = {}
         limit_gb = config.budget.max_memory_gb
         self.memory_limit_bytes = limit_gb * GIB if limit_gb else float(self.hardware.memory_bytes)
@@ -135,7 +135,16 @@ class StudyEstimator:
             self._prior = prior_coefficients(self.hardware, cpu_probe=self._cpu_probe)
         return self._prior
 
-    def _probe(self) -> Calibration:
+    @property
+    def calibrated(self) -> bool:
+        """Whether predictions rest on measurements of this machine (not on priors alone)."""
+        return self.calibration is not None
+
+    def probe(self, seconds: float) -> None:
+        """Measure this machine now (the probe design, about `seconds`) and use what it says."""
+        self.calibration = self._probe(seconds)
+
+    def _probe(self, seconds: float) -> Calibration:
         """Calibrate from the probe design before the first trial and save it for later studies.
 
         Runs once per hardware + model fingerprint and work dir: the next study finds the file.
@@ -145,7 +154,7 @@ class StudyEstimator:
             "no calibration for fingerprint %s in %s: probing this machine for about %.0f s",
             self.fingerprint,
             config.work_dir,
-            config.probe_seconds,
+            seconds,
         )
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="probe-", dir=config.work_dir) as work:
@@ -153,7 +162,7 @@ class StudyEstimator:
                 self.prepared.model_path,
                 self.prepared.data_path,
                 work_dir=work,
-                budget_seconds=config.probe_seconds,
+                budget_seconds=seconds,
                 device=config.device,
                 precision=config.precision,
             )

@@ -8,6 +8,7 @@ max_length.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,8 @@ from search_spaces import Choice, IntRange, SearchSpace
 if TYPE_CHECKING:
     from hpo.estimator import StudyEstimator, Verdict
 
+log = logging.getLogger(__name__)
+
 # Learning rate, alpha and dropout change neither a run's duration nor its memory; the
 # candidates carry valid placeholders because the training they become needs them.
 TIME_NEUTRAL_PARAMS: dict[str, Any] = {
@@ -28,8 +31,16 @@ TIME_NEUTRAL_PARAMS: dict[str, Any] = {
 }
 
 
+# A refusal on the priors alone would be a guess: when their optimistic end (p10) fits, the
+# study measures this machine first (the probe design, saved for later studies).
+PROBE_BEFORE_REFUSING_SECONDS = 60.0
+
+
 def check_space(estimator: StudyEstimator) -> None:
     """Raise when no configuration of the allowed profiles fits, saying what would.
+
+    Without a calibration for this machine and model, a "nothing fits" from the priors whose
+    p10 would still fit is checked by measuring first (`PROBE_BEFORE_REFUSING_SECONDS`).
 
     Raises:
         BadInputError: Nothing fits; the one-line message carries the suggestion.
@@ -39,6 +50,18 @@ def check_space(estimator: StudyEstimator) -> None:
     fastest, params = _fastest(estimator, allowed)
     if fastest.feasible:
         return
+    if _worth_measuring(estimator, fastest):
+        log.warning(
+            "by the uncalibrated time model nothing fits (the fastest, %s, is %s), but its "
+            "optimistic end fits: measuring this machine (about %.0f s) before deciding",
+            _describe(params),
+            fastest.reason,
+            PROBE_BEFORE_REFUSING_SECONDS,
+        )
+        estimator.probe(PROBE_BEFORE_REFUSING_SECONDS)
+        fastest, params = _fastest(estimator, allowed)
+        if fastest.feasible:
+            return
     head = (
         f"no configuration fits the budget: the fastest ({_describe(params)}) is {fastest.reason}"
     )
@@ -138,6 +161,15 @@ def _values(domain: object, *, default: int) -> tuple[int, ...]:
     if isinstance(domain, IntRange):
         return (domain.low, domain.high)
     return (default,)
+
+
+def _worth_measuring(estimator: StudyEstimator, verdict: Verdict) -> bool:
+    """Priors only, within memory, and the duration's p10 inside the window."""
+    return (
+        not estimator.calibrated
+        and verdict.constraints.get("memory", 0.0) <= 0
+        and verdict.full_run.seconds_p10 <= estimator.available_seconds
+    )
 
 
 def _describe(params: Mapping[str, Any]) -> str:

@@ -24,7 +24,7 @@ from hpo.config import StudyConfig, load_config
 from hpo.estimator import StudyEstimator
 from hpo.prepare import Prepared, prepare
 from hpo.runner import run_study
-from hpo.what_fits import TIME_NEUTRAL_PARAMS, check_space
+from hpo.what_fits import PROBE_BEFORE_REFUSING_SECONDS, TIME_NEUTRAL_PARAMS, check_space
 
 HARDWARE = this_machine()
 # Known rates: 10 ms a micro-step, 1 ms an optimizer step, a 1 s start-up, +-10 % band.
@@ -62,6 +62,10 @@ class PinnedEstimator(StudyEstimator):
     @property
     def coefficients(self) -> Coefficients:
         return PINNED
+
+    @property
+    def calibrated(self) -> bool:
+        return True  # its rates are known: nothing to measure before deciding
 
 
 def config_for(work: Path, model: Path, **overrides: Any) -> StudyConfig:
@@ -233,6 +237,49 @@ def test_suggests_a_faster_profile_first(tiny_model_dir: Path, demo_prepared: An
     )  # fmt: skip
     with pytest.raises(BadInputError, match="a faster profile would fit: --profiles fast"):
         check_space(estimator)
+
+
+class ProbedEstimator(StudyEstimator):
+    """Pessimistic priors until it has measured this machine (a probe that sets the rates)."""
+
+    probed: list[float] = []
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(self.probed)
+
+    @property
+    def coefficients(self) -> Coefficients:
+        if self.probed:
+            return PINNED
+        return dataclasses.replace(PINNED, micro_fixed_seconds=PINNED.micro_fixed_seconds * 1.4)
+
+    def probe(self, seconds: float) -> None:
+        self.probed.append(seconds)
+
+
+def test_measures_before_refusing_on_priors(tiny_model_dir: Path, demo_prepared: Any) -> None:
+    work, prepared = demo_prepared
+    config = config_for(work, tiny_model_dir, profiles=("fast",), safety_margin_minutes=0.0)
+    fast = {**TIME_NEUTRAL_PARAMS, "micro_batch_size": 16, "gradient_accumulation_steps": 2,
+            "max_length": 128, "lora_r": 4, "gradient_checkpointing": False}  # fmt: skip
+    measured = pinned(config, prepared).verdict(fast).full_run
+    # A window the measured rates fit and the pessimistic priors' p90 does not.
+    window = measured.seconds_p90 * 1.05
+    estimator = ProbedEstimator(
+        dataclasses.replace(config, budget=dataclasses.replace(config.budget, window_hours=window / 3600)),
+        prepared, model=model_profile(prepared.model_path),
+    )  # fmt: skip
+    estimator.probed = []
+    guess = estimator.verdict(fast)
+    assert not guess.feasible and guess.full_run.seconds_p10 <= window
+    check_space(estimator)  # no error: measured, then it fits
+    assert estimator.probed == [PROBE_BEFORE_REFUSING_SECONDS]
+    # Calibrated already: no second probe, and a window nothing fits is refused.
+    estimator.available_seconds = measured.seconds_p10 / 2
+    with pytest.raises(BadInputError, match="no configuration fits"):
+        check_space(estimator)
+    assert estimator.probed == [PROBE_BEFORE_REFUSING_SECONDS]
 
 
 def test_suggests_the_most_epochs_that_fit(tiny_model_dir: Path, demo_prepared: Any) -> None:
