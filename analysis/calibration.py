@@ -152,7 +152,11 @@ class RunMeasurements:
                 eval_seconds=tuple(float(e["seconds"]) for e in evals),
                 eval_tokens=tuple(int(e["tokens"]) for e in evals),
                 checkpoint_seconds=tuple(float(x) for x in get("checkpoint_seconds", [])),
-                startup_seconds=float(get("startup_seconds", 0.0)),
+                # A trial on a base model kept from an earlier trial did not load it: its
+                # start-up says nothing of a full run's (0: not fitted).
+                startup_seconds=0.0
+                if data.get("reused_base_model")
+                else float(get("startup_seconds", 0.0)),
                 peak_memory_bytes=int(get("peak_memory_bytes", 0)),
                 lora_r=int(get("lora_r")),
                 trainable_parameters=int(get("trainable_parameters")),

@@ -108,12 +108,18 @@ def test_reused_base_is_bit_identical_and_losses_equal_a_fresh_process(
         micro_batch_size=2,
         gradient_accumulation_steps=3,
     )
-    train(first, inputs=inputs)
+    loaded_run = train(first, inputs=inputs)
     base = inputs._base
     loaded = _digest(base)
     config = base.config.to_dict()
     reused = train(second, inputs=inputs)
     assert inputs.loads == 1  # the second trial did not load the model again
+    assert not loaded_run.reused_base_model and reused.reused_base_model
+    # The time model learns start-up only from runs that loaded their model, as a full run does.
+    from analysis.calibration import RunMeasurements
+
+    assert RunMeasurements.from_result_dict(loaded_run.to_dict()).startup_seconds > 0
+    assert RunMeasurements.from_result_dict(reused.to_dict()).startup_seconds == 0
     assert inputs._base is base
     assert _digest(base) == loaded  # bit-identical weights
     assert base.config.to_dict() == config

@@ -43,6 +43,9 @@ class TrainResult:
     eval_records: list[dict[str, Any]] = field(default_factory=list)
     checkpoint_seconds: list[float] = field(default_factory=list)
     startup_seconds: float = 0.0
+    # The base model was kept from an earlier run of this process (a study's later trial):
+    # its start-up lacks the load a full run pays, so the time model does not learn from it.
+    reused_base_model: bool = False
     timings: dict[str, float] = field(default_factory=dict)
     wall_seconds: float = 0.0
     tokens_seen: int = 0

@@ -39,6 +39,7 @@ class Attached:
     data: TokenizedData
     model: Any  # the PEFT model: the shared base model with this run's adapter
     info: ModelInfo
+    loaded_base: bool  # this run loaded the base model (False: kept from an earlier run)
 
 
 @dataclass(frozen=True)
@@ -104,13 +105,14 @@ class RunInputs:
         hf_logging.disable_progress_bar()  # "Loading weights" bars
         tokenizer = self._tokenizer(spec.model)
         data = self._tokenized(spec, tokenizer)
+        loads = self.loads
         base = self._base_model(spec.model, device)
         set_seed(spec.seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
             model, info = apply_lora(base, spec.lora)
         self._attached = model
-        return Attached(tokenizer, data, model, info)
+        return Attached(tokenizer, data, model, info, loaded_base=self.loads > loads)
 
     def release(self, *, compiled: bool = False) -> None:
         """Take the run's adapter off and reset the base model to its loaded state.

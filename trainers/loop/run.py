@@ -199,6 +199,7 @@ def _new_result(
         resumed_from_step=saved.get("step"),
         recoveries=recovery.recoveries,
         checkpoint_dir=str(resume_dir.resolve()) if resume_dir else None,
+        reused_base_model=not loaded.loaded_base,
     )
 
 
