@@ -22,7 +22,7 @@ best-so-far curve; the final pick's is the method's result. `infeasible_compute_
 the share of a method's trial seconds spent on configurations the calibrated time model
 predicts (p50) beyond the window.
 
-    python benchmarks/hpo_efficiency.py [--minutes 1.5] [--seeds 3] [--json FILE] [--plot PNG]
+    python benchmarks/hpo_efficiency.py [--minutes 2] [--epochs 3] [--seeds 3] [--json FILE] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -450,9 +450,9 @@ def plot(rows: list[dict[str, Any]], path: str, window_seconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=1.5, help="search budget per method")
+    parser.add_argument("--minutes", type=float, default=2.0, help="search budget per method")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--epochs", type=float, default=1.0, help="epochs of the full run")
+    parser.add_argument("--epochs", type=float, default=3.0, help="epochs of the full run")
     parser.add_argument("--window-seconds", type=float, help="default: half the space fits")
     parser.add_argument(
         "--methods", default=",".join(METHODS), help="comma-separated subset (default: all)"
