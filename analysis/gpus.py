@@ -54,6 +54,7 @@ KNOWN_GPUS: tuple[GpuSpec, ...] = (
     GpuSpec("L4", "NVIDIA L4", 22.0),
     GpuSpec("A10G", "NVIDIA A10G", 22.0),
     GpuSpec("RTX4090", "NVIDIA GeForce RTX 4090", 23.6),
+    GpuSpec("A6000", "NVIDIA RTX A6000", 47.5),
     GpuSpec("V100", "Tesla V100-SXM2-32GB", 31.7, "fp16"),
     GpuSpec("T4", "Tesla T4", 14.6, "fp16"),
 )

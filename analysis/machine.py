@@ -60,7 +60,9 @@ def model_profile(model_path: str | Path) -> ModelProfile:
     return config_profile(config, source=str(model_path))
 
 
-def config_profile(config: Any, *, source: str = "config") -> ModelProfile:
+def config_profile(
+    config: Any, *, source: str = "config", target_modules: str | tuple[str, ...] = "auto"
+) -> ModelProfile:
     """Profile the causal LM a transformers config describes, without any weights.
 
     The model is built on PyTorch's meta device (shapes only, no memory) and wrapped with
@@ -70,6 +72,7 @@ def config_profile(config: Any, *, source: str = "config") -> ModelProfile:
     Args:
         config: A ``PretrainedConfig`` (``AutoConfig.from_pretrained`` of a folder or file).
         source: Where the config came from, for the error message.
+        target_modules: The LoRA targets counted ("auto": every linear projection).
 
     Raises:
         BadInputError: transformers cannot build a causal LM from the config.
@@ -89,7 +92,7 @@ def config_profile(config: Any, *, source: str = "config") -> ModelProfile:
             raise BadInputError(f"cannot build a causal LM from {source}: {exc}") from exc
         active = active_parameters(model)
         # Dropout changes no count, and LoRA on fused expert tensors admits none.
-        _, info = apply_lora(model, LoraSpec(r=1, dropout=0.0))
+        _, info = apply_lora(model, LoraSpec(r=1, dropout=0.0, target_modules=target_modules))
     return ModelProfile(
         total_parameters=info.total_parameters - info.trainable_parameters,
         n_layers=info.n_layers,

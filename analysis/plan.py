@@ -35,7 +35,14 @@ from analysis.planning import (
     shipped_configs,
     toggled_checkpointing,
 )
-from analysis.timemodel import Coefficients, ModelProfile, memory_breakdown
+from analysis.run_setup import (
+    ATTENTION_KERNELS,
+    MEMORY_MEASURES,
+    MemoryTerms,
+    RunSetup,
+    memory_parts,
+)
+from analysis.timemodel import Coefficients, ModelProfile
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_json
@@ -95,6 +102,39 @@ def build_parser() -> argparse.ArgumentParser:
         "--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None
     )
     run.add_argument("--epochs", type=float, default=1.0)
+    setup = parser.add_argument_group("setup (what moves time and memory; --json shows each value)")
+    setup.add_argument(
+        "--attention",
+        choices=ATTENTION_KERNELS,
+        default="sdpa",
+        help="Attention kernel: eager stores the score matrices (memory quadratic in length).",
+    )
+    setup.add_argument(
+        "--lora-targets",
+        default="all-linear",
+        help="all-linear, or module names separated by commas (e.g. q_proj,v_proj).",
+    )
+    setup.add_argument(
+        "--fp32-logits",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="The loss upcasts the full logits to fp32 (transformers does; chunked losses do not).",
+    )
+    setup.add_argument(
+        "--memory-measure",
+        choices=MEMORY_MEASURES,
+        default="reserved",
+        help="Peak as reserved (nvidia-smi, most tables) or as allocated by tensors.",
+    )
+    setup.add_argument(
+        "--longest-sample",
+        type=int,
+        help="Tokens of the longest sample (peak memory follows it; default: the longest "
+        "measured with --data, else --max-length).",
+    )
+    setup.add_argument(
+        "--packing", action="store_true", help="Samples packed into full --max-length rows."
+    )
     budget = parser.add_argument_group("budget")
     budget.add_argument("--window-hours", type=float, help="The run must end within this (p90).")
     budget.add_argument("--price-per-hour", type=float, help="GPU price per hour, for the cost.")
@@ -114,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     from analysis.machine import config_profile
     from search_spaces.families import space_for_model_type
 
-    model = config_profile(config, source=str(config_path))
     space = space_for_model_type(config.model_type, args.space)
     coefficients, source = coefficients_for(
         gpu, calibrations=args.calibration, tflops=args.gpu_tflops
@@ -125,19 +164,32 @@ def main(argv: list[str] | None = None) -> int:
         else DEFAULT_SHAPE.max_length
     )
     lengths, measured = _lengths(args, max_length)
-    chosen = _chosen(args, space, model, lengths, gpu, coefficients)
-    other = toggled_checkpointing(chosen, model, lengths, gpu, coefficients, args.window_hours)
+    setup = RunSetup(
+        attention=args.attention,
+        lora_targets=args.lora_targets,
+        logits_fp32=args.fp32_logits,
+        memory_measure=args.memory_measure,
+        longest_sample=args.longest_sample or (max(lengths) if args.data else None),
+        packing=args.packing,
+    )
+    model = config_profile(config, source=str(config_path), target_modules=setup.peft_targets)
+    terms = _memory_terms()
+    chosen = _chosen(args, space, model, lengths, gpu, coefficients, setup, terms)
+    other = toggled_checkpointing(
+        chosen, model, lengths, gpu, coefficients, args.window_hours, setup=setup, memory=terms
+    )
     profiles = {
         name: best_of_profile(
             profile, lora_r=args.lora_r, epochs=args.epochs, model=model, lengths=lengths,
             gpu=gpu, coefficients=coefficients, window_hours=args.window_hours,
-            max_length=args.max_length,
+            max_length=args.max_length, setup=setup, memory=terms,
         )
         for name, profile in space.profiles.items()
     }  # fmt: skip
     report = _report(
-        args, gpu, model, config, source, measured, lengths, chosen, other, profiles, coefficients
-    )
+        args, gpu, model, config, source, measured, lengths, chosen, other, profiles,
+        (setup, terms),
+    )  # fmt: skip
     for line in _lines(report):
         print(line)
     if args.json:
@@ -145,8 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
+def _memory_terms() -> MemoryTerms:
+    """The memory terms fitted to published runs, else the textbook ones."""
+    from analysis import published_priors
+
+    fitted = published_priors.load()
+    return fitted.memory if fitted is not None else MemoryTerms()
+
+
 def _check_numbers(args: argparse.Namespace) -> None:
-    for name in ("micro_batch_size", "gradient_accumulation_steps", "max_length", "lora_r"):
+    for name in ("micro_batch_size", "gradient_accumulation_steps", "max_length", "lora_r",
+                 "longest_sample"):  # fmt: skip
         value = getattr(args, name)
         if value is not None and value < 1:
             raise BadInputError(f"--{name.replace('_', '-')} must be >= 1, but got {value}")
@@ -190,6 +251,8 @@ def _chosen(
     lengths: tuple[int, ...],
     gpu: GpuSpec,
     coefficients: Coefficients,
+    setup: RunSetup,
+    terms: MemoryTerms,
 ) -> Fit:
     """The run asked for: a profile's best choice, with any explicit value put over it."""
     if args.profile is not None:
@@ -200,7 +263,7 @@ def _chosen(
         base = best_of_profile(
             space.profiles[args.profile], lora_r=args.lora_r, epochs=args.epochs, model=model,
             lengths=lengths, gpu=gpu, coefficients=coefficients, window_hours=args.window_hours,
-            max_length=args.max_length,
+            max_length=args.max_length, setup=setup, memory=terms,
         ).shape  # fmt: skip
     else:
         base = RunShape(**{**DEFAULT_SHAPE.__dict__, "epochs": args.epochs, "lora_r": args.lora_r})
@@ -211,7 +274,10 @@ def _chosen(
         if getattr(args, name) is not None
     }  # fmt: skip
     shape = RunShape(**{**base.__dict__, **given})
-    return evaluate(shape, model, lengths, gpu, coefficients, window_hours=args.window_hours)
+    return evaluate(
+        shape, model, lengths, gpu, coefficients, window_hours=args.window_hours, setup=setup,
+        memory=terms,
+    )  # fmt: skip
 
 
 def _fit_dict(fit: Fit, price: float | None) -> dict[str, Any]:
@@ -241,13 +307,14 @@ def _report(
     chosen: Fit,
     other: Fit,
     profiles: dict[str, Fit],
-    coefficients: Coefficients,
+    setup_terms: tuple[RunSetup, MemoryTerms],
 ) -> dict[str, Any]:
     """The plan as one JSON-ready dict (what --json writes and the text shows)."""
+    setup, terms = setup_terms
     memory = {
         key: value / GIB
-        for key, value in memory_breakdown(
-            plan_of(chosen.shape, model, lengths, gpu), coefficients
+        for key, value in memory_parts(
+            plan_of(chosen.shape, model, lengths, gpu), setup, terms
         ).items()
     }
     with_gc, without_gc = (other, chosen) if other.shape.gradient_checkpointing else (chosen, other)
@@ -259,11 +326,13 @@ def _report(
         "data": {"train_samples": len(lengths), "tokens": sum(lengths), "lengths": measured},
         "window_hours": args.window_hours,
         "price_per_hour": args.price_per_hour,
+        "setup": setup.to_dict(),
+        "memory_terms": terms.to_dict(),
         "plan": _fit_dict(chosen, args.price_per_hour),
         "memory_gib": memory,
         "activations_gib": {
-            "without_gradient_checkpointing": _activations(without_gc, model, lengths, gpu, coefficients),
-            "with_gradient_checkpointing": _activations(with_gc, model, lengths, gpu, coefficients),
+            "without_gradient_checkpointing": _activations(without_gc, model, lengths, gpu, setup_terms),
+            "with_gradient_checkpointing": _activations(with_gc, model, lengths, gpu, setup_terms),
         },
         "other_checkpointing": _fit_dict(other, args.price_per_hour),
         "profiles": {name: _fit_dict(fit, args.price_per_hour) for name, fit in profiles.items()},
@@ -271,9 +340,14 @@ def _report(
 
 
 def _activations(
-    fit: Fit, model: ModelProfile, lengths: tuple[int, ...], gpu: GpuSpec, c: Coefficients
+    fit: Fit,
+    model: ModelProfile,
+    lengths: tuple[int, ...],
+    gpu: GpuSpec,
+    setup_terms: tuple[RunSetup, MemoryTerms],
 ) -> float:
-    return memory_breakdown(plan_of(fit.shape, model, lengths, gpu), c)["activations"] / GIB
+    parts = memory_parts(plan_of(fit.shape, model, lengths, gpu), *setup_terms)
+    return (parts["activations"] + parts["logits"]) / GIB
 
 
 def _lines(report: dict[str, Any]) -> list[str]:

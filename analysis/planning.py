@@ -22,6 +22,7 @@ from typing import Any
 from analysis.calibration import Calibration, load
 from analysis.gpus import GpuSpec, peak_of
 from analysis.plans import plan_for
+from analysis.run_setup import ATTENTION_RATE, MemoryTerms, RunSetup, peak_memory
 from analysis.timemodel import (
     Coefficients,
     Estimate,
@@ -196,8 +197,21 @@ def coefficients_for(
             )
         notes.append(f"{path} is for {calibration.hardware.device_name}")
     peak = peak_of(gpu, tflops)
-    prior = prior_coefficients(gpu.hardware(), peak=peak)
-    where = f"priors for {gpu.name} ({peak / 1e12:g} TFLOP/s {gpu.precision} peak)"
+    from analysis import published_priors
+
+    fitted = published_priors.load()
+    if fitted is None:
+        prior = prior_coefficients(gpu.hardware(), peak=peak)
+        where = f"priors for {gpu.name} ({peak / 1e12:g} TFLOP/s {gpu.precision} peak)"
+    else:
+        prior = published_priors.coefficients(gpu, fitted, peak=peak)
+        kind = "its" if gpu.name in fitted.utilisation else "the pooled"
+        where = (
+            f"priors for {gpu.name} ({peak / 1e12:g} TFLOP/s {gpu.precision} peak; {kind} "
+            f"utilisation {fitted.utilisation_for(gpu):.2f} fitted to "
+            f"{len(fitted.fitted_points)} published runs, band "
+            f"x{math.exp(fitted.log_p10):.2f}-x{math.exp(fitted.log_p90):.2f})"
+        )
     return prior, where + (f"; not calibrated there ({'; '.join(notes)})" if notes else "")
 
 
@@ -233,12 +247,31 @@ def evaluate(
     coefficients: Coefficients,
     *,
     window_hours: float | None = None,
+    setup: RunSetup | None = None,
+    memory: MemoryTerms | None = None,
 ) -> Fit:
-    """Predict one run; it fits when its p90 memory and its p90 duration do."""
-    estimate = predict(plan_of(shape, model, lengths, gpu), coefficients)
-    memory = estimate.peak_memory_bytes_p90 <= gpu.memory_gib * 2**30
+    """Predict one run; it fits when its p90 memory and its p90 duration do.
+
+    With a `setup` (attention kernel, logits precision, longest sample, memory measure) the
+    peak memory is `analysis.run_setup.peak_memory` with `memory` terms, and the attention
+    kernel sets the attention FLOPs' rate; without one, the time model's own memory estimate.
+    """
+    plan = plan_of(shape, model, lengths, gpu)
+    if setup is not None:
+        coefficients = dataclasses.replace(
+            coefficients,
+            micro_seconds_per_attention_flop=coefficients.micro_seconds_per_attention_flop
+            * ATTENTION_RATE[setup.attention],
+        )
+    estimate = predict(plan, coefficients)
+    if setup is not None:
+        p50, p90 = peak_memory(plan, setup, memory or MemoryTerms())
+        estimate = dataclasses.replace(
+            estimate, peak_memory_bytes=int(p50), peak_memory_bytes_p90=int(p90)
+        )
+    fits_memory = estimate.peak_memory_bytes_p90 <= gpu.memory_gib * 2**30
     window = None if window_hours is None else estimate.seconds_p90 <= window_hours * 3600
-    return Fit(shape, estimate, memory, window)
+    return Fit(shape, estimate, fits_memory, window)
 
 
 def best_of_profile(
@@ -252,6 +285,8 @@ def best_of_profile(
     coefficients: Coefficients,
     window_hours: float | None,
     max_length: int | None = None,
+    setup: RunSetup | None = None,
+    memory: MemoryTerms | None = None,
 ) -> Fit:
     """The profile's fastest fitting micro-batch x accumulation (by p90), else its leanest.
 
@@ -274,6 +309,8 @@ def best_of_profile(
             gpu,
             coefficients,
             window_hours=window_hours,
+            setup=setup,
+            memory=memory,
         )
         for mb in profile.micro_batch_size
         for ga in profile.gradient_accumulation_steps
@@ -291,9 +328,14 @@ def toggled_checkpointing(
     gpu: GpuSpec,
     coefficients: Coefficients,
     window_hours: float | None,
+    setup: RunSetup | None = None,
+    memory: MemoryTerms | None = None,
 ) -> Fit:
     """The same run with gradient checkpointing switched the other way."""
     shape = dataclasses.replace(
         fit.shape, gradient_checkpointing=not fit.shape.gradient_checkpointing
     )
-    return evaluate(shape, model, lengths, gpu, coefficients, window_hours=window_hours)
+    return evaluate(
+        shape, model, lengths, gpu, coefficients, window_hours=window_hours, setup=setup,
+        memory=memory,
+    )  # fmt: skip

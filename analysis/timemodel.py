@@ -45,6 +45,7 @@ _GPU_PEAKS: tuple[tuple[str, float, float], ...] = (
     ("L4", 121e12, 30.3e12),
     ("A10G", 125e12, 31.2e12),
     ("4090", 165e12, 82.6e12),
+    ("A6000", 154.8e12, 38.7e12),
     ("V100", 125e12, 15.7e12),  # fp16; bf16 is emulated on V100 and slower still
     ("T4", 65e12, 8.1e12),
 )

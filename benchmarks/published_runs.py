@@ -1,0 +1,168 @@
+"""The plan against published LoRA runs: `python -m benchmarks.published_runs [--json FILE]`.
+
+Each published measurement (`analysis.published_runs`) is replayed through the plan's own
+code (`analysis.published_priors.replay`: `analysis.planning.plan_of`, the time model's
+`predict`, `analysis.run_setup` memory) with the priors fitted to the rows not held out,
+and printed with the plan's p10/p50/p90 seconds per optimizer step, p50/p90 peak memory, the
+errors and whether the published value falls inside. Rows the plan cannot express are
+listed apart with the reason. `--write-priors` stores the fit where `analysis.plan` reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from typing import Any
+
+from analysis.published_priors import PublishedPriors, fit, priors_path, replay_with
+from analysis.published_runs import PUBLISHED_RUNS, PublishedRun
+from benchmarks._common import table, write_json
+from common.cli import EXIT_OK, check_writable, run_cli
+from common.files import write_json as write_file
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.published_runs",
+        description="Replay published LoRA runs through analysis.plan's priors and report errors.",
+    )
+    parser.add_argument("--json", help="Write every row and the summary to this JSON file.")
+    parser.add_argument(
+        "--write-priors",
+        action="store_true",
+        help=f"Store the fit in {priors_path().name}, where analysis.plan reads it.",
+    )
+    return parser
+
+
+def evaluate_rows(
+    runs: tuple[PublishedRun, ...] = PUBLISHED_RUNS,
+) -> tuple[PublishedPriors, list[dict[str, Any]]]:
+    """Fit on the expressible rows not held out; replay every expressible row with that fit."""
+    cache: dict[Any, Any] = {}
+    fitted = [r for r in runs if r.expressible and not r.held_out]
+    priors = fit(fitted, cache)
+    rows = []
+    for run in runs:
+        row: dict[str, Any] = {
+            "name": run.name, "source": run.source, "where": run.where, "model": run.model,
+            "gpu": run.gpu, "framework": run.framework, "setup": _setup(run),
+            "measure": {"time": run.time_measure, "time_value": run.time_value,
+                        "memory": run.memory_measure, "memory_gib": run.memory_gib},
+            "notes": run.notes, "expressible": run.expressible, "why_not": run.why_not,
+            "held_out": run.held_out,
+        }  # fmt: skip
+        if run.expressible:
+            r = replay_with(run, priors, cache)
+            published = run.seconds_per_step
+            row["published_seconds_per_step"] = published
+            row["plan_seconds_per_step"] = {
+                "p10": r.seconds_p10,
+                "p50": r.seconds_p50,
+                "p90": r.seconds_p90,
+            }
+            row["time_error"] = r.seconds_p50 / published - 1.0
+            row["time_inside"] = r.seconds_p10 <= published <= r.seconds_p90
+            row["plan_memory_gib"] = {"p50": r.memory_p50_gib, "p90": r.memory_p90_gib}
+            row["memory_parts_gib"] = r.memory_parts_gib
+            row["memory_error"] = r.memory_p50_gib / run.memory_gib - 1.0
+            row["memory_p90_holds"] = r.memory_p90_gib >= run.memory_gib
+        rows.append(row)
+    return priors, rows
+
+
+def _setup(run: PublishedRun) -> dict[str, Any]:
+    targets = run.lora_targets if isinstance(run.lora_targets, str) else list(run.lora_targets)
+    return {
+        "precision": run.precision, "micro_batch_size": run.micro_batch_size,
+        "gradient_accumulation_steps": run.gradient_accumulation_steps,
+        "max_length": run.max_length, "tokens_per_sample": run.tokens_per_sample,
+        "longest_sample": run.longest_sample, "gradient_checkpointing": run.gradient_checkpointing,
+        "attention": run.attention, "packing": run.packing, "lora_r": run.lora_r,
+        "lora_targets": targets, "logits_fp32": run.logits_fp32,
+    }  # fmt: skip
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """In-sample and held-out errors, coverage and the memory bound."""
+    out: dict[str, Any] = {}
+    for part, held in (("in_sample", False), ("held_out", True)):
+        chosen = [r for r in rows if r["expressible"] and r["held_out"] is held]
+        out[part] = {
+            "points": len(chosen),
+            "time_inside_p10_p90": _share(r["time_inside"] for r in chosen),
+            "median_abs_time_error": _median_abs(r["time_error"] for r in chosen),
+            "median_abs_memory_error": _median_abs(r["memory_error"] for r in chosen),
+            "memory_p90_holds": _share(r["memory_p90_holds"] for r in chosen),
+        }
+    expressible = [r for r in rows if r["expressible"]]
+    out["gpus"] = sorted({r["gpu"] for r in expressible})
+    out["lengths"] = sorted({r["setup"]["max_length"] for r in expressible})
+    out["apart"] = [{"name": r["name"], "why": r["why_not"]} for r in rows if not r["expressible"]]
+    return out
+
+
+def _share(values: Any) -> float:
+    values = list(values)
+    return sum(bool(v) for v in values) / len(values) if values else float("nan")
+
+
+def _median_abs(values: Any) -> float:
+    values = [abs(v) for v in values]
+    return statistics.median(values) if values else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry point; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if args.json:
+        check_writable(args.json)
+    priors, rows = evaluate_rows()
+    lines = []
+    for r in rows:
+        if not r["expressible"]:
+            continue
+        t, m = r["plan_seconds_per_step"], r["plan_memory_gib"]
+        lines.append([
+            r["name"] + (" *" if r["held_out"] else ""), r["gpu"],
+            f"{r['published_seconds_per_step']:.3g}", f"{t['p10']:.3g}/{t['p50']:.3g}/{t['p90']:.3g}",
+            f"{r['time_error']:+.0%}", "yes" if r["time_inside"] else "no",
+            f"{r['measure']['memory_gib']:.1f}", f"{m['p50']:.1f}/{m['p90']:.1f}",
+            f"{r['memory_error']:+.0%}", "yes" if r["memory_p90_holds"] else "NO",
+        ])  # fmt: skip
+    print(table(
+        ["published run (* held out)", "GPU", "s/step", "plan p10/p50/p90", "err", "in",
+         "GiB", "plan p50/p90", "err", "p90>="], lines,
+    ))  # fmt: skip
+    result = summary(rows)
+    for part in ("in_sample", "held_out"):
+        s = result[part]
+        print(
+            f"{part}: {s['points']} points, duration inside p10-p90 {s['time_inside_p10_p90']:.0%}, "
+            f"median |p50 error| {s['median_abs_time_error']:.0%}; memory median |p50 error| "
+            f"{s['median_abs_memory_error']:.0%}, p90 >= published {s['memory_p90_holds']:.0%}"
+        )
+    print(
+        f"GPUs: {', '.join(result['gpus'])}; lengths {result['lengths'][0]}..{result['lengths'][-1]}"
+    )
+    print(f"listed apart ({len(result['apart'])}):")
+    for item in result["apart"]:
+        print(f"  {item['name']}: {item['why']}")
+    print(
+        f"fit: utilisation {', '.join(f'{k} {v:.2f}' for k, v in sorted(priors.utilisation.items()))}"
+        f" (others {priors.pooled_utilisation:.2f}), {priors.micro_fixed_seconds * 1000:.0f} ms per "
+        f"micro-step, band x{math.exp(priors.log_p10):.2f}..x{math.exp(priors.log_p90):.2f}; memory "
+        + ", ".join(f"{k} {v:.3g}" for k, v in priors.memory.to_dict().items())
+    )
+    if args.write_priors:
+        write_file(str(priors_path()), priors.to_dict())
+        print(f"wrote {priors_path()}")
+    write_json(args.json, {"priors": priors.to_dict(), "rows": rows, "summary": result})
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
