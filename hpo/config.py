@@ -339,10 +339,12 @@ class StudyConfig:
             raise BadInputError(
                 f"model: {self.model} is not a transformers model folder (no config.json)"
             )
-        for name in ("data", "space"):
-            value = getattr(self, name)
-            if value is not None and Path(value).is_dir():
-                raise BadInputError(f"{name}: {value} is a directory, not a file")
+        if self.space is not None and Path(self.space).is_dir():
+            raise BadInputError(f"space: {self.space} is a directory, not a file")
+        if self.data is not None:
+            from trainers.data.sources import open_source
+
+            open_source(self.data)  # a data file of a known type or a save_to_disk folder
 
     def _check_objectives(self) -> None:
         axes = self.objectives

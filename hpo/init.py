@@ -50,11 +50,15 @@ def read_model(text: str, _: dict[str, Any]) -> str:
 
 
 def read_data(text: str, _: dict[str, Any]) -> str:
+    from trainers.data.sources import open_source
+
     path = Path(text).expanduser()
-    if not path.is_file():
+    if not path.exists():
         raise BadInputError(f"data: no file at {text!r}")
-    if path.suffix not in (".jsonl", ".json"):
-        raise BadInputError(f"data: expected a JSONL file, but got {text!r}")
+    try:
+        open_source(path)
+    except BadInputError as error:
+        raise BadInputError(f"data: {error}") from None
     return str(path.resolve())
 
 

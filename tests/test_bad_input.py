@@ -40,6 +40,22 @@ def _space(path: Path, learning_rate: str, lora_r: str = "{choice: [4, 8]}") -> 
     )
 
 
+def _parquet(path: Path, rows: list[dict[str, object]]) -> str:
+    import datasets
+
+    datasets.disable_progress_bars()  # the test's own writing stays off the checked stderr
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    return str(path)
+
+
+def _saved(path: Path, rows: list[dict[str, object]]) -> str:
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.Dataset.from_list(rows).save_to_disk(str(path))
+    return str(path)
+
+
 def _folder(path: Path) -> str:
     path.mkdir()
     return str(path)
@@ -123,6 +139,34 @@ STUDY_ROWS: dict[str, Row] = {
     "data file that is a directory": lambda tmp, m: (
         ["--data", _folder(tmp / "data-dir")],
         "data-dir",
+    ),
+    # One row per format `datasets` reads; a bad record is named by its row number.
+    "Parquet with a bad row (row number)": lambda tmp, m: (
+        ["--data", _parquet(tmp / "bad.parquet", [_GOOD, {"prompt": "x", "completion": None}])],
+        "bad.parquet: row 2: field 'completion' must be a string",
+    ),
+    "CSV with an empty cell (row number)": lambda tmp, m: (
+        ["--data", _file(tmp / "bad.csv", "prompt,completion\nSay hi., hi\nx,\n")],
+        "bad.csv: row 2: field 'completion'",
+    ),
+    "JSON array with an Alpaca row without output": lambda tmp, m: (
+        ["--data", _file(tmp / "bad.json", json.dumps([{"instruction": "Do it.", "output": ""}]))],
+        "bad.json: row 1: field 'output' is empty",
+    ),
+    "ShareGPT with an unknown role": lambda tmp, m: (
+        [
+            "--data",
+            _jsonl(tmp / "share.jsonl", [{"conversations": [{"from": "bot", "value": "x"}]}]),
+        ],
+        "conversations[0] has unknown role 'bot'",
+    ),
+    "save_to_disk folder with a bad row": lambda tmp, m: (
+        ["--data", _saved(tmp / "saved", [_GOOD, {"text": "no prompt"}])],
+        "saved: row 2:",
+    ),
+    "unsupported data file type": lambda tmp, m: (
+        ["--data", _file(tmp / "train.txt", "hello\n")],
+        "unsupported file type '.txt'",
     ),
 }
 

@@ -220,7 +220,8 @@ GOOD = {"prompt": "1 + 1 =", "completion": " 2"}
             '{"prompt": "1 + 1 =", "completion": 2}',
             "field 'completion' must be a string, got number",
         ),
-        ('{"input": "x", "output": "y"}', "no 'text', 'prompt'/'completion' or 'messages' field"),
+        ('{"input": "x", "output": "y"}', "missing field 'instruction'"),  # an Alpaca row
+        ('{"question": "x", "answer": "y"}', "no 'text', 'prompt'/'completion', 'messages'"),
         ('{"text": "a text record"}', "a text record in a prompt_completion file"),
         ('{"messages": []}', "field 'messages' must be a non-empty list"),
         ('{"messages": "hi"}', "field 'messages' must be a non-empty list, got string"),

@@ -133,6 +133,7 @@ def check_start(spec: TrainSpec, resume: bool) -> None:
             `--resume` (or none to resume), a malformed or empty data file.
     """
     from trainers.data.dataset import load_tokenized
+    from trainers.data.sources import open_source
     from trainers.loop.run import _starting_checkpoint
     from trainers.model.lora import load_tokenizer
 
@@ -140,9 +141,7 @@ def check_start(spec: TrainSpec, resume: bool) -> None:
     if not (model / "config.json").is_file():
         what = "has no config.json" if model.is_dir() else "is not a folder"
         raise BadInputError(f"model {spec.model} {what}: give a transformers model folder")
-    if not Path(spec.data).is_file():
-        what = "is a directory" if Path(spec.data).is_dir() else "not found"
-        raise BadInputError(f"data {spec.data} {what}: give a JSONL file")
+    open_source(spec.data)  # a data file of a known type or a Dataset.save_to_disk folder
     check_writable_dir(spec.output_dir, "output_dir")
     _starting_checkpoint(spec, resume)
     # Every record checked (and tokenized into the cache, where training finds it).

@@ -1,11 +1,14 @@
-"""Training data: JSONL records -> validated, tokenized, cached examples and their statistics.
+"""Training data: records -> validated, tokenized, cached examples and their statistics.
 
-A file holds one of three record shapes (detected from its first good record):
+The data is a JSONL, Parquet, CSV or JSON file or a `Dataset.save_to_disk` folder (see
+``trainers.data.sources``). It holds one record shape (detected from its first good record):
 
 - ``{"text": ...}``: causal LM on the whole text, followed by eos.
 - ``{"prompt": ..., "completion": ...}``: loss on the completion (and eos) only.
 - ``{"messages": [{"role": ..., "content": ...}, ...]}``: chat; loss on assistant turns only,
   rendered with the tokenizer's chat template or a simple fallback (see ``trainers.data.records``).
+- Alpaca (``instruction``/``input``/``output``) and ShareGPT (``conversations``): mapped to
+  ``messages``.
 
 Samples longer than ``max_length`` are truncated, or with ``overflow="pack"`` concatenated
 (train and validation separately) and cut into ``max_length`` blocks. The tokenized records are
@@ -23,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from common.errors import BadInputError
-from common.files import sha256_file
 from trainers.data import token_cache
 from trainers.data.paths import cache_root, demo_data_path
 from trainers.data.records import IGNORE_INDEX, read_pieces, tokenize_pieces
+from trainers.data.sources import fingerprint, open_source
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -49,7 +52,7 @@ class DataSpec:
     """What to load and how to cut it.
 
     Attributes:
-        path: JSONL file, one record per line.
+        path: A JSONL, Parquet, CSV or JSON file, or a `Dataset.save_to_disk` folder.
         max_length: Longest sample in tokens.
         overflow: ``"truncate"`` cuts long samples; ``"pack"`` concatenates all samples and cuts
             the stream into ``max_length`` blocks.
@@ -138,7 +141,7 @@ class TokenizedData:
 
 
 def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> TokenizedData:
-    """Load, validate, tokenize (or take from the cache), split and measure a JSONL data set.
+    """Load, validate, tokenize (or take from the cache), split and measure a data set.
 
     Args:
         spec: What to load.
@@ -148,16 +151,16 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
         Train and validation examples, statistics and where the cache lies.
 
     Raises:
-        BadInputError: Missing file, malformed line (``path:line: what``), empty data set, fewer
-            than two samples, or a tokenizer without an eos token.
+        BadInputError: Missing or unreadable data, malformed record (``path:line: what`` or
+            ``path: row N: what``), empty data set, fewer than two samples, or a tokenizer
+            without an eos token.
     """
-    path = Path(spec.path)
-    if not path.is_file():
-        raise BadInputError(f"data file not found: {path}")
+    source = open_source(spec.path)
+    path = source.path
     if tokenizer.eos_token_id is None:
         raise BadInputError(f"tokenizer {type(tokenizer).__name__} has no eos token")
     key = token_cache.cache_key(
-        data_sha256=sha256_file(path),
+        data_fingerprint=fingerprint(source),
         tokenizer=tokenizer,
         max_length=spec.max_length,
         overflow=spec.overflow,
@@ -170,7 +173,7 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
         shape, samples, meta = cached
         skipped, truncated = int(meta["skipped_lines"]), int(meta["truncated"])
     else:
-        shape, pieces, skipped = read_pieces(path, tokenizer, skip_bad_lines=spec.skip_bad_lines)
+        shape, pieces, skipped = read_pieces(source, tokenizer, skip_bad_lines=spec.skip_bad_lines)
         samples = tokenize_pieces(pieces, tokenizer)
         truncated = 0
         if spec.overflow == "truncate":

@@ -1,4 +1,9 @@
-"""JSONL records -> validated, labelled token ids (the three record shapes and chat rendering).
+"""Records -> validated, labelled token ids (the record shapes and chat rendering).
+
+Five shapes, one per file: ``text``, ``prompt``/``completion``, ``messages`` and two layouts
+that LLaMA-Factory and axolotl document, mapped to ``messages``: Alpaca (``instruction``,
+optional ``input`` and ``system``, ``output``) and ShareGPT (``conversations`` of
+``{"from": human|gpt|system, "value": ...}``, optional top-level ``system``).
 
 Each good record is rendered into *pieces*: text (or token ids) with a flag saying whether its
 tokens carry loss. Tokenizing piece by piece keeps the loss mask exact: no offset mapping, and
@@ -16,18 +21,21 @@ carries loss too).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import BadInputError
+from trainers.data.sources import BadRecord, DataSource, open_source, records
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-SHAPES = ("text", "prompt_completion", "messages")
+SHAPES = ("text", "prompt_completion", "messages", "alpaca", "sharegpt")
 ROLES = ("system", "user", "assistant")
+# ShareGPT speakers -> chat roles (the names LLaMA-Factory's and axolotl's docs use).
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "system": "system"}
 IGNORE_INDEX = -100
 
 # A piece of a rendered sample: text to tokenize (or token ids as they are) and whether its
@@ -35,64 +43,115 @@ IGNORE_INDEX = -100
 Piece = tuple[str | list[int], bool]
 
 
-class _BadLine(Exception):
-    """A record that cannot be used; the message says why (without the location)."""
+_BadLine = BadRecord
 
 
-def read_pieces(
-    path: Path, tokenizer: PreTrainedTokenizerBase, *, skip_bad_lines: bool = False
-) -> tuple[str, list[list[Piece]], int]:
-    """Parse and validate a JSONL file and render every record into labelled pieces.
+def read_native(
+    data: str | Path | DataSource, *, skip_bad_lines: bool = False
+) -> tuple[str, list[dict[str, Any]], int]:
+    """Read and validate every record, Alpaca and ShareGPT mapped to ``messages``.
 
     Args:
-        path: The JSONL file.
-        tokenizer: Renders chat records (template, special tokens).
-        skip_bad_lines: Count malformed lines instead of raising.
+        data: A data path (see ``trainers.data.sources``) or an opened source.
+        skip_bad_lines: Count malformed records instead of raising.
 
     Returns:
-        The file's record shape, the pieces of each good record, and the number of skipped lines.
+        The file's record shape (as found: ``alpaca`` stays ``alpaca``), the good records in
+        their native shape (``text``, ``prompt``/``completion`` or ``messages``) and the number
+        of skipped records.
 
     Raises:
-        BadInputError: ``path:line: what`` for a malformed line (unless skipped), or no good
-            record at all.
+        BadInputError: ``path:line: what`` (JSONL) or ``path: row N: what`` for a malformed
+            record (unless skipped), or no good record at all.
     """
+    source = data if isinstance(data, DataSource) else open_source(data)
     shape: str | None = None
-    rendered: list[list[Piece]] = []
+    native: list[dict[str, Any]] = []
     skipped = 0
-    prefix = special_prefix(tokenizer)
-    for lineno, record in _json_lines(path):
+    for number, record in records(source):
         try:
-            if isinstance(record, _BadLine):
+            if isinstance(record, BadRecord):
                 raise record
             record_shape = _validate(record)
             if shape is not None and record_shape != shape:
                 raise _BadLine(f"a {record_shape} record in a {shape} file (one shape per file)")
-            rendered.append(_render(record_shape, record, tokenizer, prefix))
+            native.append(to_native(record_shape, record))
             shape = record_shape
-        except _BadLine as bad:
+        except BadRecord as bad:
             if not skip_bad_lines:
-                raise BadInputError(f"{path}:{lineno}: {bad}") from None
+                raise BadInputError(f"{source.location(number)}: {bad}") from None
             skipped += 1
     if shape is None:
-        raise BadInputError(f"{path}: no usable records ({skipped} bad line(s) skipped)")
+        raise BadInputError(f"{source.path}: no usable records ({skipped} bad line(s) skipped)")
+    return shape, native, skipped
+
+
+def read_pieces(
+    data: str | Path | DataSource,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    skip_bad_lines: bool = False,
+) -> tuple[str, list[list[Piece]], int]:
+    """Read and validate a data set and render every record into labelled pieces.
+
+    Args:
+        data: A data path or an opened source (see ``read_native``).
+        tokenizer: Renders chat records (template, special tokens).
+        skip_bad_lines: Count malformed records instead of raising.
+
+    Returns:
+        The file's record shape, the pieces of each good record, and the number of skipped
+        records.
+
+    Raises:
+        BadInputError: As ``read_native``; a conversation the chat template cannot render is
+            named by its record number too.
+    """
+    source = data if isinstance(data, DataSource) else open_source(data)
+    shape, native, skipped = read_native(source, skip_bad_lines=skip_bad_lines)
+    prefix = special_prefix(tokenizer)
+    rendered: list[list[Piece]] = []
+    for index, record in enumerate(native):
+        try:
+            rendered.append(_render(_native_shape(record), record, tokenizer, prefix))
+        except BadRecord as bad:
+            if not skip_bad_lines:
+                raise BadInputError(f"{source.location(index + 1)}: {bad}") from None
+            skipped += 1
+    if not rendered:
+        raise BadInputError(f"{source.path}: no usable records ({skipped} bad line(s) skipped)")
     return shape, rendered, skipped
 
 
-def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed JSON or a _BadLine) for every non-blank line."""
-    with path.open("rb") as lines:
-        for lineno, raw in enumerate(lines, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                yield lineno, _BadLine("not valid UTF-8")
-                continue
-            if not text.strip():
-                continue
-            try:
-                yield lineno, json.loads(text)
-            except json.JSONDecodeError as error:
-                yield lineno, _BadLine(f"not valid JSON ({error.msg} at column {error.colno})")
+def to_native(shape: str, record: dict[str, Any]) -> dict[str, Any]:
+    """A valid record in a shape TRL and this project's renderer read directly."""
+    if shape == "alpaca":
+        prompt = record["instruction"]
+        if record.get("input"):
+            prompt = f"{prompt}\n\n{record['input']}"
+        messages = [{"role": "system", "content": record["system"]}] if record.get("system") else []
+        messages += [
+            {"role": "user", "content": prompt},
+            {"role": "assistant", "content": record["output"]},
+        ]
+        return {"messages": messages}
+    if shape == "sharegpt":
+        turns = [
+            {"role": SHAREGPT_ROLES[turn["from"]], "content": turn["value"]}
+            for turn in record["conversations"]
+        ]
+        if record.get("system"):
+            turns.insert(0, {"role": "system", "content": record["system"]})
+        return {"messages": turns}
+    if shape == "messages":
+        return {"messages": [{"role": m["role"], "content": m["content"]} for m in record["messages"]]}
+    if shape == "prompt_completion":
+        return {"prompt": record["prompt"], "completion": record["completion"]}
+    return {"text": record["text"]}
+
+
+def _native_shape(record: dict[str, Any]) -> str:
+    return "messages" if "messages" in record else "prompt_completion" if "prompt" in record else "text"
 
 
 def _validate(record: Any) -> str:
@@ -102,6 +161,17 @@ def _validate(record: Any) -> str:
     if "messages" in record:
         _validate_messages(record["messages"])
         return "messages"
+    if "conversations" in record:
+        _validate_sharegpt(record)
+        return "sharegpt"
+    if "instruction" in record or "output" in record:
+        for field in ("instruction", "output"):
+            if not _require_str(record, field):
+                raise _BadLine(f"field {field!r} is empty")
+        for field in ("input", "system"):
+            if record.get(field) is not None:
+                _require_str(record, field)
+        return "alpaca"
     if "prompt" in record or "completion" in record:
         for field in ("prompt", "completion"):
             _require_str(record, field)
@@ -110,14 +180,38 @@ def _validate(record: Any) -> str:
         if not _require_str(record, "text"):
             raise _BadLine("field 'text' is empty")
         return "text"
-    raise _BadLine("no 'text', 'prompt'/'completion' or 'messages' field")
+    raise _BadLine(
+        "no 'text', 'prompt'/'completion', 'messages', 'instruction'/'output' (Alpaca) or "
+        "'conversations' (ShareGPT) field"
+    )
 
 
-def _validate_messages(messages: Any) -> None:
+def _validate_sharegpt(record: dict[str, Any]) -> None:
+    turns = record["conversations"]
+    if not isinstance(turns, list) or not turns:
+        raise _BadLine(f"field 'conversations' must be a non-empty list, got {_json_type(turns)}")
+    for index, turn in enumerate(turns):
+        where = f"conversations[{index}]"
+        if not isinstance(turn, dict):
+            raise _BadLine(f"{where} must be an object, got {_json_type(turn)}")
+        speaker = turn.get("from")
+        if speaker not in SHAREGPT_ROLES:
+            raise _BadLine(
+                f"{where} has unknown role {speaker!r} (expected human, gpt or system)"
+            )
+        if not isinstance(turn.get("value"), str):
+            got = _json_type(turn.get("value")) if "value" in turn else "nothing"
+            raise _BadLine(f"{where}.value must be a string, got {got}")
+    if record.get("system") is not None:
+        _require_str(record, "system")
+    _validate_messages(to_native("sharegpt", record)["messages"], field="conversations")
+
+
+def _validate_messages(messages: Any, field: str = "messages") -> None:
     if not isinstance(messages, list) or not messages:
         raise _BadLine(f"field 'messages' must be a non-empty list, got {_json_type(messages)}")
     for index, message in enumerate(messages):
-        where = f"messages[{index}]"
+        where = f"{field}[{index}]"
         if not isinstance(message, dict):
             raise _BadLine(f"{where} must be an object, got {_json_type(message)}")
         role = message.get("role")
@@ -129,7 +223,9 @@ def _validate_messages(messages: Any) -> None:
             got = _json_type(message.get("content")) if "content" in message else "nothing"
             raise _BadLine(f"{where}.content must be a string, got {got}")
     if messages[0]["role"] == "assistant":
-        raise _BadLine("messages[0] is an assistant message; start with a system or user message")
+        raise _BadLine(
+            f"{field}[0] is an assistant message; start with a system or user message"
+        )
     if not any(message["role"] == "assistant" for message in messages):
         raise _BadLine("no assistant message (nothing to learn from)")
 

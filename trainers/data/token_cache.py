@@ -49,7 +49,7 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
 
 def cache_key(
     *,
-    data_sha256: str,
+    data_fingerprint: str,
     tokenizer: PreTrainedTokenizerBase,
     max_length: int,
     overflow: str,
@@ -58,7 +58,7 @@ def cache_key(
     """sha256 hex key of everything the cached samples depend on."""
     identity = {
         "format": CACHE_FORMAT,
-        "data_sha256": data_sha256,
+        "data_sha256": data_fingerprint,
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "max_length": max_length,
         "overflow": overflow,

@@ -1,0 +1,232 @@
+"""Data in the formats users keep it in, read by the real `datasets`: Parquet, CSV, JSON,
+`save_to_disk` folders, Alpaca and ShareGPT rows; bad rows named by number; the cache key."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pandas as pd
+import pytest
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from common.errors import BadInputError
+from trainers.data.dataset import DataSpec, TokenizedData, load_tokenized
+from trainers.data.records import read_native
+
+PROMPTS = [{"prompt": f"Q{i}: what is {i} plus {i}?", "completion": f" {2 * i}"} for i in range(12)]
+ALPACA = [
+    {"instruction": f"Add {i} and {i}.", "input": "" if i % 2 else f"Show it for {i}.",
+     "output": f"{2 * i}"}
+    for i in range(12)
+]  # fmt: skip
+SHAREGPT = [
+    {"conversations": [{"from": "human", "value": f"hi {i}"}, {"from": "gpt", "value": f"yo {i}"}]}
+    for i in range(12)
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    return path
+
+
+def _csv(path: Path, rows: list[dict[str, Any]]) -> Path:
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def _json_array(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text(json.dumps(rows), encoding="utf-8")
+    return path
+
+
+def _saved(path: Path, rows: list[dict[str, Any]]) -> Path:
+    datasets.Dataset.from_list(rows).save_to_disk(str(path))
+    return path
+
+
+def _saved_dict(path: Path, rows: list[dict[str, Any]]) -> Path:
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(path))
+    return path
+
+
+WRITERS: dict[str, tuple[str, Callable[[Path, list[dict[str, Any]]], Path]]] = {
+    "parquet": ("d.parquet", _parquet),
+    "csv": ("d.csv", _csv),
+    "json array": ("d.json", _json_array),
+    "save_to_disk folder": ("saved", _saved),
+    "save_to_disk DatasetDict": ("saved-dict", _saved_dict),
+}
+
+
+def _load(path: Path, tok: PreTrainedTokenizerBase, cache: Path) -> TokenizedData:
+    return load_tokenized(DataSpec(path=str(path), cache_dir=str(cache)), tok)
+
+
+def _samples(data: TokenizedData) -> list[tuple[list[int], list[int]]]:
+    return [(e.input_ids, e.labels) for e in data.train + data.validation]
+
+
+@pytest.mark.parametrize("kind", list(WRITERS))
+def test_every_format_gives_the_tokens_of_the_same_jsonl(
+    kind: str, tmp_path: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    name, write = WRITERS[kind]
+    reference = _load(_jsonl(tmp_path / "d.jsonl", PROMPTS), tokenizer, tmp_path / "c1")
+    data = _load(write(tmp_path / name, PROMPTS), tokenizer, tmp_path / "c2")
+    assert data.stats.shape == "prompt_completion"
+    assert _samples(data) == _samples(reference)
+
+
+@pytest.mark.parametrize(
+    ("rows", "shape", "as_messages"),
+    [
+        (
+            ALPACA,
+            "alpaca",
+            [
+                {"messages": [
+                    {"role": "user", "content": r["instruction"] + (f"\n\n{r['input']}" if r["input"] else "")},
+                    {"role": "assistant", "content": r["output"]},
+                ]}
+                for r in ALPACA
+            ],
+        ),
+        (
+            SHAREGPT,
+            "sharegpt",
+            [
+                {"messages": [
+                    {"role": "user", "content": r["conversations"][0]["value"]},
+                    {"role": "assistant", "content": r["conversations"][1]["value"]},
+                ]}
+                for r in SHAREGPT
+            ],
+        ),
+    ],
+    ids=["alpaca", "sharegpt"],
+)  # fmt: skip
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_alpaca_and_sharegpt_train_as_their_conversations(
+    rows: list[dict[str, Any]],
+    shape: str,
+    as_messages: list[dict[str, Any]],
+    kind: str,
+    tmp_path: Path,
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    write = _jsonl if kind == "jsonl" else _parquet
+    data = _load(write(tmp_path / f"d.{kind}", rows), tokenizer, tmp_path / "c1")
+    reference = _load(_jsonl(tmp_path / "m.jsonl", as_messages), tokenizer, tmp_path / "c2")
+    assert data.stats.shape == shape
+    assert _samples(data) == _samples(reference)
+
+
+def test_sharegpt_system_field_leads_the_conversation(tmp_path: Path) -> None:
+    row = {"system": "Be brief.", **SHAREGPT[0]}
+    _, native, _ = read_native(_jsonl(tmp_path / "s.jsonl", [row]))
+    assert [m["role"] for m in native[0]["messages"]] == ["system", "user", "assistant"]
+
+
+BAD_ROWS: dict[str, tuple[str, list[dict[str, Any]], str]] = {
+    "parquet, wrong type": (
+        "bad.parquet",
+        [*PROMPTS[:2], {"prompt": "x", "completion": None}],
+        "bad.parquet: row 3: field 'completion' must be a string, got null",
+    ),
+    "csv, empty cell": (
+        "bad.csv",
+        [PROMPTS[0], {"prompt": "x", "completion": ""}],
+        "bad.csv: row 2: field 'completion' must be a string, got null",
+    ),
+    "json array, alpaca without output": (
+        "bad.json",
+        [ALPACA[0], {"instruction": "Do it.", "input": "", "output": ""}],
+        "bad.json: row 2: field 'output' is empty",
+    ),
+    "sharegpt, unknown role": (
+        "bad-share.jsonl",
+        [SHAREGPT[0], {"conversations": [{"from": "human", "value": "a"}, {"from": "tool", "value": "b"}]}],
+        "bad-share.jsonl:2: conversations[1] has unknown role 'tool' (expected human, gpt or system)",
+    ),
+    "sharegpt in a folder, assistant first": (
+        "bad-saved",
+        [SHAREGPT[0], {"conversations": [{"from": "gpt", "value": "a"}, {"from": "human", "value": "b"}]}],
+        "bad-saved: row 2: conversations[0] is an assistant message",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_ROWS))
+def test_a_bad_row_is_named_by_its_number(
+    case: str, tmp_path: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    name, rows, message = BAD_ROWS[case]
+    path = tmp_path / name
+    if name.endswith(".jsonl"):
+        _jsonl(path, rows)
+    elif name.endswith(".json"):
+        _json_array(path, rows)
+    else:
+        {"parquet": _parquet, "csv": _csv}.get(path.suffix.lstrip("."), _saved)(path, rows)
+    with pytest.raises(BadInputError) as raised:
+        _load(path, tokenizer, tmp_path / "cache")
+    assert str(raised.value).endswith(message) or message in str(raised.value)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda tmp: _file(tmp / "d.txt", "hello"), "unsupported file type '.txt'"),
+        (lambda tmp: _file(tmp / "d.parquet", "not parquet"), "cannot be read as parquet"),
+        (lambda tmp: _mkdir(tmp / "plain-folder"), "not one written by Dataset.save_to_disk"),
+    ],
+    ids=["unknown suffix", "corrupt parquet", "plain folder"],
+)
+def test_unreadable_data_is_one_line(
+    make: Callable[[Path], Path], message: str, tmp_path: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    with pytest.raises(BadInputError, match=message) as raised:
+        _load(make(tmp_path), tokenizer, tmp_path / "cache")
+    assert "\n" not in str(raised.value)
+
+
+def _file(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def test_the_cache_is_keyed_by_the_saved_folders_fingerprint(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    folder = _saved(tmp_path / "saved", PROMPTS)
+    first = _load(folder, tokenizer, tmp_path / "cache")
+    again = _load(folder, tokenizer, tmp_path / "cache")
+    assert (first.cache_hit, again.cache_hit) == (False, True)
+    assert again.cache_path == first.cache_path
+    # Changed records saved over the folder: a new fingerprint, so no stale tokens.
+    changed = datasets.Dataset.from_list(PROMPTS).map(lambda r: {"completion": r["completion"] + "!"})
+    changed.save_to_disk(str(tmp_path / "saved-2"))
+    other = _load(tmp_path / "saved-2", tokenizer, tmp_path / "cache")
+    assert not other.cache_hit and other.cache_path != first.cache_path
+    assert _samples(other) != _samples(first)
