@@ -21,6 +21,7 @@ STUDY_EVAL_SAMPLES = 48
 STUDY_FULL_EVAL_INTERVAL = 200
 STUDY_FULL_CHECKPOINT_INTERVAL = 500
 OVERFLOW_MODES = ("truncate", "pack")
+PACKING_MODES = ("none", "padding_free")  # trainers.data.packing
 
 
 def _require(condition: bool, message: str) -> None:
@@ -151,6 +152,14 @@ class TrainSpec:
     overflow: str = field(
         default="truncate",
         metadata={"help": f"Samples over max_length: {' | '.join(OVERFLOW_MODES)}."},
+    )
+    packing: str = field(
+        default="none",
+        metadata={
+            "help": "Training samples per sequence: none (one, padded per micro-batch) | "
+            "padding_free (packed up to max_length tokens, attention kept inside each sample; "
+            "micro_batch_size then counts packed sequences). Validation is never packed."
+        },
     )
     skip_bad_lines: bool = field(
         default=False, metadata={"help": "Skip malformed JSONL lines instead of failing."}
@@ -288,6 +297,12 @@ class TrainSpec:
         _choice("precision", self.precision, PRECISIONS)
         _choice("device", self.device, DEVICES)
         _choice("overflow", self.overflow, OVERFLOW_MODES)
+        _choice("packing", self.packing, PACKING_MODES)
+        _require(
+            self.packing == "none" or self.overflow == "truncate",
+            f"packing={self.packing!r} keeps samples apart, but overflow={self.overflow!r} "
+            "joins them into blocks: use overflow=truncate",
+        )
 
     def data_spec(self) -> DataSpec:
         """How this run reads and tokenizes its data."""

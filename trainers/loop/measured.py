@@ -22,6 +22,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import EvalLoopOutput
 
 from common.errors import Diverged
+from trainers.data.packing import samples_in
 from trainers.events import EvalInfo, RunInfo, StepInfo, TrainingCallback
 from trainers.loop import checkpoint
 from trainers.loop.early_stopping import EarlyStopping, mean_train_loss
@@ -91,8 +92,15 @@ class TrainerHooks:
 class MeasuredTrainer(Trainer):
     """Trainer that times its work and writes verified checkpoints."""
 
-    def __init__(self, *args: Any, hooks: TrainerHooks, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        hooks: TrainerHooks,
+        eval_collator: Callable[[Any], dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.eval_collator = eval_collator
         self.recorder = hooks.recorder
         self.bridge = hooks.bridge
         self.keep_checkpoints = hooks.keep_checkpoints
@@ -125,7 +133,7 @@ class MeasuredTrainer(Trainer):
         rec.result.micro_step_tokens.append(int(ids.numel()))
         rec.result.micro_step_seq_len.append(int(ids.shape[1]))
         rec.step_tokens += int(ids.numel())
-        rec.result.samples_seen += int(ids.shape[0])
+        rec.result.samples_seen += samples_in(inputs)
         # Trainer scales each micro-step loss so that their sum is the optimizer-step loss.
         rec.step_loss = rec.step_loss + loss.detach().float().cpu()
         rec.last_micro_end = end
@@ -219,7 +227,7 @@ class MeasuredTrainer(Trainer):
 
     def _loss_sum(self, model: Any, examples: list[Any], batch: int) -> tuple[float, int]:
         """Summed loss over the target tokens of `examples`, and their count."""
-        collate: Any = self.data_collator
+        collate: Any = self.eval_collator or self.data_collator
         total, count = 0.0, 0
         with torch.no_grad():
             for first in range(0, len(examples), batch):

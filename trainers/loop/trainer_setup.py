@@ -1,4 +1,4 @@
-"""The Trainer for one attempt of a run: datasets, padding collator, arguments.
+"""The Trainer for one attempt of a run: datasets, collators (padding or packing), arguments.
 
 A run builds a new Trainer for each attempt (the first, and each restart after a recovery),
 with the micro-batch, accumulation and learning rate the recovery state says.
@@ -16,6 +16,7 @@ from transformers import TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from trainers.data.dataset import Example, TokenizedData
+from trainers.data.packing import PackedSequence, PaddingFreeCollator, pack_examples
 from trainers.loop.data_loading import DataLoading, choose_data_loading
 from trainers.loop.measured import MeasuredTrainer, TrainerHooks
 from trainers.loop.recovery import RecoveryState
@@ -24,14 +25,21 @@ from trainers.spec import TrainSpec, eval_batch_size
 
 
 class ListDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __init__(self, examples: Sequence[Example]) -> None:
+    def __init__(self, examples: Sequence[Example | PackedSequence]) -> None:
         self.examples = list(examples)
 
     def __len__(self) -> int:
         return len(self.examples)
 
-    def __getitem__(self, index: int) -> Example:
+    def __getitem__(self, index: int) -> Example | PackedSequence:
         return self.examples[index]
+
+
+def training_items(spec: TrainSpec, data: TokenizedData) -> list[Example] | list[PackedSequence]:
+    """What one training micro-batch slot holds: a sample, or a packed sequence of samples."""
+    if spec.packing == "padding_free":
+        return pack_examples(data.train, spec.max_length)
+    return list(data.train)
 
 
 class PadCollator:
@@ -70,14 +78,16 @@ def build_trainer(
         gradient_accumulation_steps=recovery.gradient_accumulation_steps,
         learning_rate=spec.learning_rate * recovery.lr_scale,
     )
+    pad = PadCollator(int(tokenizer.pad_token_id))
     trainer = MeasuredTrainer(
         model=model,
         args=training_arguments(attempt, runtime, data_loading),
-        train_dataset=ListDataset(data.train),
+        train_dataset=ListDataset(training_items(spec, data)),
         eval_dataset=ListDataset(data.validation[: spec.eval_samples]),
-        data_collator=PadCollator(int(tokenizer.pad_token_id)),
+        data_collator=PaddingFreeCollator() if spec.packing == "padding_free" else pad,
         callbacks=[hooks.bridge],
         hooks=hooks,
+        eval_collator=pad,  # validation is never packed: one protocol for every run
     )
     # The Trainer's own printer/progress output would interleave with ours.
     trainer.remove_callback(PrinterCallback)
