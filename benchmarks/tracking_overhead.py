@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             run_id = tracker.start_trial(parent, "hpo", trial.number, {"learning_rate": lr})
             if mode == "hpo+system":
                 system = SystemMetrics(
-                    tracker.tracking_uri, run_id, interval_seconds=args.system_metrics_seconds
+                    tracker.writer, run_id, interval_seconds=args.system_metrics_seconds
                 )
                 system.on_train_begin = watch.wrap(system.on_train_begin)  # type: ignore[method-assign]
                 system.on_train_end = watch.wrap(system.on_train_end)  # type: ignore[method-assign]

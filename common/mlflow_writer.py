@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from common.errors import BadInputError
+from common.outage import answers
 from common.redact import redact
 from common.retry import retry_schema_race
 from common.spool import Spool, SpoolBusy, spool_folders
@@ -213,7 +214,14 @@ class MlflowWriter:
             "start_time": _now_ms(),
             "adopt": adopt,
         }
-        return self.submit(self._create_and_resolve, record)
+        created = self.submit(self._create_and_resolve, record)
+        if not self.waiting:
+            return created
+        # While records wait in the spool this one waits too: its client-side id is known now,
+        # and a caller that needs the id does not wait behind the writer's tries.
+        now: RunRef = Future()
+        now.set_result(record["client_id"])
+        return now
 
     def resolve(self, ref: str) -> str:
         """The store's id for `ref` once known (a client-side id until then)."""
@@ -400,6 +408,9 @@ class MlflowWriter:
     def _drain(self) -> None:
         """Send the spool's records, oldest first, until it is empty or the server is away."""
         if self.spool is None:
+            return
+        if not answers(self.tracking_uri):  # asked briefly: a silent server holds no write
+            self._retry_later()
             return
         sent, outage = drain(self, self.spool)
         if outage is not None:

@@ -222,6 +222,14 @@ class StudyConfig:
             "(stop with one line). Mid-study, records always wait on disk."
         },
     )
+    tracking_exit_wait_seconds: float = field(
+        default=30.0,
+        metadata={
+            "help": "Before the study exits, how long to wait for a tracking server that does "
+            "not answer to take the records waiting on disk (0: do not wait; what is left "
+            "is sent by python -m hpo.tracking --replay)."
+        },
+    )
     reuse_base_model: bool = field(
         default=True,
         metadata={
@@ -296,6 +304,11 @@ class StudyConfig:
             self.tracking_outage in TRACKING_OUTAGES,
             f"tracking_outage must be one of {', '.join(TRACKING_OUTAGES)}, but got "
             f"tracking_outage={self.tracking_outage!r}",
+        )
+        _require(
+            self.tracking_exit_wait_seconds >= 0,
+            "tracking_exit_wait_seconds must be >= 0, but got "
+            f"{self.tracking_exit_wait_seconds=}",
         )
         _require(
             0 < self.trial_fraction <= 1,

@@ -154,6 +154,7 @@ def run_study(
         artifact_dir=str(Path(config.work_dir) / "mlartifacts"),
         spool_dir=str(Path(config.work_dir) / SPOOL_DIR),
         outage=config.tracking_outage,
+        exit_wait_seconds=config.tracking_exit_wait_seconds,
     )
     parent = tracker.ensure_parent(study, _flat(config.to_dict()))
     if not has_heartbeats(config.storage_url) and fail_dead_workers_trials(study):

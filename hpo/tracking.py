@@ -31,6 +31,7 @@ from common.mlflow_writer import (
     metric,
     replay,
 )
+from common.outage import EXIT_WAIT_SECONDS, send_before_exit
 from common.redact import redact
 from common.spool import Spool, spool_folders
 from hpo.states import STATE_NAMES, count_states, trial_loss
@@ -67,6 +68,8 @@ class Tracker:
             write that fails fails the study).
         outage: At start, a server that does not answer: ``spool`` (start all the same,
             everything waits in `spool_dir`) or ``fail`` (stop with one line).
+        exit_wait_seconds: At the end, how long to wait for a server that does not answer
+            to take what waits in the spool (said in one line).
 
     Raises:
         BadInputError: The tracking store cannot be used.
@@ -81,8 +84,10 @@ class Tracker:
         artifact_dir: str | None = None,
         spool_dir: str | None = None,
         outage: str = "spool",
+        exit_wait_seconds: float = EXIT_WAIT_SECONDS,
     ) -> None:
         self.tracking_uri = tracking_uri
+        self.exit_wait_seconds = exit_wait_seconds
         self.experiment_name = experiment_name
         self.writer = MlflowWriter(tracking_uri, spool_root=spool_dir)
         self.offline = False  # started while the server did not answer
@@ -316,7 +321,8 @@ class Tracker:
         """
         self.writer.set_terminated(parent_run_id, "FINISHED")
         self.writer.flush()
-        if self._unreconciled is not None and not self.writer.send_waiting():
+        waiting = send_before_exit(self.writer, self.exit_wait_seconds)
+        if self._unreconciled is not None and not waiting:
             self.reconcile(*self._unreconciled)  # the server is back: close them now
         return self.writer.close()
 

@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             # Before the tracker, which closes the run the monitor writes into.
             callbacks.append(
                 SystemMetrics(
-                    args.tracking_uri,
+                    tracker.writer,
                     tracker.run_id,
                     interval_seconds=args.system_metrics_seconds,
                     resume=tracker.continued,
