@@ -199,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study-name", required=True)
     parser.add_argument("--storage", required=True, help="Optuna storage URL of the study")
     parser.add_argument("--out", required=True, help="preset file to write")
+    parser.add_argument(
+        "--format",
+        choices=("preset", "trl"),
+        default="preset",
+        help="preset (default: for python -m trainers.train) | trl: a `trl sft --config` file "
+        "(see hpo.export_formats)",
+    )
     parser.add_argument("--trial", type=int, help="export this trial instead of the best")
     parser.add_argument(
         "--pick",
@@ -219,6 +226,15 @@ def main(argv: list[str] | None = None) -> int:
             f"no study named '{args.study_name}' in {redact(args.storage)}"
         ) from None
     trial, rule = pick_trial(study, trial=args.trial, within_pct=within)
+    if args.format != "preset":
+        from hpo.export_formats import write_format
+
+        preset = build_preset(study, trial, storage_url=args.storage)
+        preset["provenance"]["picked_by"] = rule
+        written = write_format(args.format, preset, args.out)
+        print(f"{args.format} config of trial {trial.number} ({rule}) written to {written[0]}")
+        print(f"run it with: trl sft --config {written[0]}")
+        return EXIT_OK
     path = export_study(study, args.out, storage_url=args.storage, trial=trial, picked_by=rule)
     print(f"preset of trial {trial.number} ({rule}) written to {path}")
     print(f"run it with: python -m trainers.train --preset {path}")

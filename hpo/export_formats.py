@@ -1,0 +1,182 @@
+"""A preset written for another trainer: `python -m hpo.export --format trl`.
+
+The TRL file is a config for TRL's own entry point, `trl sft --config FILE` (TRL's
+`TrlParser`: the fields of `ScriptArguments`, `SFTConfig`, `ModelConfig` and
+`DatasetMixtureConfig`). Its header comments say which study, trial and estimate it comes
+from and what of the preset TRL does not do. Data in a shape TRL reads (text,
+prompt/completion, messages) from a JSON(L) or Parquet file is referenced where it lies;
+anything else (Alpaca, ShareGPT, CSV, a `save_to_disk` folder) is written beside the config as
+`<config stem>.data.jsonl` in the equivalent native shape.
+
+axolotl and LLaMA-Factory formats are not shipped: neither package installs on these
+machines in reasonable time without replacing the CPU torch (see the README), so a written
+file could not be checked with their own config loaders.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.errors import BadInputError
+from common.files import write_atomic
+
+FORMATS = ("preset", "trl")
+# `datasets` builders TRL's loader can point at a user's file directly.
+_TRL_READABLE = {"jsonl": "json", "json": "json", "parquet": "parquet"}
+_NATIVE = ("text", "prompt_completion", "messages")
+
+
+def write_format(fmt: str, preset: dict[str, Any], out: str | Path) -> list[Path]:
+    """Write `preset` (as `trainers.preset.preset_dict` makes it) for the trainer `fmt`.
+
+    Returns:
+        The files written: the config first, then converted data if any.
+
+    Raises:
+        BadInputError: An unknown format, or data that cannot be read.
+    """
+    if fmt != "trl":
+        raise BadInputError(f"--format must be one of {', '.join(FORMATS)}, but got {fmt!r}")
+    path = Path(out)
+    config, data_rows = trl_config(preset, data_out=_data_file(path))
+    written = []
+    if data_rows is not None:
+        lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in data_rows)
+        written.append(write_atomic(_data_file(path), lines))
+    text = _header(preset, config, path) + yaml.safe_dump(config, sort_keys=False)
+    return [write_atomic(path, text), *written]
+
+
+def _data_file(config_path: Path) -> Path:
+    return config_path.with_name(f"{config_path.stem}.data.jsonl")
+
+
+def trl_config(
+    preset: dict[str, Any], *, data_out: Path
+) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """The `trl sft` config of a preset, and the converted records when TRL cannot read the data.
+
+    Args:
+        preset: The preset content.
+        data_out: Where converted records will be written (referenced by the config).
+    """
+    from trainers.data.records import read_native
+    from trainers.data.sources import open_source
+
+    lora, data, training = preset["lora"], preset["data"], preset["training"]
+    estimate = preset.get("estimate") or {}
+    source = open_source(data["path"])
+    shape, native, _ = read_native(source, skip_bad_lines=bool(data.get("skip_bad_lines")))
+    rows: list[dict[str, Any]] | None = None
+    if shape in _NATIVE and source.kind in _TRL_READABLE:
+        dataset = {"path": _TRL_READABLE[source.kind], "data_files": str(source.path.resolve())}
+    else:
+        rows = native
+        dataset = {"path": "json", "data_files": str(data_out.resolve())}
+    targets = lora["target_modules"]
+    config: dict[str, Any] = {
+        "model_name_or_path": preset["model"]["path"],
+        "datasets": [{**dataset, "split": "train"}],
+        "test_split_size": float(data["validation_fraction"]),
+        "use_peft": True,
+        "lora_r": int(lora["r"]),
+        "lora_alpha": float(lora["alpha"]),
+        "lora_dropout": float(lora["dropout"]),
+        # PEFT's "all-linear" finds every linear projection but the output layer, as 'auto' does.
+        "lora_target_modules": ["all-linear"] if targets == "auto" else list(targets),
+        "use_rslora": bool(lora.get("use_rslora", False)),
+        "per_device_train_batch_size": int(training["micro_batch_size"]),
+        "per_device_eval_batch_size": int(training["micro_batch_size"]) * 2,
+        "gradient_accumulation_steps": int(training["gradient_accumulation_steps"]),
+        "learning_rate": float(training["learning_rate"]),
+        "lr_scheduler_type": training["scheduler"],
+        "warmup_steps": float(training.get("warmup_ratio") or 0.0),  # < 1: a ratio of the steps
+        "weight_decay": float(training.get("weight_decay") or 0.0),
+        "max_grad_norm": float(training.get("max_grad_norm") or 0.0),
+        "max_length": int(data["max_length"]),
+        "packing": training.get("packing", "none") != "none" or data.get("overflow") == "pack",
+        "activation_checkpointing": bool(training.get("gradient_checkpointing")),
+        "eval_strategy": "steps",
+        "eval_steps": int(training["eval_interval"]),
+        "logging_steps": int(training["eval_interval"]),
+        "seed": int(training.get("seed") or 0),
+        "report_to": "none",
+        # Beside the config, like the converted data: `<config stem>-output`.
+        "output_dir": str(data_out.resolve().with_name(f"{data_out.name.removesuffix('.data.jsonl')}-output")),
+    }
+    if training.get("max_steps"):
+        config["max_steps"] = int(training["max_steps"])
+    else:
+        config["num_train_epochs"] = float(training["epochs"])
+    config.update(_save_cadence(training, estimate))
+    config.update(_precision(training.get("precision", "auto"), estimate))
+    return config, rows
+
+
+def _save_cadence(training: dict[str, Any], estimate: dict[str, Any]) -> dict[str, Any]:
+    """Checkpoints every N optimizer steps; a cadence in minutes becomes steps at the estimate."""
+    keep = {"save_total_limit": int(training["keep_checkpoints"])} if training.get(
+        "keep_checkpoints"
+    ) else {}
+    if training.get("checkpoint_interval"):
+        return {"save_strategy": "steps", "save_steps": int(training["checkpoint_interval"]), **keep}
+    minutes = training.get("checkpoint_minutes")
+    hours = (estimate.get("duration_hours") or {}).get("p50")
+    steps = estimate.get("full_run_steps")
+    if minutes and hours and steps:
+        step_seconds = float(hours) * 3600 / int(steps)
+        every = max(1, math.floor(float(minutes) * 60 / step_seconds))
+        return {"save_strategy": "steps", "save_steps": every, **keep}
+    return {"save_strategy": "epoch", **keep}
+
+
+def _precision(requested: str, estimate: dict[str, Any]) -> dict[str, bool]:
+    """bf16/fp16 flags: 'auto' becomes the precision the study measured, when it says one."""
+    measured = (estimate.get("hardware") or {}).get("precision")
+    precision = measured if requested == "auto" and measured else requested
+    if precision == "bf16":
+        return {"bf16": True, "fp16": False}
+    if precision == "fp16":
+        return {"bf16": False, "fp16": True}
+    if precision == "fp32":
+        return {"bf16": False, "fp16": False}
+    return {}  # 'auto' without a measurement: TRL's own default (bf16 unless fp16 is set)
+
+
+def _header(preset: dict[str, Any], config: dict[str, Any], path: Path) -> str:
+    provenance = preset.get("provenance") or {}
+    estimate = preset.get("estimate") or {}
+    duration = estimate.get("duration_hours") or {}
+    band = ", ".join(f"{k} {float(v):.3g} h" for k, v in duration.items() if _is_number(v))
+    training = preset["training"]
+    lines = [
+        f"hpo export for TRL: run it with  trl sft --config {path}",
+        f"study {provenance.get('study')!s}, trial {provenance.get('trial')!s}, "
+        f"value {provenance.get('value')!s}, MLflow run {provenance.get('mlflow_run_id')!s}",
+        f"estimate (hpo.trainers.train on {_hardware(estimate)}): {band or 'none'}; "
+        f"window {estimate.get('window_hours')!s} h",
+        "The estimate carries to TRL for the same model, batch shape, precision and data; "
+        "TRL differs in: no window guard, early stopping or divergence rollback; "
+        "evaluation on the whole held-out split (hpo: eval_samples of it); "
+        "chat data takes loss on every token (hpo: assistant turns only)",
+    ]
+    if training.get("checkpoint_minutes") and config.get("save_strategy") == "steps":
+        lines.append(
+            f"checkpoint every {training['checkpoint_minutes']} min -> save_steps "
+            f"{config['save_steps']} at the estimate's step time"
+        )
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def _hardware(estimate: dict[str, Any]) -> str:
+    hardware = estimate.get("hardware") or {}
+    return str(hardware.get("device_name") or hardware.get("device_kind") or "unknown hardware")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

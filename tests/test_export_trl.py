@@ -1,0 +1,112 @@
+"""`hpo.export --format trl`: the written config runs in TRL's own `trl sft` entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytest
+import yaml
+
+from hpo.export_formats import write_format
+from trainers.data.paths import demo_data_path
+from trainers.preset import preset_dict
+from trainers.spec import TrainSpec
+
+ESTIMATE = {
+    "duration_hours": {"p10": 0.5, "p50": 1.0, "p90": 1.5},
+    "full_run_steps": 1200,
+    "window_hours": 2.0,
+    "hardware": {"device_kind": "cpu", "device_name": "cpu", "precision": "fp32"},
+}
+PROVENANCE = {"study": "demo-study", "trial": 7, "value": 1.23, "mlflow_run_id": "abc123"}
+
+
+def _preset(model: Path, data: Path, **training: Any) -> dict[str, Any]:
+    spec = TrainSpec(model=str(model), data=str(data), **training)
+    return preset_dict(spec, estimate=ESTIMATE, provenance=PROVENANCE)
+
+
+def _sft_args(config: Path, *overrides: str) -> tuple[Any, ...]:
+    """TRL's own parser of `trl sft`; unknown keys in the file fail instead of being ignored."""
+    from trl.scripts.sft import make_parser
+
+    return tuple(
+        make_parser().parse_args_and_config(
+            ["--config", str(config), *overrides], fail_with_unknown_args=True
+        )
+    )
+
+
+def test_native_data_is_referenced_and_the_preset_carried(tmp_path: Path, tiny_model_dir: Path) -> None:
+    data = demo_data_path("prompt_completion")
+    preset = _preset(
+        tiny_model_dir, data, micro_batch_size=4, gradient_accumulation_steps=3,
+        learning_rate=2e-4, scheduler="cosine", warmup_ratio=0.05, epochs=2.0,
+        lora={"r": 16, "alpha": 32.0, "dropout": 0.1, "use_rslora": True}, max_length=96,
+    )  # fmt: skip
+    written = write_format("trl", preset, tmp_path / "trl.yaml")
+    assert written == [tmp_path / "trl.yaml"]  # no converted copy of data TRL reads itself
+    text = written[0].read_text()
+    assert "study demo-study, trial 7" in text and "p50 1 h" in text
+    script, sft, model, mixture = _sft_args(written[0])
+    assert mixture.datasets[0].data_files == str(data.resolve())
+    assert (model.lora_r, model.lora_alpha, model.lora_dropout) == (16, 32.0, 0.1)
+    assert model.use_rslora and model.lora_target_modules == "all-linear"
+    assert (sft.per_device_train_batch_size, sft.gradient_accumulation_steps) == (4, 3)
+    assert (sft.learning_rate, sft.num_train_epochs, sft.max_length) == (2e-4, 2.0, 96)
+    assert sft.lr_scheduler_type.value == "cosine" and sft.warmup_steps == 0.05
+    assert not sft.bf16 and not sft.fp16  # the study measured fp32
+    # 30 checkpoint minutes at the estimate's 3 s per step.
+    assert (sft.save_strategy.value, sft.save_steps) == ("steps", 600)
+
+
+@pytest.mark.parametrize(
+    ("precision", "measured", "flags"),
+    [
+        ("auto", "bf16", (True, False)),
+        ("auto", "fp16", (False, True)),
+        ("fp32", "bf16", (False, False)),
+        ("bf16", "fp32", (True, False)),
+    ],
+)
+def test_precision(precision: str, measured: str, flags: tuple[bool, bool], tmp_path: Path) -> None:
+    from hpo.export_formats import _precision
+
+    got = _precision(precision, {"hardware": {"precision": measured}})
+    assert (got["bf16"], got["fp16"]) == flags
+
+
+def test_trl_sft_trains_the_exported_config_and_the_loss_falls(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Alpaca rows in Parquet: converted beside the config, then trained by `trl sft`'s main."""
+    from trl.scripts.sft import main
+
+    # Eight short answers repeated: a random-init model learns them fast, so the loss must fall.
+    rows = [
+        {"instruction": f"Name the colour number {i}.", "input": "", "output": colour}
+        for i, colour in enumerate(["red", "green", "blue", "black", "white", "grey", "pink", "gold"])
+    ] * 8
+    data = tmp_path / "alpaca.parquet"
+    datasets.disable_progress_bars()
+    datasets.Dataset.from_list(rows).to_parquet(str(data))
+    preset = _preset(tiny_model_dir, data, micro_batch_size=8, learning_rate=3e-3, max_length=64)
+    config, converted = write_format("trl", preset, tmp_path / "trl.yaml")
+    records = [json.loads(line) for line in converted.read_text().splitlines()]
+    assert len(records) == len(rows) and records[0]["messages"][1]["content"] == "red"
+    assert yaml.safe_load(config.read_text())["datasets"][0]["data_files"] == str(converted)
+
+    steps = 16
+    main(*_sft_args(config, "--max_steps", str(steps), "--logging_steps", "1",
+                    "--save_steps", str(steps), "--eval_strategy", "no"))  # fmt: skip
+    output = tmp_path / "trl-output"
+    state = json.loads((output / f"checkpoint-{steps}" / "trainer_state.json").read_text())
+    losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+    assert len(losses) == steps
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    assert last < first - 0.5, losses
+    adapter = json.loads((output / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"]) == (8, 16)
