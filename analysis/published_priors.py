@@ -88,6 +88,28 @@ def priors_path() -> Path:
     return Path(str(resources.files("analysis").joinpath(PRIORS_FILE)))
 
 
+def stored_profiles(path: str | Path | None = None) -> dict[tuple[str, Any], ModelProfile]:
+    """The model profiles the stored fit used, keyed as `profile_for` caches them."""
+    source = Path(path) if path is not None else priors_path()
+    if not source.is_file():
+        return {}
+    stored = json.loads(source.read_text(encoding="utf-8")).get("profiles", [])
+    return {
+        (item["model"], item["targets"] if isinstance(item["targets"], str) else tuple(item["targets"])):
+        ModelProfile(**item["profile"])
+        for item in stored
+    }  # fmt: skip
+
+
+def profiles_to_store(cache: dict[tuple[str, Any], ModelProfile]) -> list[dict[str, Any]]:
+    """`profile_for`'s cache as JSON-ready items (what `stored_profiles` reads)."""
+    return [
+        {"model": model, "targets": targets if isinstance(targets, str) else list(targets),
+         "profile": dataclasses.asdict(profile)}
+        for (model, targets), profile in sorted(cache.items(), key=lambda kv: str(kv[0]))
+    ]  # fmt: skip
+
+
 def load(path: str | Path | None = None) -> PublishedPriors | None:
     """The stored fit; None when there is none yet."""
     source = Path(path) if path is not None else priors_path()
@@ -294,22 +316,30 @@ def _memory_fit(
     """Memory terms by least absolute log error over the fitted runs (Nelder-Mead, bounded).
 
     Their p90 is the largest under-prediction of any fitted run, each predicted by the terms
-    fitted without it (leave-one-out), so that the bound holds runs the fit did not see.
+    fitted without its model and GPU (leave one group out: a plan is made for a model and a
+    GPU the table may not have), so that the bound holds runs the fit did not see.
     """
     terms = _memory_minimise(runs, plans, start)
     worst = 0.0
-    for i, (run, plan) in enumerate(zip(runs, plans, strict=True)):
-        others = [r for j, r in enumerate(runs) if j != i]
-        other_plans = [p for j, p in enumerate(plans) if j != i]
+    for group in sorted({_group(run) for run in runs}):
+        inside = [i for i, run in enumerate(runs) if _group(run) == group]
+        others = [r for j, r in enumerate(runs) if j not in inside]
+        if not others:
+            continue
+        other_plans = [p for j, p in enumerate(plans) if j not in inside]
         without = _memory_minimise(others, other_plans, terms)
-        worst = max(
-            worst, math.log(run.memory_gib * GIB / peak_memory(plan, setup_of(run), without)[0])
-        )
+        for i in inside:
+            predicted = peak_memory(plans[i], setup_of(runs[i]), without)[0]
+            worst = max(worst, math.log(runs[i].memory_gib * GIB / predicted))
     for run, plan in zip(runs, plans, strict=True):
-        worst = max(
-            worst, math.log(run.memory_gib * GIB / peak_memory(plan, setup_of(run), terms)[0])
-        )
+        predicted = peak_memory(plan, setup_of(run), terms)[0]
+        worst = max(worst, math.log(run.memory_gib * GIB / predicted))
     return dataclasses.replace(terms, log_p90=worst + MEMORY_MARGIN)
+
+
+def _group(run: PublishedRun) -> tuple[str, str]:
+    """Runs of one model on one GPU: what a new user's model and GPU would not share."""
+    return (run.model, run.gpu)
 
 
 def _memory_minimise(

@@ -16,7 +16,13 @@ import statistics
 import sys
 from typing import Any
 
-from analysis.published_priors import PublishedPriors, fit, priors_path, replay_with
+from analysis.published_priors import (
+    PublishedPriors,
+    fit,
+    priors_path,
+    profiles_to_store,
+    replay_with,
+)
 from analysis.published_runs import PUBLISHED_RUNS, PublishedRun
 from benchmarks._common import table, write_json
 from common.cli import EXIT_OK, check_writable, run_cli
@@ -40,9 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def evaluate_rows(
     runs: tuple[PublishedRun, ...] = PUBLISHED_RUNS,
+    cache: dict[Any, Any] | None = None,
 ) -> tuple[PublishedPriors, list[dict[str, Any]]]:
-    """Fit on the expressible rows not held out; replay every expressible row with that fit."""
-    cache: dict[Any, Any] = {}
+    """Fit on the expressible rows not held out; replay every expressible row with that fit.
+
+    Args:
+        runs: The table.
+        cache: Model profiles by (config, LoRA targets); filled as they are built.
+    """
+    cache = {} if cache is None else cache
     fitted = [r for r in runs if r.expressible and not r.held_out]
     priors = fit(fitted, cache)
     rows = []
@@ -120,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.json:
         check_writable(args.json)
-    priors, rows = evaluate_rows()
+    cache: dict[Any, Any] = {}
+    priors, rows = evaluate_rows(cache=cache)
     lines = []
     for r in rows:
         if not r["expressible"]:
@@ -158,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{k} {v:.3g}" for k, v in priors.memory.to_dict().items())
     )
     if args.write_priors:
-        write_file(str(priors_path()), priors.to_dict())
+        write_file(str(priors_path()), {**priors.to_dict(), "profiles": profiles_to_store(cache)})
         print(f"wrote {priors_path()}")
     write_json(args.json, {"priors": priors.to_dict(), "rows": rows, "summary": result})
     return EXIT_OK

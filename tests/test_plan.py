@@ -36,7 +36,15 @@ PUBLISHED_PARAMETERS = {
     "phi-3-mini-4k": 3_821_079_552,
     "mistral-7b-v0.1": 7_241_732_096,
     "qwen2.5-7b": 7_615_616_512,
+    # The models of the published runs `benchmarks/published_runs.py` replays.
+    "qwen-1.8b": 1_836_828_672,
+    "qwen-7b": 7_721_324_544,
+    "qwen-14b": 14_167_290_880,
+    "llama-2-7b": 6_738_415_616,
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-3.2-3b": 3_212_749_824,
 }
+FAMILY_CONFIGS = ("mistral-7b-v0.1", "phi-3-mini-4k", "qwen2.5-7b", "tinyllama-1.1b")
 GPUS = ("H100", "A100-80GB", "RTX4090")
 LENGTHS = lengths_from_count(10_000, 512)
 
@@ -67,7 +75,7 @@ def test_every_known_gpu_has_a_peak() -> None:
 
 
 @pytest.mark.parametrize("gpu", GPUS)
-@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMETERS))
+@pytest.mark.parametrize("name", FAMILY_CONFIGS)
 def test_plan_is_finite_and_ordered(name: str, gpu: str, profiles: dict[str, ModelProfile]) -> None:
     spec = find_gpu(gpu)
     coefficients, source = coefficients_for(spec)
@@ -79,7 +87,7 @@ def test_plan_is_finite_and_ordered(name: str, gpu: str, profiles: dict[str, Mod
     assert e.peak_memory_bytes <= e.peak_memory_bytes_p90
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMETERS))
+@pytest.mark.parametrize("name", FAMILY_CONFIGS)
 def test_memory_grows_with_batch_and_length_and_falls_with_checkpointing(
     name: str, profiles: dict[str, ModelProfile]
 ) -> None:
@@ -141,7 +149,8 @@ def test_unknown_gpu_described_by_flags(capsys: pytest.CaptureFixture[str]) -> N
         "--gpu-memory-gb", "192", "--samples", "1000",
     )  # fmt: skip
     assert code == 0
-    assert "priors for MI300X (1307 TFLOP/s bf16 peak)" in stdout
+    # A GPU without published runs takes the utilisation pooled over all of them.
+    assert "priors for MI300X (1307 TFLOP/s bf16 peak; the pooled utilisation" in stdout
 
 
 def test_data_file_lengths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -163,9 +172,11 @@ def test_calibration_measured_on_the_gpu_replaces_the_priors(
 ) -> None:
     gpu = find_gpu("H100")
     prior, _ = coefficients_for(gpu)
-    # A calibration that found this GPU twice as fast as the prior assumes.
+    # A calibration that found this GPU twice as fast as the prior assumes (its fixed
+    # per-micro-step overhead too: the fitted priors put 100 ms there).
     faster = dataclasses.replace(
         prior,
+        micro_fixed_seconds=prior.micro_fixed_seconds / 2,
         micro_seconds_per_flop=prior.micro_seconds_per_flop / 2,
         micro_seconds_per_adapter_flop=prior.adapter_seconds_per_flop / 2,
         micro_seconds_per_attention_flop=prior.micro_seconds_per_attention_flop / 2,

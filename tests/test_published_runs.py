@@ -1,0 +1,96 @@
+"""The published LoRA runs the plan's priors are fitted to and checked against."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from analysis.gpus import find_gpu
+from analysis.machine import config_profile
+from analysis.planning import load_model_config, shipped_configs
+from analysis.published_priors import load, replay_with, setup_of, stored_profiles
+from analysis.published_runs import PUBLISHED_RUNS, expressible_runs
+from analysis.run_setup import ATTENTION_KERNELS, MEMORY_MEASURES, RunSetup
+
+TIME_MEASURES = ("s/it", "tokens/s", "s per 250 steps")
+
+
+@pytest.mark.parametrize("run", PUBLISHED_RUNS, ids=lambda r: r.name)
+def test_every_row_names_its_source_setup_and_measure(run: object) -> None:
+    from analysis.published_runs import PublishedRun
+
+    assert isinstance(run, PublishedRun)
+    assert run.source.startswith("https://") and run.where.strip()
+    assert run.model in shipped_configs(), f"{run.model}: ship its config.json"
+    assert run.framework and run.precision in ("bf16", "fp16", "fp32")
+    assert run.micro_batch_size >= 1 and run.gradient_accumulation_steps >= 1
+    assert 0 < run.tokens_per_sample <= run.max_length
+    assert run.attention in ATTENTION_KERNELS and run.lora_r >= 1 and run.lora_targets
+    assert run.time_measure in TIME_MEASURES and run.memory_measure in MEMORY_MEASURES
+    assert run.memory_gib > 0
+    if run.expressible:
+        find_gpu(run.gpu)  # a known GPU (raises otherwise)
+        assert math.isfinite(run.time_value) and run.time_value > 0
+        assert run.seconds_per_step > 0
+    else:
+        assert run.why_not, "a row the plan cannot express says why"
+
+
+def test_table_covers_gpus_lengths_and_keeps_points_out() -> None:
+    runs = expressible_runs()
+    assert len(runs) >= 12
+    assert len({r.gpu for r in runs}) >= 4
+    lengths = {r.max_length for r in runs}
+    assert min(lengths) <= 512 and max(lengths) >= 8192
+    held_out = [r for r in runs if r.held_out]
+    assert 0 < len(held_out) < len(runs)
+    priors = load()
+    assert priors is not None, "run python -m benchmarks.published_runs --write-priors"
+    assert not {r.name for r in held_out} & set(priors.fitted_points)
+
+
+def test_stored_profiles_are_the_shipped_configs() -> None:
+    """The profiles stored with the fit are what the meta-device build gives (one checked)."""
+    stored = stored_profiles()
+    key = ("qwen-1.8b", "auto")
+    built = config_profile(load_model_config(shipped_configs()["qwen-1.8b"]), target_modules="auto")
+    assert stored[key] == built
+
+
+def test_memory_p90_holds_every_published_peak() -> None:
+    priors = load()
+    assert priors is not None
+    cache = stored_profiles()
+    for run in expressible_runs():
+        assert (run.model, setup_of(run).peft_targets) in cache, run.name
+        replay = replay_with(run, priors, cache)
+        assert replay.memory_p90_gib >= run.memory_gib, run.name
+        assert replay.seconds_p10 <= replay.seconds_p50 <= replay.seconds_p90
+
+
+def test_setup_fields_move_memory_the_way_published_tables_do() -> None:
+    """Eager attention adds quadratic memory, fp32 logits and reserved memory add more."""
+    import dataclasses
+
+    from analysis.planning import RunShape, lengths_from_count, plan_of
+    from analysis.run_setup import MemoryTerms, peak_memory
+
+    model = stored_profiles()[("qwen-7b", "auto")]
+    gpu = find_gpu("A100-80GB")
+    terms = MemoryTerms()
+
+    def peak(length: int, **setup: Any) -> float:
+        shape = RunShape(1, 8, length, 64, True)
+        plan = plan_of(shape, model, lengths_from_count(16, length), gpu)
+        return peak_memory(plan, dataclasses.replace(RunSetup(), **setup), terms)[0]
+
+    # Eager: the extra memory over a flash kernel grows 4x when the length doubles.
+    extra = [
+        peak(n, attention="eager") - peak(n, attention="flash_attention_2") for n in (2048, 4096)
+    ]
+    assert extra[1] == pytest.approx(4 * extra[0], rel=1e-6)
+    assert peak(4096, logits_fp32=False) < peak(4096)
+    assert peak(4096, memory_measure="allocated") < peak(4096)
+    assert peak(4096, longest_sample=1024) < peak(4096)
