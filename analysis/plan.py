@@ -365,11 +365,21 @@ def _lines(report: dict[str, Any]) -> list[str]:
         f"run: micro-batch {run['micro_batch_size']} x accumulation {run['gradient_accumulation_steps']}, "
         f"max_length {run['max_length']}, gradient checkpointing {'on' if run['gradient_checkpointing'] else 'off'}, "
         f"{run['epochs']:g} epoch(s), {plan['optimizer_steps']} optimizer steps",
+        "setup: attention {attention}, LoRA targets {targets}, logits {logits}, {packing}longest "
+        "sample {longest}, memory as {measure}".format(
+            attention=report["setup"]["attention"],
+            targets=report["setup"]["lora_targets"] if isinstance(report["setup"]["lora_targets"], str)
+            else ",".join(report["setup"]["lora_targets"]),
+            logits="fp32" if report["setup"]["logits_fp32"] else "16-bit/chunked",
+            packing="packed, " if report["setup"]["packing"] else "",
+            longest=report["setup"]["longest_sample"] or run["max_length"],
+            measure=report["setup"]["memory_measure"],
+        ),
         f"duration: p10 {format_duration(hours['p10'] * 3600)}, p50 {format_duration(hours['p50'] * 3600)}, "
         f"p90 {format_duration(hours['p90'] * 3600)} ({plan['tokens_per_second']:,.0f} tokens/s)",
         "peak memory: {:.1f} GiB (p90 {:.1f}) = ".format(plan["peak_memory_gib"], plan["peak_memory_gib_p90"])
         + ", ".join(f"{key} {value:.2f}" for key, value in report["memory_gib"].items()),
-        "activations: {:.2f} GiB without gradient checkpointing, {:.2f} GiB with".format(
+        "activations and logits: {:.2f} GiB without gradient checkpointing, {:.2f} GiB with".format(
             *report["activations_gib"].values()
         ),
     ]  # fmt: skip

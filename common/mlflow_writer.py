@@ -314,6 +314,11 @@ class MlflowWriter:
         self.submit(lambda: self._handle({**record, "run": self.resolve(_run_id(run_id))}))
         self.flush()
 
+    def log_input(self, run: Run, dataset: Mapping[str, str], context: str = "training") -> None:
+        """Queue an MLflow dataset input (`mlflow.entities.Dataset` fields as strings) on a run."""
+        record = {"op": "input", "dataset": dict(dataset), "context": context}
+        self.submit(lambda: self._handle({**record, "run": self.resolve(_run_id(run))}))
+
     def send_waiting(self) -> int:
         """Try now to send what waits in the spool (after what is queued); returns what still waits."""
         if self.spool is not None and self.spool.waiting:
@@ -456,6 +461,13 @@ class MlflowWriter:
             )
         elif op == "status":
             self.client.update_run(self.resolve(record["run"]), status=record["status"])
+        elif op == "input":
+            from mlflow.entities import Dataset, DatasetInput, InputTag
+            from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+            tags = [InputTag(MLFLOW_DATASET_CONTEXT, record["context"])]
+            inputs = [DatasetInput(Dataset(**record["dataset"]), tags=tags)]
+            self.client.log_inputs(self.resolve(record["run"]), datasets=inputs)
         elif op == "artifact":
             path = Path(record["path"])
             if spool is not None and not path.is_absolute():

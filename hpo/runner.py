@@ -157,6 +157,7 @@ def run_study(
         exit_wait_seconds=config.tracking_exit_wait_seconds,
     )
     parent = tracker.ensure_parent(study, _flat(config.to_dict()))
+    _log_data_input(tracker, parent, prepared)
     if not has_heartbeats(config.storage_url) and fail_dead_workers_trials(study):
         tracker.reconcile(parent, study)  # their MLflow runs: FAILED, state=failed
     _learn_from_full_runs(tracker, estimator)
@@ -180,6 +181,17 @@ def run_study(
     summary.tracking_spool = tracker.spool_folder
     summary.elapsed_seconds = time.perf_counter() - started
     return summary
+
+
+def _log_data_input(tracker: Tracker, parent: str, prepared: Prepared) -> None:
+    """The study's data as the parent run's MLflow dataset input (spooled like any record)."""
+    from trainers.data.lineage import dataset_input
+
+    stats = next(iter(prepared.dataset_stats.values()))
+    tracker.writer.log_input(
+        parent,
+        dataset_input(prepared.data_path, shape=stats.shape, rows=stats.records),
+    )
 
 
 def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> None:

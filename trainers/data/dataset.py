@@ -123,6 +123,7 @@ class DatasetStats:
     truncated: int
     skipped_lines: int
     lengths: list[int]
+    records: int = 0  # usable records read (``samples`` counts blocks when packed)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict of every field."""
@@ -192,6 +193,7 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
     if spec.overflow == "pack":
         train, validation = pack(train, spec.max_length), pack(validation, spec.max_length)
     stats = compute_stats(shape, train + validation, truncated=truncated, skipped_lines=skipped)
+    stats.records = len(samples)
     return TokenizedData(train, validation, stats, cached is not None, str(cache_file))
 
 

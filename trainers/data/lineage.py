@@ -1,0 +1,81 @@
+"""The training data as an MLflow dataset input: what `mlflow.log_input` records on a run.
+
+The fields are those of `mlflow.entities.Dataset` as plain strings, so the writer can spool
+them during an outage like any other record: name, digest (the data's fingerprint, the one
+the token cache is keyed by), source (the local path), schema (the columns of its record
+shape, in MLflow's `mlflow_colspec` form) and profile (rows, shape, format, tokens).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trainers.data.sources import fingerprint, open_source
+
+# MLflow's store keeps at most 36 characters of a dataset digest.
+DIGEST_LENGTH = 32
+_MESSAGES = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "content": {"type": "string", "required": True},
+            "role": {"type": "string", "required": True},
+        },
+    },
+}
+_ALPACA = ("instruction", "input", "output")
+_COLUMNS: dict[str, list[tuple[str, Any]]] = {
+    "text": [("text", "string")],
+    "prompt_completion": [("prompt", "string"), ("completion", "string")],
+    "messages": [("messages", _MESSAGES)],
+    "alpaca": [(name, "string") for name in _ALPACA],
+    "sharegpt": [
+        (
+            "conversations",
+            {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "from": {"type": "string", "required": True},
+                        "value": {"type": "string", "required": True},
+                    },
+                },
+            },
+        )
+    ],
+}
+
+
+def dataset_input(
+    path: str, *, shape: str, rows: int, total_tokens: int | None = None
+) -> dict[str, str]:
+    """The `mlflow.entities.Dataset` fields of the data at `path`.
+
+    Args:
+        path: The data file or `save_to_disk` folder.
+        shape: Its record shape (``trainers.data.records.SHAPES``).
+        rows: Usable records.
+        total_tokens: Tokens after tokenizing (train and validation), if known.
+    """
+    source = open_source(path)
+    digest = fingerprint(source).removeprefix("datasets:")[:DIGEST_LENGTH]
+    columns = [
+        {"type": kind, "name": name, "required": True}
+        if isinstance(kind, str)
+        else {**kind, "name": name, "required": True}
+        for name, kind in _COLUMNS[shape]
+    ]
+    profile: dict[str, Any] = {"num_rows": rows, "shape": shape, "format": source.kind}
+    if total_tokens is not None:
+        profile["total_tokens"] = total_tokens
+    return {
+        "name": source.path.name,
+        "digest": digest,
+        "source_type": "local",
+        "source": json.dumps({"uri": str(source.path.resolve())}),
+        "schema": json.dumps({"mlflow_colspec": columns}),
+        "profile": json.dumps(profile),
+    }
