@@ -17,7 +17,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.cli import EXIT_FAILED, EXIT_OK, check_writable, check_writable_dir, run_cli
 from common.errors import BadInputError, GaveUp
@@ -28,6 +28,9 @@ from trainers.loop.window import WindowGuard
 from trainers.preset import Preset
 from trainers.spec import TrainSpec
 from trainers.summary import predicted_seconds, resume_command, summary_lines
+
+if TYPE_CHECKING:
+    from trainers.data.dataset import DatasetStats
 
 EXIT_RESUMABLE = 3  # stopped by the window or a signal, with a checkpoint
 log = logging.getLogger(__name__)
@@ -124,7 +127,7 @@ def default_output_dir(preset_path: str | Path) -> str:
     return str(Path(DEFAULT_RUNS_DIR) / "full" / Path(preset_path).stem)
 
 
-def check_start(spec: TrainSpec, resume: bool) -> None:
+def check_start(spec: TrainSpec, resume: bool) -> DatasetStats:
     """What would refuse this start, checked before an MLflow run exists for it.
 
     Raises:
@@ -145,7 +148,7 @@ def check_start(spec: TrainSpec, resume: bool) -> None:
     check_writable_dir(spec.output_dir, "output_dir")
     _starting_checkpoint(spec, resume)
     # Every record checked (and tokenized into the cache, where training finds it).
-    load_tokenized(spec.data_spec(), load_tokenizer(spec.model))
+    return load_tokenized(spec.data_spec(), load_tokenizer(spec.model)).stats
 
 
 def full_run_spec(spec: TrainSpec, given: dict[str, Any]) -> TrainSpec:
@@ -218,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     predicted = predicted_seconds(preset.estimate)
     if args.json:
         check_writable(args.json)
-    check_start(spec, args.resume)
+    data_stats = check_start(spec, args.resume)
 
     from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -241,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         callbacks.append(tracker)
+        from trainers.data.lineage import dataset_input
+
+        tracker.writer.log_input(
+            tracker.run_id,
+            dataset_input(spec.data, shape=data_stats.shape, rows=data_stats.records),
+        )
     failure: str | None = None
     stop = StopOnSignal()
     callbacks.append(stop)
