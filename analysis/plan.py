@@ -47,6 +47,7 @@ from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_json
 from common.fmt import format_duration
+from trainers.spec import PACKING_MODES
 
 GIB = 2**30
 DEFAULT_SHAPE = RunShape(
@@ -133,7 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
         "measured with --data, else --max-length).",
     )
     setup.add_argument(
-        "--packing", action="store_true", help="Samples packed into full --max-length rows."
+        "--packing",
+        nargs="?",
+        const="padding_free",
+        default="none",
+        choices=PACKING_MODES,
+        help="padding_free: samples packed into sequences of --max-length tokens (fewer, fuller "
+        "micro-batches: steps from the data's lengths); --packing alone means padding_free.",
     )
     budget = parser.add_argument_group("budget")
     budget.add_argument("--window-hours", type=float, help="The run must end within this (p90).")
@@ -170,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         logits_fp32=args.fp32_logits,
         memory_measure=args.memory_measure,
         longest_sample=args.longest_sample or (max(lengths) if args.data else None),
-        packing=args.packing,
+        packing=args.packing != "none",
     )
     model = config_profile(config, source=str(config_path), target_modules=setup.peft_targets)
     terms = _memory_terms()
@@ -199,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _memory_terms() -> MemoryTerms:
     """The memory terms fitted to published runs, else the textbook ones."""
-    from analysis import published_priors
+    from analysis import fitted_priors
 
-    fitted = published_priors.load()
+    fitted = fitted_priors.load()
     return fitted.memory if fitted is not None else MemoryTerms()
 
 

@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from analysis import fitted_priors
 from analysis.calibration import Calibration, load
 from analysis.gpus import GpuSpec, peak_of
 from analysis.plans import plan_for
@@ -197,14 +198,12 @@ def coefficients_for(
             )
         notes.append(f"{path} is for {calibration.hardware.device_name}")
     peak = peak_of(gpu, tflops)
-    from analysis import published_priors
-
-    fitted = published_priors.load()
+    fitted = fitted_priors.load()
     if fitted is None:
         prior = prior_coefficients(gpu.hardware(), peak=peak)
         where = f"priors for {gpu.name} ({peak / 1e12:g} TFLOP/s {gpu.precision} peak)"
     else:
-        prior = published_priors.coefficients(gpu, fitted, peak=peak)
+        prior = fitted_priors.coefficients(gpu, fitted, peak=peak)
         kind = "its" if gpu.name in fitted.utilisation else "the pooled"
         where = (
             f"priors for {gpu.name} ({peak / 1e12:g} TFLOP/s {gpu.precision} peak; {kind} "
@@ -257,6 +256,8 @@ def evaluate(
     kernel sets the attention FLOPs' rate; without one, the time model's own memory estimate.
     """
     plan = plan_of(shape, model, lengths, gpu)
+    if setup is not None and setup.packing:
+        plan = dataclasses.replace(plan, packing="padding_free")
     if setup is not None:
         coefficients = dataclasses.replace(
             coefficients,

@@ -2,8 +2,8 @@
 
 `replay` predicts one published run through the plan's own code (`analysis.planning.evaluate`
 with a `RunSetup`), `fit` fits the priors to the rows not held out, robustly (medians and
-least absolute log errors), and `load` reads the fitted priors that
-`python -m benchmarks.published_runs --write-priors` stored in `published_priors.json`.
+least absolute log errors); `python -m benchmarks.published_runs --write-priors` stores them
+in `published_priors.json`, which `analysis.fitted_priors` reads for `analysis.plan`.
 
 Time: seconds per optimizer step = rest + accumulation x fixed + FLOP time / utilisation;
 one utilisation per GPU kind (the median over its points; kinds without points take the
@@ -16,146 +16,21 @@ Memory: `analysis.run_setup.MemoryTerms`, its p90 the largest under-prediction.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
-from analysis.gpus import GpuSpec, find_gpu, peak_of
+from analysis.fitted_priors import GIB, PublishedPriors, with_utilisation
+from analysis.gpus import find_gpu, peak_of
 from analysis.published_runs import PublishedRun
 from analysis.run_setup import MemoryTerms, RunSetup, memory_parts, peak_memory
-from analysis.timemodel import Coefficients, ModelProfile, predict, prior_coefficients
+from analysis.timemodel import ModelProfile, predict, prior_coefficients
 
-GIB = 2**30
-PRIORS_FILE = "published_priors.json"
 REPLAY_STEPS = 20  # optimizer steps a replay plans (the per-step time does not depend on it)
 MEMORY_MARGIN = 0.01  # log: 1 %, so that rounding never puts a fitted peak above p90
 _FIXED_GRID = tuple(i * 0.005 for i in range(61))  # 0 .. 0.3 s per micro-step
-
-
-@dataclass(frozen=True)
-class PublishedPriors:
-    """What the fit to published runs gives a plan on a GPU it has not measured.
-
-    Attributes:
-        utilisation: Fraction of the dense peak per GPU name (`analysis.gpus`) that had points.
-        pooled_utilisation: For any other GPU: the median over all fitted points.
-        micro_fixed_seconds: Per micro-step overhead beyond FLOPs (kernel launches, hooks).
-        log_p10: Lower end of the duration band (log of actual / predicted).
-        log_p90: Upper end.
-        memory: The fitted memory terms.
-        fitted_points: Names of the rows fitted (the rest were held out).
-    """
-
-    utilisation: dict[str, float]
-    pooled_utilisation: float
-    micro_fixed_seconds: float
-    log_p10: float
-    log_p90: float
-    memory: MemoryTerms
-    fitted_points: tuple[str, ...] = ()
-
-    def utilisation_for(self, gpu: GpuSpec) -> float:
-        """The GPU's fitted utilisation, else the pooled one."""
-        return self.utilisation.get(gpu.name, self.pooled_utilisation)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict."""
-        data = dataclasses.asdict(self)
-        data["fitted_points"] = list(self.fitted_points)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PublishedPriors:
-        """Build from `to_dict` output."""
-        return cls(
-            utilisation={str(k): float(v) for k, v in data["utilisation"].items()},
-            pooled_utilisation=float(data["pooled_utilisation"]),
-            micro_fixed_seconds=float(data["micro_fixed_seconds"]),
-            log_p10=float(data["log_p10"]),
-            log_p90=float(data["log_p90"]),
-            memory=MemoryTerms(**{k: float(v) for k, v in data["memory"].items()}),
-            fitted_points=tuple(data.get("fitted_points", ())),
-        )
-
-
-def priors_path() -> Path:
-    """Where the fitted priors are stored (inside the package)."""
-    return Path(str(resources.files("analysis").joinpath(PRIORS_FILE)))
-
-
-def stored_profiles(path: str | Path | None = None) -> dict[tuple[str, Any], ModelProfile]:
-    """The model profiles the stored fit used, keyed as `profile_for` caches them."""
-    source = Path(path) if path is not None else priors_path()
-    if not source.is_file():
-        return {}
-    stored = json.loads(source.read_text(encoding="utf-8")).get("profiles", [])
-    return {
-        (item["model"], item["targets"] if isinstance(item["targets"], str) else tuple(item["targets"])):
-        ModelProfile(**item["profile"])
-        for item in stored
-    }  # fmt: skip
-
-
-def profiles_to_store(cache: dict[tuple[str, Any], ModelProfile]) -> list[dict[str, Any]]:
-    """`profile_for`'s cache as JSON-ready items (what `stored_profiles` reads)."""
-    return [
-        {"model": model, "targets": targets if isinstance(targets, str) else list(targets),
-         "profile": dataclasses.asdict(profile)}
-        for (model, targets), profile in sorted(cache.items(), key=lambda kv: str(kv[0]))
-    ]  # fmt: skip
-
-
-def load(path: str | Path | None = None) -> PublishedPriors | None:
-    """The stored fit; None when there is none yet."""
-    source = Path(path) if path is not None else priors_path()
-    if not source.is_file():
-        return None
-    return PublishedPriors.from_dict(json.loads(source.read_text(encoding="utf-8")))
-
-
-def coefficients(
-    gpu: GpuSpec, priors: PublishedPriors, *, peak: float | None = None
-) -> Coefficients:
-    """The time model's prior coefficients for `gpu` with the fitted utilisation and band."""
-    peak = peak if peak is not None else peak_of(gpu)
-    base = prior_coefficients(gpu.hardware(), peak=peak)
-    return with_utilisation(
-        base, peak, priors.utilisation_for(gpu), priors.micro_fixed_seconds,
-        log_p10=priors.log_p10, log_p90=priors.log_p90,
-        source=f"published-fit:{gpu.name}",
-    )  # fmt: skip
-
-
-def with_utilisation(
-    base: Coefficients,
-    peak: float,
-    utilisation: float,
-    micro_fixed_seconds: float,
-    *,
-    log_p10: float,
-    log_p90: float,
-    source: str,
-    attention_rate: float = 1.0,
-) -> Coefficients:
-    """`base` with its FLOP rates at `utilisation` of `peak` and the given band."""
-    effective = peak * utilisation
-    return dataclasses.replace(
-        base,
-        micro_fixed_seconds=micro_fixed_seconds,
-        micro_seconds_per_flop=1.0 / effective,
-        micro_seconds_per_adapter_flop=1.0 / effective,
-        # Attention matmuls at half the rate of the weights' (the time model's prior).
-        micro_seconds_per_attention_flop=2.0 * attention_rate / effective,
-        eval_seconds_per_flop=1.0 / effective,
-        systematic_log_p10=log_p10,
-        systematic_log_p90=log_p90,
-        source=source,
-    )
 
 
 # ----------------------------------------------------------------------------- replay

@@ -16,13 +16,8 @@ import statistics
 import sys
 from typing import Any
 
-from analysis.published_priors import (
-    PublishedPriors,
-    fit,
-    priors_path,
-    profiles_to_store,
-    replay_with,
-)
+from analysis.fitted_priors import PublishedPriors, priors_path, profiles_to_store
+from analysis.published_priors import fit, replay_with
 from analysis.published_runs import PUBLISHED_RUNS, PublishedRun
 from benchmarks._common import table, write_json
 from common.cli import EXIT_OK, check_writable, run_cli

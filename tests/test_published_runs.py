@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
+from analysis.fitted_priors import load, stored_profiles
 from analysis.gpus import find_gpu
 from analysis.machine import config_profile
 from analysis.planning import load_model_config, shipped_configs
-from analysis.published_priors import load, replay_with, setup_of, stored_profiles
+from analysis.published_priors import replay_with, setup_of
 from analysis.published_runs import PUBLISHED_RUNS, expressible_runs
 from analysis.run_setup import ATTENTION_KERNELS, MEMORY_MEASURES, RunSetup
 
