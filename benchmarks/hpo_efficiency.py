@@ -287,16 +287,23 @@ def verdicts(task: Task, method: str, search: dict[str, Any], work: Path) -> dic
             continue
         output = str(work / f"full-{method}-{number}")
         final = index == len(changes) - 1
+        spec = train_spec(
+            task.config,
+            search["params"][number],
+            model=task.prepared.model_path,
+            data=task.prepared.data_path,
+            full_run=True,
+            output_dir=output,
+        )
         if method == "hpo" and final and search["preset"] is not None:
-            spec = dataclasses.replace(load_preset(search["preset"]).spec, output_dir=output)
-        else:
-            spec = train_spec(
-                task.config,
-                search["params"][number],
-                model=task.prepared.model_path,
-                data=task.prepared.data_path,
-                full_run=True,
+            # The preset's configuration, under the same run settings as every other pick:
+            # its recovery, early stopping and checkpoint cadence are the full run's.
+            spec = dataclasses.replace(
+                load_preset(search["preset"]).spec,
                 output_dir=output,
+                recovery=spec.recovery,
+                early_stopping_patience=spec.early_stopping_patience,
+                checkpoint_minutes=spec.checkpoint_minutes,
             )
         out[number] = full_run(task, spec)
         print(f"  {method} pick {number}: {_brief(out[number])}", flush=True)

@@ -47,7 +47,11 @@ PARAM_KEYS = (
 
 
 def full_run_spec(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> TrainSpec:
-    """The full training the trial's configuration becomes (all epochs, checkpoints on)."""
+    """The full training the trial's configuration becomes (all epochs).
+
+    `preset_dict` adds the full run's recovery, early stopping and checkpoint cadence where
+    this sets none, with the defaults `trainers.train` runs with.
+    """
     attrs = trial.user_attrs
     missing = [k for k in PARAM_KEYS if k not in attrs]
     if missing or MODEL_ATTR not in study.user_attrs:

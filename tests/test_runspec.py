@@ -3,22 +3,26 @@
 One real (tiny) study; its trial is exported and read back as a preset, and the preset's
 full run is compared field by field with `train_spec` of the trial's parameters and with the
 plan the time model predicted. Every configured value differs from the defaults and from
-the trial's own schedule, so a translation that drops or swaps one fails here.
+the trial's own schedule, so a translation that drops or swaps one fails here. The preset
+file's `training` section is what `trainers.train --preset` then runs with.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
+import yaml
 
 from analysis.machine import model_profile, this_machine
 from analysis.plans import plan_for
 from analysis.timemodel import Plan
+from common.cli import run_cli
 from hpo.config import StudyConfig, load_config
 from hpo.estimator import StudyEstimator
 from hpo.export import CONFIG_ATTR, build_preset, write_preset
@@ -26,7 +30,7 @@ from hpo.prepare import Prepared, prepare
 from hpo.runner import run_study
 from hpo.runspec import stored_config, train_spec
 from search_spaces.sampling import params_from_trial_params
-from trainers.preset import Preset, load_preset
+from trainers.preset import Preset, full_run_spec, load_preset
 from trainers.spec import TrainSpec, optimizer_steps
 
 SPACE = """\
@@ -69,6 +73,7 @@ class Exported:
     params: dict[str, Any]
     preset: Preset
     stored: dict[str, Any]
+    path: Path
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +112,7 @@ def exported(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         params=params_from_trial_params(trial.params, prepared.space),
         preset=load_preset(path),
         stored=study.user_attrs[CONFIG_ATTR],
+        path=path,
     )
 
 
@@ -138,7 +144,29 @@ def preset_plan(exported: Exported) -> Plan:
     "name", [f.name for f in dataclasses.fields(TrainSpec) if f.name not in NOT_IN_PRESET]
 )
 def test_the_preset_is_the_full_run_of_the_trial(exported: Exported, name: str) -> None:
-    assert getattr(exported.preset.spec, name) == getattr(full_run(exported), name)
+    # With the full run's recovery, early stopping and checkpoints, as trainers.train runs it.
+    expected = full_run_spec(full_run(exported), {})
+    assert getattr(exported.preset.spec, name) == getattr(expected, name)
+
+
+def test_the_preset_states_what_its_full_run_runs_with(exported: Exported, tmp_path: Path) -> None:
+    """Round trip through the real files: the preset file, `trainers.train`, its JSON report."""
+    from trainers.train import main
+
+    training = yaml.safe_load(exported.path.read_text())["training"]
+    # What a trial had (its pruner judges it; a trial never resumes) is not what the preset says.
+    assert training["recovery"]["enabled"] is True
+    assert training["early_stopping_patience"] > 0
+    assert training["checkpoint_interval"] == SETTINGS["full_checkpoint_interval"]
+    report = tmp_path / "run.json"
+    argv = ["--preset", str(exported.path), "--max-steps", "2", "--output-dir",
+            str(tmp_path / "run"), "--json", str(report), "--quiet"]  # fmt: skip
+    assert run_cli(main, argv) == 0
+    ran = json.loads(report.read_text())["spec"]
+    assert {k: v for k, v in ran.items() if k in training and k != "max_steps"} == {
+        k: v for k, v in training.items() if k != "max_steps"
+    }
+    assert ran["max_steps"] == 2  # the one flag given, over the preset
 
 
 def test_the_full_run_follows_the_study_config(exported: Exported) -> None:

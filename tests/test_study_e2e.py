@@ -14,6 +14,7 @@ from mlflow import MlflowClient
 
 from hpo.config import load_config
 from hpo.runner import run_study
+from trainers.preset import PRESET_VERSION
 
 STATE_NAMES = {
     optuna.trial.TrialState.COMPLETE: "complete",
@@ -139,7 +140,7 @@ def test_export_preset_round_trip(study_run, tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     preset = yaml.safe_load(out.read_text())
-    assert preset["version"] == 1
+    assert preset["version"] == PRESET_VERSION
     assert set(preset) >= {"model", "lora", "data", "training", "estimate", "provenance"}
     assert preset["provenance"]["study"] == "e2e"
     assert preset["provenance"]["trial"] == summary.best_trial

@@ -1,11 +1,16 @@
 """The preset file: the hand-over from a study to the full training run.
 
 YAML with a `version` and the sections `model`, `lora`, `data`, `training`, `estimate`
-and `provenance`. `hpo.export` writes it; `trainers.train --preset` reads it.
+and `provenance`. `hpo.export` writes it; `trainers.train --preset` reads it. Its
+`training` section is what the full run does, recovery, early stopping and checkpoint
+cadence included: `full_run_spec` fills them in when the preset is written and again, from
+the same defaults, for a run without a preset.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +19,16 @@ from common.errors import BadInputError
 from common.files import read_yaml
 from trainers.spec import TrainSpec
 
-PRESET_VERSION = 1
+# Version 1 presets held the trial's recovery, early-stopping and checkpoint settings, not
+# the full run's: their full run still gets the full-run defaults over them.
+PRESET_VERSION = 2
+_READABLE_VERSIONS = (1, PRESET_VERSION)
+# Without a checkpoint setting, a full run saves this often: a long run without checkpoints
+# cannot be resumed or rolled back.
+DEFAULT_CHECKPOINT_MINUTES = 30.0
+# Evaluations without improvement before a full run stops early (off for trials: a trial is
+# the start of its full run and is judged by the pruner).
+DEFAULT_EARLY_STOPPING_PATIENCE = 5
 _DATA_FIELDS = (
     "max_length",
     "eval_max_length",
@@ -27,15 +41,62 @@ _NOT_TRAINING = {"model", "data", "lora", "output_dir", "cache_dir", *_DATA_FIEL
 
 @dataclass
 class Preset:
+    """A preset as read back.
+
+    Attributes:
+        spec: The run it describes, with the command line's values over the file's.
+        estimate: The study's estimate of the full run.
+        provenance: Which study and trial it comes from.
+        stated: The `training` values the file states as its full run's own (empty for a
+            version 1 preset, whose values were the trial's): they count as given.
+    """
+
     spec: TrainSpec
     estimate: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+    stated: dict[str, Any] = field(default_factory=dict)
+
+    def given_with(self, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """What the user stated for the run: the preset's stated values, `flags` over them."""
+        recovery = {**_mapping(self.stated.get("recovery")), **_mapping(flags.get("recovery"))}
+        return {**self.stated, **flags, "recovery": recovery}
+
+
+def full_run_spec(spec: TrainSpec, given: Mapping[str, Any]) -> TrainSpec:
+    """A full run's defaults over `spec`: checkpoints, recovery and early stopping on.
+
+    The one place these defaults are decided: `preset_dict` writes them into a preset and
+    `trainers.train` runs with them.
+
+    Args:
+        spec: The run.
+        given: Values the user stated (flags, a preset's `training`), nested like
+            `TrainSpec.to_dict`: a stated `recovery.enabled` or `early_stopping_patience`
+            is kept, 0 included.
+    """
+    changes: dict[str, Any] = {}
+    if not spec.checkpointing:
+        changes["checkpoint_minutes"] = DEFAULT_CHECKPOINT_MINUTES
+    if "enabled" not in _mapping(given.get("recovery")):
+        changes["recovery"] = dataclasses.replace(spec.recovery, enabled=True)
+    if "early_stopping_patience" not in given and spec.early_stopping_patience == 0:
+        changes["early_stopping_patience"] = DEFAULT_EARLY_STOPPING_PATIENCE
+    return dataclasses.replace(spec, **changes)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def preset_dict(
     spec: TrainSpec, *, estimate: dict[str, Any], provenance: dict[str, Any]
 ) -> dict[str, Any]:
-    """The preset content for `spec` (plain types, ready for `yaml.safe_dump`)."""
+    """The preset content for the full run of `spec` (plain types, for `yaml.safe_dump`).
+
+    The `training` section holds what `trainers.train --preset` will run with: `spec` with
+    the full-run defaults (`full_run_spec`) where it sets none.
+    """
+    spec = full_run_spec(spec, {})
     values = spec.to_dict()
     return {
         "version": PRESET_VERSION,
@@ -52,8 +113,11 @@ def load_preset(path: str | Path, **overrides: Any) -> Preset:
     """Read and validate a preset; `overrides` replace training fields (command line)."""
     raw = read_yaml(path)
     version = raw.get("version")
-    if version != PRESET_VERSION:
-        raise BadInputError(f"{path}: unsupported preset version {version!r} (expected 1)")
+    if version not in _READABLE_VERSIONS or isinstance(version, bool):
+        raise BadInputError(
+            f"{path}: unsupported preset version {version!r} "
+            f"(expected one of {', '.join(map(str, _READABLE_VERSIONS))})"
+        )
     for section in ("model", "lora", "data", "training"):
         if not isinstance(raw.get(section), dict):
             raise BadInputError(f"{path}: missing or malformed section '{section}'")
@@ -72,4 +136,5 @@ def load_preset(path: str | Path, **overrides: Any) -> Preset:
         spec=spec,
         estimate=dict(raw.get("estimate") or {}),
         provenance=dict(raw.get("provenance") or {}),
+        stated=dict(raw["training"]) if version != 1 else {},
     )

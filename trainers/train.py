@@ -11,7 +11,6 @@ Exit codes: 0 finished, 3 stopped by the window or a SIGTERM (resumable), 2 bad 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -25,7 +24,12 @@ from common.files import write_json
 from common.flags import FieldFlags, add_field_flags
 from trainers.loop.preemption import StopOnSignal
 from trainers.loop.window import WindowGuard
-from trainers.preset import Preset
+from trainers.preset import (
+    DEFAULT_CHECKPOINT_MINUTES,
+    DEFAULT_EARLY_STOPPING_PATIENCE,
+    Preset,
+    full_run_spec,
+)
 from trainers.spec import TrainSpec
 from trainers.summary import predicted_seconds, resume_command, summary_lines
 
@@ -36,12 +40,6 @@ EXIT_RESUMABLE = 3  # stopped by the window or a signal, with a checkpoint
 log = logging.getLogger(__name__)
 DEFAULT_RUNS_DIR = "hpo-runs"  # the study's default work dir
 MLFLOW_RUN_FILE = "mlflow_run.json"  # in the output dir: the run a resume continues
-# Without a checkpoint setting in the preset or on the command line, the full run saves this
-# often: a long run without checkpoints cannot be resumed or rolled back.
-DEFAULT_CHECKPOINT_MINUTES = 30.0
-# Evaluations without improvement before a full run stops early (off for trials: a trial is
-# the start of its full run and is judged by the pruner).
-DEFAULT_EARLY_STOPPING_PATIENCE = 5
 # Preset provenance -> tag of the full run's MLflow run (the names the study's runs use).
 _PROVENANCE_TAGS = {
     "study": "hpo.study_name",
@@ -56,10 +54,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, FieldFlags]:
     parser = argparse.ArgumentParser(
         prog="python -m trainers.train",
         description="Train LoRA adapters on a local causal LM, from flags or a preset file.",
-        epilog=f"A full run saves a checkpoint every {DEFAULT_CHECKPOINT_MINUTES:g} min unless "
-        "the preset or a flag sets checkpoints, recovers from out-of-memory errors and a "
-        "diverging loss unless --no-recovery is given, and stops early after "
-        f"{DEFAULT_EARLY_STOPPING_PATIENCE} evaluations without improvement unless "
+        epilog="A preset states its full run's checkpoints, recovery and early stopping; flags "
+        "override them. Without a preset, a full run saves a checkpoint every "
+        f"{DEFAULT_CHECKPOINT_MINUTES:g} min unless a flag sets checkpoints, recovers from "
+        "out-of-memory errors and a diverging loss unless --no-recovery is given, and stops "
+        f"early after {DEFAULT_EARLY_STOPPING_PATIENCE} evaluations without improvement unless "
         "--early-stopping-patience says otherwise (0: off).",
     )
     parser.add_argument("--preset", help="Preset YAML exported by a study (python -m hpo.export).")
@@ -96,12 +95,22 @@ def build_parser() -> tuple[argparse.ArgumentParser, FieldFlags]:
 
 
 def load_run(preset_path: str | None, given: dict[str, Any]) -> Preset:
-    """The given flags over the preset (when there is one), else the flags alone.
+    """The full run: the given flags over the preset (when there is one), else the flags alone.
+
+    Its `spec` is what the run trains with: what the preset states for its full run and the
+    flags say, and the full-run defaults (`full_run_spec`) for what neither does.
 
     Args:
         preset_path: The preset file, if any; without one, estimate and provenance are empty.
         given: `TrainSpec` values from the command line, nested like it (`lora`, `recovery`).
     """
+    preset = _merged(preset_path, given)
+    preset.spec = full_run_spec(preset.spec, preset.given_with(given))
+    return preset
+
+
+def _merged(preset_path: str | None, given: dict[str, Any]) -> Preset:
+    """The given flags over the preset (when there is one), else the flags alone."""
     from trainers.preset import load_preset
 
     if not preset_path:
@@ -149,18 +158,6 @@ def check_start(spec: TrainSpec, resume: bool) -> DatasetStats:
     _starting_checkpoint(spec, resume)
     # Every record checked (and tokenized into the cache, where training finds it).
     return load_tokenized(spec.data_spec(), load_tokenizer(spec.model)).stats
-
-
-def full_run_spec(spec: TrainSpec, given: dict[str, Any]) -> TrainSpec:
-    """The CLI's defaults for a full run: checkpoints on, recovery on (unless flags say no)."""
-    changes: dict[str, Any] = {}
-    if not spec.checkpointing:
-        changes["checkpoint_minutes"] = DEFAULT_CHECKPOINT_MINUTES
-    if "enabled" not in given.get("recovery", {}):
-        changes["recovery"] = dataclasses.replace(spec.recovery, enabled=True)
-    if "early_stopping_patience" not in given and spec.early_stopping_patience == 0:
-        changes["early_stopping_patience"] = DEFAULT_EARLY_STOPPING_PATIENCE
-    return dataclasses.replace(spec, **changes)
 
 
 def window_guard(
@@ -216,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     given = flags.given(args)
     preset = load_run(args.preset, given)
-    spec = full_run_spec(preset.spec, given)
+    spec = preset.spec
     guard = window_guard(args, preset.estimate, started_at)
     predicted = predicted_seconds(preset.estimate)
     if args.json:
@@ -266,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     result.predicted_seconds = predicted
     for line in summary_lines(result, guard):
         print(line)
-    report = run_report(result, preset)
+    report = run_report(result, preset, spec)
     if tracker is not None:
         tracker.attach_report(report)
         tracker.close()  # records the server did not take wait in the output dir's spool
@@ -281,8 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-def run_report(result: Any, preset: Preset) -> dict[str, Any]:
-    """What the run measured, with the preset's estimate and provenance beside it.
+def run_report(result: Any, preset: Preset, spec: TrainSpec) -> dict[str, Any]:
+    """What the run measured, beside its settings and the preset's estimate and provenance.
+
+    `spec` is what the run ran with (flags and full-run defaults applied): a preset's
+    `training` section can be checked against it.
 
     `python -m analysis.calibrate --full-run FILE` (and the next study, through the run's
     MLflow artifact `result.json`) compares the measured final validation loss and step
@@ -290,6 +290,7 @@ def run_report(result: Any, preset: Preset) -> dict[str, Any]:
     """
     return {
         **result.to_dict(),
+        "spec": spec.to_dict(),
         "estimate": dict(preset.estimate),
         "provenance": dict(preset.provenance),
     }
