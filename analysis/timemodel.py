@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from common.errors import BadInputError
-from trainers.spec import eval_batch_size, optimizer_steps
+from trainers.data.packing import pack_lengths
+from trainers.spec import PACKING_MODES, eval_batch_size, optimizer_steps
 
 DEVICE_KINDS = ("cpu", "cuda", "mps")
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -190,6 +191,9 @@ class Plan:
         precision: "fp32", "bf16" or "fp16".
         device_kind: "cpu", "cuda" or "mps".
         max_steps: Optimizer steps; overrides `epochs` when set.
+        packing: "none", or "padding_free": samples packed into sequences of at most
+            `max_length` tokens (`trainers.data.packing`); `micro_batch_size` then counts
+            sequences, each micro-batch is one row without padding.
     """
 
     model: ModelProfile
@@ -206,8 +210,13 @@ class Plan:
     precision: str = "fp32"
     device_kind: str = "cpu"
     max_steps: int | None = None
+    packing: str = "none"
 
     def __post_init__(self) -> None:
+        _check(
+            self.packing in PACKING_MODES,
+            f"packing must be one of {PACKING_MODES} but got packing={self.packing!r}",
+        )
         _check(len(self.token_lengths) > 0, "token_lengths must not be empty")
         shortest = min(self.token_lengths)
         _check(shortest > 0, f"token_lengths must all be > 0 but got {shortest=}")
@@ -443,6 +452,23 @@ def _epoch_averages(lengths: np.ndarray, samples: int, batch: int) -> tuple[floa
     return tokens / max(n_batches, 1), square / max(n_batches, 1)
 
 
+def _packed_averages(
+    lengths: np.ndarray, max_length: int, batch: int, fused: bool
+) -> tuple[int, float, float]:
+    """Packed sequences, mean tokens and mean attention term per micro-batch of `batch` of them.
+
+    A packed micro-batch is one row of real tokens only. Fused (flash) attention works on each
+    sample's block (sum of squared sample lengths); eager and SDPA attention with the
+    block-diagonal mask compute the whole row's scores and mask them (row length squared).
+    """
+    sequences = pack_lengths(lengths.tolist(), max_length)
+    tokens = float(lengths.sum()) / len(sequences) * batch
+    if fused:
+        per_sequence = float((lengths.astype(np.float64) ** 2).sum()) / len(sequences)
+        return len(sequences), tokens, per_sequence * batch
+    return len(sequences), tokens, tokens**2
+
+
 def frozen_flops(total_parameters: float, tokens: float, gradient_checkpointing: bool) -> float:
     """Matmul FLOPs of the frozen weights in one micro-step over `tokens` padded tokens.
 
@@ -558,9 +584,16 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     """Predict the full run described by `plan`: duration with its interval, peak memory."""
     c, model = coefficients, plan.model
     lengths = _clipped(plan.token_lengths, plan.max_length)
-    steps = optimizer_steps(plan, lengths.size)
+    if plan.packing == "padding_free":
+        fused = plan.device_kind == "cuda" and plan.precision != "fp32"
+        items, tokens, square = _packed_averages(
+            lengths, plan.max_length, plan.micro_batch_size, fused
+        )
+    else:
+        items = lengths.size
+        tokens, square = _epoch_averages(lengths, lengths.size, plan.micro_batch_size)
+    steps = optimizer_steps(plan, items)
     micro_steps = steps * plan.gradient_accumulation_steps
-    tokens, square = _epoch_averages(lengths, lengths.size, plan.micro_batch_size)
     micro = _micro_step_seconds(plan, c, tokens, square)
     optimizer = c.optimizer_fixed_seconds + c.optimizer_seconds_per_parameter * (
         plan.trainable_parameters
@@ -683,7 +716,10 @@ def memory_breakdown(
         longest: Tokens of the longest sample; default: from the plan's lengths.
     """
     trainable = float(plan.trainable_parameters)
-    if longest is None:
+    rows = plan.micro_batch_size
+    if plan.packing == "padding_free":  # one row of up to micro_batch_size x max_length
+        rows, longest = 1, plan.micro_batch_size * plan.max_length
+    elif longest is None:
         longest = max(min(n, plan.max_length) for n in plan.token_lengths)
     return {
         "weights": plan.model.total_parameters * PRECISION_BYTES[plan.precision],
@@ -691,7 +727,7 @@ def memory_breakdown(
         "activations": coefficients.activation_memory_scale
         * activation_bytes(
             plan.model,
-            plan.micro_batch_size,
+            rows,
             longest,
             plan.precision,
             plan.gradient_checkpointing,

@@ -158,3 +158,64 @@ def test_packed_run_trains_on_real_tokens(tiny_model_dir: Path, tmp_path: Path) 
     assert packed.final_eval_loss is not None and padded.final_eval_loss is not None
     assert packed.final_eval_loss < packed.train_losses[0][1] - 0.3
     assert padded.final_eval_loss < padded.train_losses[0][1] - 0.3
+
+
+def _plan(packing: str, device: str = "cuda", precision: str = "bf16") -> Any:
+    from analysis.timemodel import ModelProfile, Plan
+
+    rng = random.Random(1)
+    return Plan(
+        model=ModelProfile(
+            total_parameters=7_000_000_000,
+            n_layers=32,
+            hidden_size=4096,
+            vocab_size=32000,
+            lora_parameters_per_rank=4_000_000,
+        ),
+        token_lengths=tuple(rng.randint(20, 120) for _ in range(4000)),
+        epochs=1.0,
+        micro_batch_size=8,
+        gradient_accumulation_steps=1,
+        max_length=512,
+        lora_r=16,
+        eval_interval_steps=0,
+        eval_samples=0,
+        checkpoint_interval_steps=0,
+        precision=precision,
+        device_kind=device,
+        packing=packing,
+    )
+
+
+def test_time_model_counts_packed_sequences_and_real_tokens() -> None:
+    from analysis.timemodel import HardwareInfo, predict, prior_coefficients
+
+    padded, packed = _plan("none"), _plan("padding_free")
+    h100 = prior_coefficients(HardwareInfo("cuda", "NVIDIA H100", 80 * 2**30, 16, "bf16"))
+    a, b = predict(padded, h100), predict(packed, h100)
+    sequences = len(pack_lengths(list(packed.token_lengths), 512))
+    real = sum(packed.token_lengths)
+    assert a.optimizer_steps == 500
+    assert b.optimizer_steps == math.ceil(sequences / 8) < a.optimizer_steps / 5
+    assert b.train_tokens == pytest.approx(real, rel=0.02)  # no padding trained
+    assert a.train_tokens > 1.3 * real  # padded batches: a sixth or more is padding
+    assert b.breakdown["train"] < a.breakdown["train"]
+    # Memory follows the packed row: micro_batch x max_length tokens, more than padded rows
+    # of ~120 tokens.
+    assert b.peak_memory_bytes > a.peak_memory_bytes
+
+
+def test_plan_cli_packing_cuts_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    from analysis.plan import main
+
+    lines = {}
+    for mode in ("none", "padding_free"):
+        argv = ["--model-config", "llama-3.1-8b", "--gpu", "a100-80gb", "--max-length", "512"]
+        argv += ["--data", str(demo_data_path("chat")), "--micro-batch-size", "8"]
+        assert main([*argv, "--packing", mode]) == 0
+        lines[mode] = capsys.readouterr().out
+    steps = {
+        m: int(out.split(" optimizer steps")[0].rsplit(", ", 1)[1]) for m, out in lines.items()
+    }
+    assert steps["padding_free"] < steps["none"] / 4
+    assert "packed" in lines["padding_free"]

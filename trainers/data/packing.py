@@ -25,8 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from trainers.data.dataset import Example
 
 
@@ -120,6 +118,6 @@ class PaddingFreeCollator:
 def samples_in(inputs: dict[str, Any]) -> int:
     """Samples in a collated micro-batch: rows, or position-id restarts in a packed one."""
     positions = inputs.get("position_ids")
-    if isinstance(positions, torch.Tensor) and inputs.get("attention_mask") is None:
+    if positions is not None and inputs.get("attention_mask") is None:
         return int((positions == 0).sum())
     return int(inputs["input_ids"].shape[0])
