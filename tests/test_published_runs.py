@@ -95,3 +95,27 @@ def test_setup_fields_move_memory_the_way_published_tables_do() -> None:
     assert peak(4096, logits_fp32=False) < peak(4096)
     assert peak(4096, memory_measure="allocated") < peak(4096)
     assert peak(4096, longest_sample=1024) < peak(4096)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--lora-targets", ","], "--lora-targets"),
+        (["--longest-sample", "0"], "--longest-sample must be >= 1"),
+        (["--attention", "paged"], "--attention"),
+    ],
+)
+def test_bad_setup_field_exits_2_naming_it(
+    flags: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from analysis.plan import main
+    from common.cli import run_cli
+
+    argv = ["--model-config", "tinyllama-1.1b", "--gpu", "A100-80GB", "--samples", "100"]
+    try:
+        code = run_cli(main, [*argv, *flags])
+    except SystemExit as exc:  # argparse's own choices check exits 2 itself
+        code = int(exc.code or 0)
+    assert code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # argparse prints its usage first
+    assert expected in last
