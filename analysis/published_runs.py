@@ -29,9 +29,11 @@ TORCHTUNE_TABLE = (
     "2048, torch compile on; Tokens/sec measured over one epoch), row '{row}'"
 )
 TORCHTUNE_SETUP = (
-    "recipe config llama3_1/8B_lora_single_device.yaml: rank 8, q/v/output projections and the "
-    "MLP, CEWithChunkedOutputLoss (no full fp32 logits); memory is peak reserved (the "
-    "README's earlier 'Finetuning resource requirements' note)"
+    "recipe config recipes/configs/llama3_1/8B_lora_single_device.yaml (read at commit "
+    "2943c61e): lora_attn_modules q_proj/v_proj/output_proj, apply_lora_to_mlp, rank 8, "
+    "alpha 16, enable_activation_checkpointing True, a chunked (linear) cross-entropy loss: no "
+    "full fp32 logits; memory is peak reserved (the README's earlier 'Finetuning resource "
+    "requirements' note)"
 )
 PEFT_RESULTS = (
     "https://github.com/huggingface/peft/blob/main/method_comparison/MetaMathQA/results/{file}"
