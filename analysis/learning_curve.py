@@ -46,7 +46,10 @@ from scipy.stats import t as student_t
 FloatArray = NDArray[np.float64]
 
 POWER_LAW = "power_law"
-FALLBACKS = ("too_few_points", "flat", "rising", "poor_fit")
+# How `analysis.loss_law` made a prediction it records as a CurveFit (see there).
+LAW_METHODS = ("joint", "own")
+FITTED = (POWER_LAW, *LAW_METHODS)
+FALLBACKS = ("too_few_points", "flat", "rising", "poor_fit", "fallback")
 CORRECTION_VERSION = 1
 Z90 = 1.2815515655446004  # standard normal quantile of 0.9
 _MAD_TO_SD = 1.482602218505602  # robust sd = this x median absolute deviation (normal data)
@@ -117,8 +120,9 @@ class CurveFit:
 
     Attributes:
         method: "power_law", or the fallback used: "too_few_points", "flat", "rising",
-            "poor_fit".
-        reason: Why the fallback was used, in one line ("" for "power_law").
+            "poor_fit"; for a prediction of `analysis.loss_law`, "joint", "own" or
+            "fallback" (its curve parameters are then the constant p50).
+        reason: Why the fallback was used, in one line ("" for a fitted method).
         a: Asymptotic loss of the power law; for a fallback, its constant level.
         b: Excess loss over `a` at `x0` (0 for a fallback).
         c: Decay exponent (0 for a fallback).
@@ -148,13 +152,14 @@ class CurveFit:
     last_loss: float
 
     def __post_init__(self) -> None:
-        if self.method != POWER_LAW and self.method not in FALLBACKS:
+        if self.method not in FITTED and self.method not in FALLBACKS:
             raise ValueError(
-                f"method must be {POWER_LAW!r} or one of {FALLBACKS} but got {self.method=}"
+                f"method must be one of {FITTED} or {FALLBACKS} but got {self.method=}"
             )
-        if (self.method == POWER_LAW) != (self.reason == ""):
+        if (self.method in FITTED) != (self.reason == ""):
             raise ValueError(
-                f"reason must be empty exactly when method is {POWER_LAW!r} but got {self.reason=}"
+                f"reason must be empty exactly when method is one of {FITTED} but got "
+                f"{self.reason=}"
             )
         for name in ("a", "b", "c", "p10", "p50", "p90", "residual_sd", "last_loss"):
             value = getattr(self, name)
@@ -175,8 +180,8 @@ class CurveFit:
 
     @property
     def fell_back(self) -> bool:
-        """Whether the prediction comes from a fallback rather than the power law."""
-        return self.method != POWER_LAW
+        """Whether the prediction comes from a fallback rather than a fitted law."""
+        return self.method not in FITTED
 
     @overload
     def predict(self, x: float) -> float: ...

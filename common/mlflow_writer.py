@@ -205,9 +205,10 @@ class MlflowWriter:
             adopt: A `search_runs` filter: a run created from the spool becomes the oldest
                 run this filter finds instead, when there is one (the study's one parent).
         """
+        client_id = _client_id("run")
         record = {
             "op": "create_run",
-            "client_id": _client_id("run"),
+            "client_id": client_id,
             "experiment_id": experiment_id,
             "run_name": run_name,
             "tags": {k: _tag_value(v) for k, v in tags.items()},
@@ -215,12 +216,13 @@ class MlflowWriter:
             "adopt": adopt,
         }
         created = self.submit(self._create_and_resolve, record)
+        setattr(created, _CLIENT_ID_ATTR, client_id)  # for `run_id_now`
         if not self.waiting:
             return created
         # While records wait in the spool this one waits too: its client-side id is known now,
         # and a caller that needs the id does not wait behind the writer's tries.
         now: RunRef = Future()
-        now.set_result(record["client_id"])
+        now.set_result(client_id)
         return now
 
     def resolve(self, ref: str) -> str:
@@ -665,6 +667,24 @@ def _fail_fast_http() -> None:
     """
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+
+
+def run_id_now(run: Run, *, wait_seconds: float = 1.0) -> str:
+    """The run's id, waiting `wait_seconds` at most for the writer to create it.
+
+    A writer held up by a server that does not answer gives the run's client-side id
+    instead (tag `hpo.client_run_id` on the run; the writer's records for it reach it), so
+    a caller never waits for the server.
+    """
+    if isinstance(run, str):
+        return run
+    with contextlib.suppress(TimeoutError):
+        return run.result(timeout=wait_seconds)
+    client_id = getattr(run, _CLIENT_ID_ATTR, None)
+    return str(client_id) if client_id else run.result()
+
+
+_CLIENT_ID_ATTR = "hpo_client_id"
 
 
 def _client_id(kind: str) -> str:

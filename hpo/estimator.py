@@ -352,7 +352,8 @@ class StudyEstimator:
         section = dict(trial.user_attrs.get(ESTIMATE_ATTR) or {})
         section["final_val_loss"] = final.band()
         section["final_val_loss_uncorrected_p50"] = _rounded(final.fit.p50)
-        section["final_val_loss_method"] = final.fit.method
+        section["final_val_loss_method"] = final.method
+        section["final_val_loss_points"] = final.n_points
         section["loss_correction"] = correction_summary(self.loss_correction)
         trial.set_user_attr(ESTIMATE_ATTR, section)
 

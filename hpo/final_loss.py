@@ -1,24 +1,135 @@
 """A trial's validation curve -> the predicted final validation loss of its full run.
 
 The trial is the start of its full run, so its evaluations are the first points of the full
-run's curve. They are fitted against training samples seen (within one run, tokens are
-proportional to samples, and the power law's scale drops out) and extrapolated to the full
-run's samples (`analysis.learning_curve.fit_curve`); the study's loss correction, fitted
-from full runs that reported back, is then applied.
+run's curve, on the full run's learning-rate schedule. `analysis.loss_law` places them on
+that schedule (the areas S1/S2 of Tissue et al.'s law at each evaluated step and at the full
+run's last step) and fits them together with the study's other trials' curves (`peers`),
+which share the model and data and so the loss's shape. The study's loss correction, fitted
+from full runs that reported back, is then applied as the last layer.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from analysis.learning_curve import CurveFit, LossCorrection, fit_curve
+from analysis.learning_curve import CurveFit, LossCorrection
+from analysis.loss_law import (
+    CurveData,
+    LawPrediction,
+    curve_data,
+    learning_rates,
+    predict_final,
+    warmup_steps,
+)
 
 CURVE_ATTR = "val_curve"  # [[samples_seen, val_loss], ...] of a trial
-FIT_ATTR = "curve_fit"  # the uncorrected fit (CurveFit.to_dict)
+FIT_ATTR = "curve_fit"  # the uncorrected prediction (CurveFit.to_dict)
 PREDICTED_ATTR = "predicted_final_loss"  # {"p10", "p50", "p90"} after the correction
+LAW_CURVE_ATTR = "law_curve"  # the trial's curve on its schedule (TrialCurve.to_attr)
+METHOD_ATTR = "final_loss_method"  # "joint", "own" or "fallback"
+POINTS_ATTR = "final_loss_points"  # the trial's own points behind the prediction
+MAX_PEERS = 24  # the most recent trials a prediction is fitted with (time grows with them)
+
+
+@dataclass(frozen=True)
+class TrialCurve:
+    """A trial's evaluations and its full run's schedule: all the law needs.
+
+    Attributes:
+        steps: Optimizer step of each evaluation (of the full run's schedule).
+        samples: Training samples seen at each evaluation.
+        losses: Validation loss of each evaluation.
+        scheduler: The full run's learning-rate schedule.
+        warmup_ratio: Its warm-up share.
+        learning_rate: Its peak rate.
+        full_run_steps: Its optimizer steps.
+    """
+
+    steps: tuple[int, ...]
+    samples: tuple[int, ...]
+    losses: tuple[float, ...]
+    scheduler: str
+    warmup_ratio: float
+    learning_rate: float
+    full_run_steps: int
+
+    def data(self) -> CurveData:
+        """The points placed on the full run's schedule."""
+        total = self.full_run_steps
+        rates = learning_rates(
+            self.scheduler, total, warmup_steps(total, self.warmup_ratio), self.learning_rate
+        )
+        return curve_data(self.steps, self.losses, rates)
+
+    def to_attr(self) -> dict[str, Any]:
+        """A JSON-ready dict (a trial's user attribute)."""
+        return {
+            "steps": list(self.steps), "samples": list(self.samples),
+            "losses": [round(v, 6) for v in self.losses], "scheduler": self.scheduler,
+            "warmup_ratio": self.warmup_ratio, "learning_rate": self.learning_rate,
+            "full_run_steps": self.full_run_steps,
+        }  # fmt: skip
+
+    @classmethod
+    def from_attr(cls, value: object) -> TrialCurve | None:
+        """Read `to_attr` back; None for anything malformed (a peer is then left out)."""
+        if not isinstance(value, Mapping):
+            return None
+        try:
+            curve = cls(
+                steps=tuple(int(v) for v in value["steps"]),
+                samples=tuple(int(v) for v in value["samples"]),
+                losses=tuple(float(v) for v in value["losses"]),
+                scheduler=str(value["scheduler"]),
+                warmup_ratio=float(value["warmup_ratio"]),
+                learning_rate=float(value["learning_rate"]),
+                full_run_steps=int(value["full_run_steps"]),
+            )
+            curve.data()
+        except (KeyError, TypeError, ValueError):
+            return None
+        return curve
+
+
+def trial_curve(
+    eval_records: Sequence[Mapping[str, Any]],
+    *,
+    scheduler: str,
+    warmup_ratio: float,
+    learning_rate: float,
+    full_run_steps: int,
+) -> TrialCurve | None:
+    """A run's evaluations as a `TrialCurve`: one point per step (the last), steps >= 1.
+
+    Returns:
+        None when no evaluation has a finite loss at a step of the schedule.
+    """
+    by_step: dict[int, tuple[int, float]] = {}
+    for record in eval_records:
+        step = int(record.get("step", 0))
+        if 1 <= step <= full_run_steps:
+            by_step[step] = (int(record.get("samples_seen", 0)), float(record["loss"]))
+    if not by_step or not all(math.isfinite(loss) for _, loss in by_step.values()):
+        return None
+    steps = sorted(by_step)
+    return TrialCurve(
+        steps=tuple(steps),
+        samples=tuple(by_step[s][0] for s in steps),
+        losses=tuple(by_step[s][1] for s in steps),
+        scheduler=scheduler,
+        warmup_ratio=warmup_ratio,
+        learning_rate=learning_rate,
+        full_run_steps=full_run_steps,
+    )
+
+
+def peer_curves(user_attrs: Iterable[Mapping[str, Any]]) -> list[TrialCurve]:
+    """The curves other trials recorded (the last `MAX_PEERS`), malformed ones left out."""
+    curves = [TrialCurve.from_attr(attrs.get(LAW_CURVE_ATTR)) for attrs in user_attrs]
+    return [c for c in curves if c is not None][-MAX_PEERS:]
 
 
 @dataclass(frozen=True)
@@ -26,26 +137,45 @@ class FinalLoss:
     """A trial's curve and what it predicts for the end of its full run.
 
     Attributes:
-        points: (training samples seen, validation loss) of each evaluation.
-        fit: The curve's fit and its prediction before the correction.
+        curve: The trial's evaluations on its schedule.
+        fit: The prediction before the correction (a CurveFit: the report and the export
+            read it), its method "joint", "own" or "fallback".
         predicted: The prediction the study uses: `fit` with the loss correction applied.
     """
 
-    points: tuple[tuple[int, float], ...]
+    curve: TrialCurve
     fit: CurveFit
     predicted: CurveFit
 
     @property
+    def points(self) -> tuple[tuple[int, float], ...]:
+        """(training samples seen, validation loss) of each evaluation."""
+        return tuple(zip(self.curve.samples, self.curve.losses, strict=True))
+
+    @property
     def last_loss(self) -> float:
         """The loss at the trial's own fidelity (the simple objective)."""
-        return self.points[-1][1]
+        return self.curve.losses[-1]
+
+    @property
+    def method(self) -> str:
+        """How the prediction was made: "joint", "own" or "fallback"."""
+        return self.fit.method
+
+    @property
+    def n_points(self) -> int:
+        """The trial's own points behind the prediction."""
+        return self.fit.n_points
 
     def user_attrs(self) -> dict[str, Any]:
-        """What the trial keeps in Optuna (the report and the export read these)."""
+        """What the trial keeps in Optuna (the report, the export and later trials read it)."""
         return {
             CURVE_ATTR: [[s, round(loss, 6)] for s, loss in self.points],
             FIT_ATTR: self.fit.to_dict(),
             PREDICTED_ATTR: self.band(),
+            LAW_CURVE_ATTR: self.curve.to_attr(),
+            METHOD_ATTR: self.method,
+            POINTS_ATTR: self.n_points,
         }
 
     def band(self) -> dict[str, float]:
@@ -54,21 +184,17 @@ class FinalLoss:
 
     def metrics(self) -> dict[str, float]:
         """Final metrics of the trial's MLflow run."""
-        fit = self.fit
         return {
             "predicted_final_loss_p10": self.predicted.p10,
             "predicted_final_loss_p50": self.predicted.p50,
             "predicted_final_loss_p90": self.predicted.p90,
-            "predicted_final_loss_uncorrected": fit.p50,
+            "predicted_final_loss_uncorrected": self.fit.p50,
             "loss_at_fidelity": self.last_loss,
-            "curve_a": fit.a,
-            "curve_b": fit.b,
-            "curve_c": fit.c,
-            "curve_points": float(fit.n_points),
+            "curve_points": float(self.n_points),
         }
 
     def tags(self) -> dict[str, str]:
-        """How the prediction was made (the fallback and why, when the fit was poor)."""
+        """How the prediction was made (the fallback and why)."""
         tags = {"curve_method": self.fit.method}
         if self.fit.reason:
             tags["curve_reason"] = self.fit.reason
@@ -86,30 +212,35 @@ def curve_points(eval_records: Sequence[Mapping[str, Any]]) -> tuple[tuple[int, 
 
 
 def predict_final_loss(
-    eval_records: Sequence[Mapping[str, Any]],
+    curve: TrialCurve,
     *,
+    peers: Sequence[TrialCurve],
     full_run_samples: float,
     correction: LossCorrection,
     seed: int = 0,
-) -> FinalLoss | None:
-    """Extrapolate a trial's evaluations to the end of its full run.
+) -> FinalLoss:
+    """Predict the loss at the end of the trial's full run, fitted with its peers.
 
     Args:
-        eval_records: The run's `TrainResult.eval_records` (step, loss, samples_seen, ...).
+        curve: The trial's evaluations on its schedule (`trial_curve`).
+        peers: Other trials' curves of the same study (`peer_curves`).
         full_run_samples: Training samples the full run sees (samples x epochs).
         correction: The study's fitted correction (the identity before any full run).
         seed: The bootstrap's seed (a trial's number: the same trial, the same band).
-
-    Returns:
-        The prediction; None when the run made no evaluation with a finite loss (the trial
-        fails with that reason instead).
     """
-    points = curve_points(eval_records)
-    if not points or not all(math.isfinite(loss) for _, loss in points):
-        return None
-    target = max(float(full_run_samples), float(points[-1][0]))
-    fit = fit_curve([s for s, _ in points], [loss for _, loss in points], target, seed=seed)
-    return FinalLoss(points=points, fit=fit, predicted=correction.apply(fit))
+    law = predict_final(curve.data(), [p.data() for p in peers], seed=seed)
+    fit = _as_curve_fit(law, curve, full_run_samples)
+    return FinalLoss(curve=curve, fit=fit, predicted=correction.apply(fit))
+
+
+def _as_curve_fit(law: LawPrediction, curve: TrialCurve, full_run_samples: float) -> CurveFit:
+    first = max(curve.samples[0], 1)
+    return CurveFit(
+        method=law.method, reason=law.reason, a=law.p50, b=0.0, c=0.0, x0=float(first),
+        target=max(float(full_run_samples), float(curve.samples[-1]), float(first)),
+        p10=law.p10, p50=law.p50, p90=law.p90, n_points=law.n_points,
+        residual_sd=0.0, last_loss=curve.losses[-1],
+    )  # fmt: skip
 
 
 def loss_band(fit: CurveFit) -> dict[str, float]:

@@ -12,9 +12,10 @@ import optuna
 
 from common.errors import BadInputError, TrainingFailed
 from common.fmt import format_duration
+from common.mlflow_writer import run_id_now
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
-from hpo.final_loss import predict_final_loss
+from hpo.final_loss import FinalLoss, peer_curves, predict_final_loss, trial_curve
 from hpo.pick import PROMOTED_FROM_ATTR
 from hpo.runspec import train_spec
 from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
@@ -124,8 +125,9 @@ class Objective:
         try:
             return self._run(trial, params, derived, run_id)
         finally:
-            # The run is created in the background; by now its id is there.
-            trial.set_user_attr("mlflow_run_id", run_id.result())
+            # The run is created in the background; by now its id is there, unless the
+            # writer waits for a silent server: then its client-side id (never a stall).
+            trial.set_user_attr("mlflow_run_id", run_id_now(run_id))
 
     def _run(
         self,
@@ -155,12 +157,7 @@ class Objective:
         measured.update(ctx.estimator.observe(trial, params, result, verdict))
         for key, value in measured.items():
             trial.set_user_attr(key, value)
-        final = predict_final_loss(
-            result.eval_records,
-            full_run_samples=derived["full_run_samples"],
-            correction=ctx.estimator.loss_correction,
-            seed=trial.number,
-        )
+        final = self._final_loss(trial, spec, result, derived)
         tags: dict[str, str] = {}
         if final is not None:
             for key, value in final.user_attrs().items():
@@ -201,6 +198,28 @@ class Objective:
         if ctx.config.multi_objective:
             return float(value), self._second_objective(measured)
         return float(value)
+
+    def _final_loss(
+        self, trial: optuna.Trial, spec: TrainSpec, result: TrainResult, derived: dict[str, Any]
+    ) -> FinalLoss | None:
+        """The full run's final loss, the law fitted to this trial with the study's others."""
+        curve = trial_curve(
+            result.eval_records,
+            scheduler=spec.scheduler,  # the trial runs its full run's schedule, cut short
+            warmup_ratio=spec.warmup_ratio,
+            learning_rate=spec.learning_rate,
+            full_run_steps=derived["full_run_steps"],
+        )
+        if curve is None:
+            return None
+        others = trial.study.get_trials(deepcopy=False)
+        return predict_final_loss(
+            curve,
+            peers=peer_curves(t.user_attrs for t in others if t.number != trial.number),
+            full_run_samples=derived["full_run_samples"],
+            correction=self.context.estimator.loss_correction,
+            seed=trial.number,
+        )
 
     def _second_objective(self, measured: dict[str, float]) -> float:
         """The full run's predicted hours (p50), or their cost at the budget's price."""

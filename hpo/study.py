@@ -242,6 +242,9 @@ def _print_estimate(estimate: dict[str, Any]) -> None:
     if {"p10", "p50", "p90"} <= set(loss):
         corrected = (estimate.get("loss_correction") or {}).get("runs", 0)
         source = f"corrected by {corrected} full runs" if corrected else "no full run reported yet"
+        method = estimate.get("final_val_loss_method")
+        if method:  # joint / own / fallback, and from how many of the trial's points
+            source = f"{method}, {estimate.get('final_val_loss_points', '?')} points; {source}"
         print(
             f"full run's final validation loss: {loss['p50']:.4f} predicted "
             f"(p10-p90 {loss['p10']:.4f} to {loss['p90']:.4f}; {source})"

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -191,61 +195,61 @@ def test_full_runs_mlflow_run_goes_on_across_an_outage(
     assert [a.path for a in client.list_artifacts(run.run_id)] == ["result.json"]
 
 
-@pytest.mark.timeout(600)
-def test_study_goes_on_while_the_server_is_killed_and_restarted(
-    server: MlflowServer, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    config = load_config(
+def _study_config(
+    tiny_model_dir: Path, tmp_path: Path, url: str, name: str, n_trials: int, **extra: Any
+) -> Any:
+    return load_config(
         None,
         {
             "model": str(tiny_model_dir),
             "work_dir": str(tmp_path / "work"),
-            "storage": storage,
-            "study_name": "outage",
-            "n_trials": 5,
+            "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
+            "study_name": name,
+            "n_trials": n_trials,
             "trial_fraction": 0.02,
             "trial_evals": 2,
             "eval_samples": 8,
             "profiles": ["fast"],
             "pruner": "none",
-            "tracking_uri": server.url,
-            "experiment_name": "outage-exp",
+            "tracking_uri": url,
+            "experiment_name": f"{name}-exp",
+            # Sampled often, so that every trial has readings to lose or to keep.
+            "system_metrics_seconds": 0.5,
+            **extra,
         },
     )
-    outage: dict[str, float] = {}
 
-    def finished() -> int:
-        try:
-            study = optuna.load_study(study_name="outage", storage=storage)
-        except KeyError:  # not created yet
-            return 0
-        return sum(t.state in STATE_NAMES for t in study.get_trials(deepcopy=False))
 
-    def kill_and_restart() -> None:
-        # Killed once the first trial is in; started again at once (that takes seconds).
-        while finished() < 1:
+def _finished(config: Any) -> int:
+    """Trials of the study that are over (0 before the study exists)."""
+    try:
+        study = optuna.load_study(study_name=config.study_name, storage=config.storage_url)
+    except Exception:  # not created yet (or its tables being created right now)
+        return 0
+    return sum(t.state in STATE_NAMES for t in study.get_trials(deepcopy=False))
+
+
+def _when_finished(config: Any, count: int, action: Any) -> threading.Thread:
+    """Run `action()` on a thread once `count` trials of the study are over."""
+
+    def watch() -> None:
+        while _finished(config) < count:
             time.sleep(0.2)
-        server.stop(kill=True)
-        outage["killed_at"] = finished()
-        time.sleep(3)
-        server.start()
-        outage["back_at"] = finished()
+        action()
 
-    watcher = threading.Thread(target=kill_and_restart, daemon=True)
-    watcher.start()
-    summary = run_study(config, progress=False)
-    watcher.join(timeout=120)
-    assert outage["killed_at"] < 5 and summary.tracking_spool is not None  # spooled mid-study
-    if summary.tracking_records_waiting:  # the study ended before the server was back
-        spools = Path(summary.tracking_spool).parent
-        assert replay(spools) == (summary.tracking_records_waiting, 0)
-    assert not spool_folders(Path(summary.tracking_spool).parent)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
 
-    study = optuna.load_study(study_name="outage", storage=storage)
-    trials = study.get_trials()
-    assert len(trials) == 5
-    client = MlflowClient(server.url)
+
+def _span(trial: optuna.trial.FrozenTrial) -> tuple[float, float]:
+    """When a trial started and ended (seconds since the epoch), from the study's records."""
+    assert trial.datetime_start is not None and trial.datetime_complete is not None
+    return trial.datetime_start.timestamp(), trial.datetime_complete.timestamp()
+
+
+def _check_runs(client: MlflowClient, summary: Any, trials: list[Any]) -> None:
+    """Every trial exactly one closed child run with its whole curve and its system readings."""
     children = client.search_runs(
         [summary.mlflow_experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{summary.mlflow_parent_run_id}'",
@@ -262,14 +266,108 @@ def test_study_goes_on_while_the_server_is_killed_and_restarted(
             child.info.run_id,
             child.data.tags[CLIENT_ID_TAG],
         )
+        # Sampled during the outage too: the readings waited with the trial's other records.
+        assert "system/cpu_utilization_percentage" in child.data.metrics, trial.number
     parent = client.get_run(summary.mlflow_parent_run_id)
     assert parent.info.status == "FINISHED"
     counts = {
         k.removeprefix("n_"): int(v) for k, v in parent.data.metrics.items() if k.startswith("n_")
     }
     assert counts == {k: v for k, v in summary.states.items() if k in counts}
-    assert sum(counts.values()) == 5
+    assert sum(counts.values()) == len(trials)
+
+
+@pytest.mark.timeout(600)
+def test_study_goes_on_while_the_server_is_killed_and_restarted(
+    server: MlflowServer, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _study_config(
+        tiny_model_dir, tmp_path, server.url, "outage", 5, tracking_exit_wait_seconds=120
+    )
+    outage: dict[str, float] = {}
+
+    def kill_and_restart() -> None:
+        # Killed once the first trial is in; started again at once (that takes seconds).
+        server.stop(kill=True)
+        outage["killed_at"] = _finished(config)
+        time.sleep(3)
+        server.start()
+        outage["back_at"] = _finished(config)
+
+    watcher = _when_finished(config, 1, kill_and_restart)
+    with caplog.at_level(logging.WARNING):
+        summary = run_study(config, progress=False)
+    watcher.join(timeout=180)
+    assert outage["killed_at"] < 5 and summary.tracking_spool is not None  # spooled mid-study
+    # The server answered before the study exited: everything was sent, nothing left behind.
+    assert summary.tracking_records_waiting == 0
+    assert not spool_folders(Path(summary.tracking_spool).parent)
+    assert "--replay" not in caplog.text
+
+    study = optuna.load_study(study_name="outage", storage=config.storage_url)
+    trials = study.get_trials()
+    assert len(trials) == 5
+    _check_runs(MlflowClient(server.url), summary, trials)
     assert "tracking_records_waiting" in json.loads(json.dumps(summary.to_dict()))
+
+
+@pytest.mark.timeout(600)
+def test_a_server_that_stops_answering_for_good_costs_the_study_no_speed(
+    server: MlflowServer,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stopped (SIGSTOP), the server takes connections and never answers: the worst outage.
+
+    Every write to it waits for MLflow's HTTP timeout (5 s here, 30 s by default), so a
+    trial that waited for the tracking server would take that much longer.
+    """
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    config = _study_config(
+        tiny_model_dir, tmp_path, server.url, "silent", 6, tracking_exit_wait_seconds=3
+    )
+    outage: dict[str, float] = {}
+
+    def stop_for_good() -> None:
+        assert server.proc is not None
+        os.killpg(server.proc.pid, signal.SIGSTOP)
+        outage["at"] = time.time()
+
+    watcher = _when_finished(config, 2, stop_for_good)
+    try:
+        with caplog.at_level(logging.WARNING):
+            summary = run_study(config, progress=False)
+        watcher.join(timeout=10)
+        study = optuna.load_study(study_name="silent", storage=config.storage_url)
+        trials = study.get_trials()
+        assert len(trials) == 6 and "at" in outage
+        # Per-trial wall time from the study's own records, before and during the outage.
+        spans = {t.number: _span(t) for t in trials}
+        seconds = {n: end - start for n, (start, end) in spans.items()}
+        before = [seconds[n] for n, (_, end) in spans.items() if end < outage["at"]]
+        during = [seconds[n] for n, (start, _) in spans.items() if start > outage["at"]]
+        assert len(before) >= 2 and len(during) >= 2, (before, during)
+        # 1.5x with 2 s of slack for tiny trials on a shared machine; a trial that waited
+        # for the server once would take the HTTP timeout (5 s) longer.
+        assert statistics.median(during) <= 1.5 * statistics.median(before) + 2.0, seconds
+
+        # Every record sent or waiting, named: the spool holds them, the log says how to send.
+        waiting = summary.tracking_records_waiting
+        assert waiting > 0 and summary.tracking_spool is not None
+        folder = Path(summary.tracking_spool)
+        spool = Spool(folder)
+        assert spool.waiting == waiting and len(list(spool.pending())) == waiting
+        spool.close(remove_if_done=False)
+        lines = caplog.text.splitlines()
+        assert any("waiting up to 3 s for it to answer before exiting" in x for x in lines)
+        assert any(f"python -m hpo.tracking --replay {folder}" in x for x in lines)
+    finally:
+        server.stop(kill=True)  # SIGKILL ends a stopped process too
+    server.start()
+    assert replay(folder.parent) == (waiting, 0)
+    _check_runs(MlflowClient(server.url), summary, trials)
 
 
 def test_spool_keeps_order_and_survives_a_cut_line(tmp_path: Path) -> None:
