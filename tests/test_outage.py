@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from common.mlflow_writer import (
     metric,
     replay,
 )
+from common.outage import answers
 from common.spool import REJECTED, Spool, spool_folders
 from hpo.config import load_config
 from hpo.runner import run_study
@@ -465,3 +467,20 @@ def test_a_record_the_store_refuses_is_kept_aside_and_the_rest_goes_on(tmp_path:
     assert stored.data.tags[CLIENT_ID_TAG] == "hpo-run-a"
     spool.close()
     assert (spool.folder / REJECTED).exists()  # kept for a reader, not removed with the spool
+
+
+def test_a_silent_server_is_found_out_in_seconds() -> None:
+    """A server that takes connections and never answers costs a probe its timeout, no more."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections wait in the backlog: nobody ever answers them
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        assert not answers(url, timeout=0.5)
+        assert time.monotonic() - started < 5
+    assert answers("sqlite:///anywhere.db")  # a local store has no server to wait for
+
+
+def test_a_negative_exit_wait_is_refused_naming_the_field(tmp_path: Path) -> None:
+    with pytest.raises(BadInputError, match="tracking_exit_wait_seconds must be >= 0"):
+        load_config(None, {"work_dir": str(tmp_path), "tracking_exit_wait_seconds": -1})
