@@ -10,6 +10,7 @@ is imported only when these classes are used.
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 import time
 from collections.abc import Mapping
@@ -26,7 +27,9 @@ from common.mlflow_writer import (
 )
 from trainers.events import EvalInfo, Forecast, RunInfo, StepInfo, TrainingCallback
 from trainers.result import TrainResult
+from trainers.spec import TrainSpec
 
+log = logging.getLogger(__name__)
 # MLflow run status for each way a run ends.
 REPORT_ARTIFACT = "result.json"  # the full run's report, beside its metrics
 RUN_STATUS = {
@@ -218,6 +221,46 @@ class MlflowRun(StepMetrics):
             path.write_text(json.dumps(report, default=str), encoding="utf-8")
             self.writer.log_artifact(self.run_id, path)
 
+    def log_adapter(
+        self,
+        result: TrainResult,
+        spec: TrainSpec,
+        *,
+        provenance: Mapping[str, Any],
+        register_as: str | None = None,
+    ) -> None:
+        """Log the run's final adapter as the run's MLflow model; register it when named.
+
+        Adapter weights only, the base model named by its path (`trainers.adapter_model`).
+        """
+        from trainers.adapter_model import (
+            ADAPTER_MODEL_NAME,
+            MODEL_FOLDER,
+            final_adapter,
+            save_adapter_model,
+        )
+
+        adapter = final_adapter(result.best_checkpoint, result.checkpoint_dir)
+        if adapter is None:
+            log.warning("no adapter checkpoint in %s: no MLflow model logged", spec.output_dir)
+            return
+        folder = save_adapter_model(adapter, spec.model, Path(spec.output_dir) / MODEL_FOLDER)
+        tags = {
+            "base_model": str(Path(spec.model).resolve()),
+            "adapter_checkpoint": str(adapter),
+            "study": provenance.get("study", ""),
+            "trial": provenance.get("trial", ""),
+            "final_eval_loss": result.final_eval_loss if result.final_eval_loss is not None else "",
+        }
+        self.writer.log_model(
+            self.run_id,
+            folder,
+            name=ADAPTER_MODEL_NAME,
+            tags={k: v for k, v in tags.items() if v != ""},
+            step=result.final_step,
+            register_as=register_as,
+        )
+
     def end(self, status: str = "FAILED") -> None:
         """Send what is buffered and close the run (also after a crash), then wait for both.
 
@@ -237,8 +280,8 @@ class MlflowRun(StepMetrics):
 
 
 def advice_tags(advice: list[str]) -> dict[str, str]:
-    """`advice.overfitting`, `advice.plateau`: one tag per line, keyed by its first word."""
-    return {f"advice.{line.split(':', 1)[0]}": line for line in advice}
+    """`advice.overfitting`, `advice.not_learning`: one tag per line, keyed by its kind."""
+    return {f"advice.{line.split(':', 1)[0].replace(' ', '_')}": line for line in advice}
 
 
 def _reopen(writer: MlflowWriter, run_id: str | None) -> str | None:

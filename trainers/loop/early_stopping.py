@@ -5,14 +5,16 @@
 project's loop instead of being that callback: the loop's own checkpoints (staged, rotated,
 by steps or by minutes) are what must hold the best adapter, a recovery restarts the Trainer
 (and with it any Trainer callback's counter), and a resumed run carries the counter in its
-`run_state.json`. `advise` reads the evaluation history for overfitting and a plateau and
-says what to change, one line each.
+`run_state.json`. `advise` reads the evaluation history for a run that does not learn (or
+diverges), overfitting and a plateau, and says what to change, one line each.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from typing import Any
 
 # Overfitting: the best validation loss is at least this many evaluations old ...
@@ -21,11 +23,40 @@ OVERFIT_EVALS = 3
 TRAIN_DROP = 0.05
 # A plateau: the last evaluations moved the validation loss by less than this share.
 PLATEAU_RELATIVE_CHANGE = 0.005
+# Not learning: no later evaluation went below the first by more than this share (the noise
+# of one evaluation on a few dozen samples), while the training loss did not fall either.
+NOT_LEARNING_DROP = 0.01
+NOT_LEARNING_EVALS = 3
+# A suggested learning rate for a run that does not learn: ten times lower (or higher), one
+# step of the usual log-uniform grid (LoRA rates span about 1e-5 to 1e-3).
+LR_STEP = 10.0
+# Adam moves a weight by about the learning rate per step, whatever the gradient: a run whose
+# rate times its steps stays under this moved its adapter too little to change the loss.
+TOO_LOW_TRAVEL = 1e-2
 
 OVERFITTING_ADVICE = (
     "overfitting: validation loss rose above its best ({best:.4f} at step {step}) while "
     "training loss kept falling; use fewer epochs, more LoRA dropout or weight decay, "
     "or a lower rank"
+)
+NOT_LEARNING_ADVICE = (
+    "not learning: validation loss never went {pct:g} % below its first evaluation "
+    "({first:.4f} at step {step}; {last:.4f} after {n} evaluations) and training loss did "
+    "not fall either; the learning rate {lr} is likely too high: try {lower}"
+)
+NOT_MOVING_ADVICE = (
+    "not learning: validation loss stayed within {pct:g} % of its first evaluation "
+    "({first:.4f} at step {step}; {last:.4f} after {n} evaluations); the learning rate {lr} "
+    "moves the adapter too little in {steps} steps: try {higher}"
+)
+DIVERGING_ADVICE = (
+    "diverging: validation loss rose from its first evaluation ({first:.4f} at step {step}) "
+    "to {last:.4f} while training loss did not fall; the learning rate {lr} is too high: "
+    "try {lower}"
+)
+GAVE_UP_ADVICE = (
+    "diverged: the loss became non-finite or exploded again after every rollback ({reason}); "
+    "the learning rate {lr} is too high for this run: try {lower}, or more warm-up"
 )
 PLATEAU_ADVICE = (
     "plateau: validation loss changed by less than {pct:g} % over the last {n} evaluations "
@@ -92,20 +123,32 @@ def mean_train_loss(train_losses: Sequence[Sequence[float]], after: int, upto: i
 def advise(
     evals: Sequence[tuple[int, float, float | None]],
     *,
+    learning_rate: float | None = None,
+    gave_up: str | None = None,
     overfit_evals: int = OVERFIT_EVALS,
     plateau_evals: int = 4,
 ) -> list[str]:
-    """One line for each problem the curves show: overfitting, a plateau.
+    """One line for each problem the curves show: no learning, overfitting, a plateau.
 
     Args:
         evals: ``(step, validation loss, mean training loss since the previous evaluation)``
             per evaluation, oldest first.
+        learning_rate: The run's learning rate, named (with a lower one) when the advice is
+            about it.
+        gave_up: Why recovery gave up (a non-finite loss or a divergence after its last
+            rollback); the advice then says so and names the learning rate.
         overfit_evals: Overfitting: the best validation loss is at least this many
             evaluations old and the last one is above it, while the training loss kept
             falling (by more than `TRAIN_DROP` since the best).
         plateau_evals: Plateau: the last this many evaluations stayed within
             `PLATEAU_RELATIVE_CHANGE` of each other (and the run is not overfitting).
     """
+    if gave_up is not None:
+        lr, lower, _ = _rates(learning_rate)
+        return [GAVE_UP_ADVICE.format(reason=gave_up.split(";")[0], lr=lr, lower=lower)]
+    stuck = _not_learning(evals, learning_rate)
+    if stuck is not None:
+        return [stuck]
     best = _overfitting(evals, overfit_evals)
     if best is not None:
         step, loss = best
@@ -116,6 +159,44 @@ def advise(
             pct = 100 * PLATEAU_RELATIVE_CHANGE
             return [PLATEAU_ADVICE.format(pct=pct, n=plateau_evals, loss=recent[-1])]
     return []
+
+
+def _rates(learning_rate: float | None) -> tuple[str, str, str]:
+    """The run's learning rate, a lower and a higher one to try, as printed."""
+    if learning_rate is None or not learning_rate > 0:
+        return "in use", "a tenth of it", "ten times it"
+    low, high = learning_rate / LR_STEP, learning_rate * LR_STEP
+    return f"{learning_rate:g}", f"{low:.0e}", f"{high:.0e}"
+
+
+def _not_learning(
+    evals: Sequence[tuple[int, float, float | None]], learning_rate: float | None
+) -> str | None:
+    """The advice for a run whose losses never fell (or rose), else None.
+
+    Validation never went `NOT_LEARNING_DROP` below its first evaluation, and the training
+    loss did not fall by `TRAIN_DROP` either: a run whose training loss falls while its
+    validation loss does not is overfitting, not stuck.
+    """
+    if len(evals) < NOT_LEARNING_EVALS:
+        return None
+    step, first, _ = evals[0]
+    later = [v for _, v, _ in evals[1:]]
+    if not all(math.isfinite(v) for v in later) or min(later) < first * (1 - NOT_LEARNING_DROP):
+        return None
+    trains = [t for _, _, t in evals if t is not None and math.isfinite(t)]
+    if len(trains) >= 2 and trains[-1] < trains[0] * (1 - TRAIN_DROP):
+        return None
+    lr, lower, higher = _rates(learning_rate)
+    last, steps = later[-1], int(evals[-1][0])
+    values = dict(first=first, step=step, last=last, n=len(evals), lr=lr, lower=lower)
+    flat = max(later + [first]) - min(later + [first]) < PLATEAU_RELATIVE_CHANGE * abs(first)
+    if flat and learning_rate is not None and learning_rate * steps < TOO_LOW_TRAVEL:
+        pct = 100 * PLATEAU_RELATIVE_CHANGE
+        return NOT_MOVING_ADVICE.format(pct=pct, steps=steps, higher=higher, **values)
+    if last > first * (1 + NOT_LEARNING_DROP) and all(b >= a for a, b in pairwise(later)):
+        return DIVERGING_ADVICE.format(**values)
+    return NOT_LEARNING_ADVICE.format(pct=100 * NOT_LEARNING_DROP, **values)
 
 
 def _overfitting(

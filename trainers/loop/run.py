@@ -70,7 +70,7 @@ def train(
     runtime = detect_runtime(spec.device, spec.precision, spec.compile)
     set_seed(spec.seed)
     inputs = inputs or RunInputs(keep_base=False)
-    loaded = inputs.attach(spec, runtime.device)
+    loaded = inputs.attach(spec, runtime.device, runtime.precision)
     try:
         return _train_attached(
             spec, callbacks, resume_dir, saved, window, runtime, loaded, wall_start
@@ -136,7 +136,7 @@ def _train_attached(
         _finish(result, recorder, begin - wall_start, clock.now() - wall_start, previous_wall)
         result.micro_batch_size = recovery.micro_batch_size
         result.gradient_accumulation_steps = recovery.gradient_accumulation_steps
-        _best_and_advice(result, spec)
+        _best_and_advice(result, spec, spec.learning_rate * recovery.lr_scale)
         for callback in callbacks:
             callback.on_train_end(result)
         return result
@@ -249,8 +249,11 @@ def _early_stopping(spec: TrainSpec, saved: dict[str, Any]) -> EarlyStopping | N
     return stopping
 
 
-def _best_and_advice(result: TrainResult, spec: TrainSpec) -> None:
-    """The best evaluation and its kept checkpoint; what the curves advise (logged)."""
+def _best_and_advice(result: TrainResult, spec: TrainSpec, learning_rate: float) -> None:
+    """The best evaluation and its kept checkpoint; what the curves advise (logged).
+
+    `learning_rate` is the one the run ended with (recovery's rollbacks lower it).
+    """
     result.max_grad_norm = spec.max_grad_norm
     if result.eval_losses:
         step, loss = min(result.eval_losses, key=lambda x: x[1])
@@ -263,7 +266,9 @@ def _best_and_advice(result: TrainResult, spec: TrainSpec) -> None:
     kept = {int(step) for step, _ in result.eval_losses}
     if spec.stop_after_steps is not None:
         return  # a trial is cut short on purpose: advice on its curve would be noise
-    result.advice = advise([(s, *by_step[s]) for s in sorted(by_step) if s in kept])
+    gave_up = result.stop_reason if result.status == "gave_up" else None
+    evals = [(s, *by_step[s]) for s in sorted(by_step) if s in kept]
+    result.advice = advise(evals, learning_rate=learning_rate, gave_up=gave_up)
     for line in result.advice:
         log.warning("advice: %s", line)
 
