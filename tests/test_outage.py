@@ -404,6 +404,7 @@ def _offline_config(tiny_model_dir: Path, tmp_path: Path, url: str, outage: str)
             "tracking_uri": url,
             "experiment_name": "offline-exp",
             "tracking_outage": outage,
+            "tracking_exit_wait_seconds": 0,  # away for good: sent later by a replay
         },
     )
 
