@@ -1,13 +1,22 @@
-"""Durations as people read them, in messages, progress bars and summaries."""
+"""Durations as people read them, in messages, progress bars, summaries and chart axes."""
 
 from __future__ import annotations
 
 
 def format_duration(seconds: float) -> str:
-    """Hours when long, minutes or seconds when short: `14.2 h`, `12.5 min`, `42 s`."""
+    """Hours when long, minutes or seconds when short: `14.2 h`, `12.5 min`, `42 s`, `250 ms`.
+
+    Below one second the value is in milliseconds (three significant digits), so that the
+    ticks of a chart of short trials read `100 ms`, `200 ms`, `500 ms` and not `0 s` each.
+    A value that would round up to the next unit's first value is written in that unit
+    (`1.0 min`, not `60 s`).
+    """
     seconds = max(0.0, float(seconds))
-    if seconds >= 3600:
+    if seconds >= 3600 - 3:  # 59.95 min and more would print as `60.0 min`
         return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
+    if seconds >= 59.5:
         return f"{seconds / 60:.1f} min"
+    milliseconds = seconds * 1000
+    if 0 < milliseconds < 999.5:
+        return f"{milliseconds:.3g} ms"
     return f"{seconds:.0f} s"

@@ -26,6 +26,8 @@ from analysis.report import (
 )
 from analysis.report.__main__ import main
 from analysis.report.canvas import HEIGHT_PX, WIDTH_PX
+from analysis.report.machine_plots import DURATIONS, duration_ticks, durations, trial_times
+from analysis.report.rows import TrialRow
 from common.cli import run_cli
 from common.errors import BadInputError
 from common.files import write_json
@@ -99,6 +101,87 @@ def test_trial_rows_tell_never_trained_from_pruned(storage: str) -> None:
                                            for k in ("p10", "p50", "p90"))  # fmt: skip
     assert rows[0].estimate("duration_hours", "p50") is not None
     assert rows[0].estimate("no", "such") is None
+
+
+def _timed_row(number: int, state: str, **attrs: float) -> TrialRow:
+    return TrialRow(number, state, None, None, None, None, attrs=attrs)
+
+
+def _band(predicted: float) -> dict[str, float]:
+    return {
+        "predicted_trial_seconds": predicted,
+        "predicted_trial_seconds_p10": predicted * 0.8,
+        "predicted_trial_seconds_p90": predicted * 1.25,
+    }
+
+
+# Sub-second trials, as a tiny model's are: a complete one, a pruned one predicted for the
+# steps it ran, one pruned but predicted for its whole trial, one never trained.
+TIMED_ROWS = [
+    _timed_row(
+        0,
+        "complete",
+        **_band(0.4),
+        measured_trial_seconds=0.42,
+        predicted_trial_steps=10,
+        trained_steps=10,
+        predicted_trial_train_seconds=0.3,
+        steps_seconds=0.33,
+    ),
+    _timed_row(
+        1,
+        "pruned",
+        **_band(0.12),
+        measured_trial_seconds=0.11,
+        predicted_trial_steps=3,
+        trained_steps=3,
+    ),
+    _timed_row(
+        2,
+        "pruned",
+        **_band(0.4),
+        measured_trial_seconds=0.13,
+        predicted_trial_steps=10,
+        trained_steps=3,
+    ),
+    _timed_row(3, "never_trained", **_band(9.0)),
+]
+
+
+def test_durations_compare_each_trial_with_the_prediction_for_the_steps_it_trained(
+    tmp_path: Path,
+) -> None:
+    times = trial_times(TIMED_ROWS)
+    assert [t.measured for t in times.complete] == [0.42]
+    assert [t.measured for t in times.pruned] == [0.11]  # the steps it ran, not a whole trial
+    assert times.left_out == 1
+    assert times.steps_only == [(0.33, 0.3)]
+    section = durations(TIMED_ROWS, tmp_path)
+    assert section.image == DURATIONS and (tmp_path / DURATIONS).is_file()
+    assert "1 trained all their steps, 1 were pruned" in section.reading
+    assert "1 left out" in section.reading
+    assert "2 of 2 took a time inside the predicted p10-p90 band" in section.reading
+    assert "On the optimizer steps alone" in section.reading
+
+
+def test_duration_axes_label_ticks_below_one_second(tmp_path: Path) -> None:
+    from analysis.report.canvas import new_figure, save
+
+    fig, (ax,) = new_figure()
+    ax.plot([0.004, 0.8], [0.004, 0.8])
+    ax.set(xscale="log", yscale="log", xlim=(0.004, 0.8), ylim=(0.004, 0.8))
+    duration_ticks(ax)
+    fig.canvas.draw()
+    for axis in (ax.xaxis, ax.yaxis):
+        low, high = axis.get_view_interval()
+        labels = [
+            tick.label1.get_text()
+            for tick in axis.get_major_ticks()
+            if low <= tick.get_loc() <= high
+        ]
+        assert len(labels) >= 4 and len(set(labels)) == len(labels), labels
+        assert all(label.endswith(" ms") for label in labels), labels
+    save(fig, tmp_path / "ticks.png")
 
 
 def test_read_full_runs_takes_what_is_there(tmp_path: Path) -> None:
