@@ -321,6 +321,31 @@ class MlflowWriter:
         record = {"op": "input", "dataset": dict(dataset), "context": context}
         self.submit(lambda: self._handle({**record, "run": self.resolve(_run_id(run))}))
 
+    def log_model(
+        self,
+        run: Run,
+        path: str | Path,
+        *,
+        name: str,
+        tags: Mapping[str, Any],
+        step: int = 0,
+        register_as: str | None = None,
+    ) -> None:
+        """Log a saved MLflow model folder as a LoggedModel of `run` (and register it), and wait.
+
+        Spooled, a copy of the folder waits in the spool, like an artifact.
+        """
+        record = {
+            "op": "model",
+            "path": str(Path(path).resolve()),
+            "name": name,
+            "tags": {k: _tag_value(v) for k, v in tags.items()},
+            "step": step,
+            "register_as": register_as,
+        }
+        self.submit(lambda: self._handle({**record, "run": self.resolve(_run_id(run))}))
+        self.flush()
+
     def send_waiting(self) -> int:
         """Try now to send what waits in the spool (after what is queued); returns what still waits."""
         if self.spool is not None and self.spool.waiting:
@@ -394,7 +419,7 @@ class MlflowWriter:
 
     def _to_spool(self, record: dict[str, Any]) -> None:
         assert self.spool is not None
-        if record["op"] == "artifact":
+        if record["op"] in ("artifact", "model"):
             record = self._copy_artifact(record)
         if record["op"] == "create_run":
             self._ids.setdefault(record["client_id"], record["client_id"])
@@ -470,6 +495,8 @@ class MlflowWriter:
             tags = [InputTag(MLFLOW_DATASET_CONTEXT, record["context"])]
             inputs = [DatasetInput(Dataset(**record["dataset"]), tags=tags)]
             self.client.log_inputs(self.resolve(record["run"]), datasets=inputs)
+        elif op == "model":
+            self._send_model(record, spool)
         elif op == "artifact":
             path = Path(record["path"])
             if spool is not None and not path.is_absolute():
@@ -481,6 +508,44 @@ class MlflowWriter:
                 self.client.log_artifact(run_id, str(path), artifact_path=record["artifact_path"])
         else:
             raise ValueError(f"unknown MLflow record, but got op={op!r}")
+
+    def _send_model(self, record: dict[str, Any], spool: Spool | None) -> None:
+        """Create the LoggedModel, upload the folder, link it to the run; register it if asked."""
+        import mlflow
+        from mlflow.entities import LoggedModelOutput
+
+        path = Path(record["path"])
+        if spool is not None and not path.is_absolute():
+            path = spool.folder / path
+        run_id = self.resolve(record["run"])
+        experiment_id = self.client.get_run(run_id).info.experiment_id
+        model = self.client.create_logged_model(
+            experiment_id, name=record["name"], source_run_id=run_id, tags=record["tags"]
+        )
+        self.client.log_model_artifacts(model.model_id, str(path))
+        self.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=record["step"])])
+        self.client.finalize_logged_model(model.model_id, "READY")
+        name = record.get("register_as")
+        if not name:
+            return
+        from mlflow.exceptions import MlflowException
+
+        with contextlib.suppress(MlflowException):  # registered by an earlier run
+            self.client.create_registered_model(name)
+        # The registry resolves `models:/<id>` through the process's tracking URI.
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(self.tracking_uri)
+        try:
+            self.client.create_model_version(
+                name,
+                source=f"models:/{model.model_id}",
+                run_id=run_id,
+                tags=record["tags"],
+                model_id=model.model_id,
+                await_creation_for=0,  # the writer does not wait for a registry's copy
+            )
+        finally:
+            mlflow.set_tracking_uri(previous)
 
     def _send_create(self, record: dict[str, Any], spool: Spool | None) -> None:
         client_id = record["client_id"]

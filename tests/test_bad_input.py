@@ -249,6 +249,10 @@ def _with_checkpoint(tmp: Path) -> str:
 
 
 TRAIN_ROWS: dict[str, Row] = {
+    "--register-model with an empty name": lambda tmp, m: (
+        ["--preset", _preset(tmp, m), "--register-model", " "],
+        "--register-model needs a name and --tracking-uri",
+    ),
     "preset of an unknown version": lambda tmp, m: (
         ["--preset", _preset(tmp, m, version=99)],
         "unsupported preset version 99",

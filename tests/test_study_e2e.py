@@ -116,6 +116,34 @@ def test_parent_run_carries_counts_and_best(study_run) -> None:
     assert "e2e.yaml" in artifacts
 
 
+def test_parent_run_has_the_data_as_its_dataset_input(study_run) -> None:
+    from tests.test_mlflow_lineage import check_dataset_input
+    from trainers.data.paths import demo_data_path
+
+    _, summary = study_run
+    data = demo_data_path("prompt_completion")
+    rows = sum(1 for line in data.read_text().splitlines() if line.strip())
+    client = MlflowClient(tracking_uri=summary.tracking_uri)
+    check_dataset_input(client, summary.mlflow_parent_run_id, data, rows, "prompt_completion")
+
+
+def test_export_trl_names_the_trial_and_the_data(study_run, tmp_path: Path) -> None:
+    from common.cli import run_cli
+    from hpo.export import main
+    from trainers.data.paths import demo_data_path
+
+    config, summary = study_run
+    out = tmp_path / "trl.yaml"
+    argv = ["--study-name", "e2e", "--storage", config.storage_url, "--out", str(out)]
+    assert run_cli(main, [*argv, "--format", "trl"]) == 0
+    text = out.read_text()
+    assert f"study e2e, trial {summary.best_trial}" in text
+    trl = yaml.safe_load(text)
+    assert trl["lora_r"] == summary.best_params["lora_r"]
+    assert trl["per_device_train_batch_size"] == summary.best_params["micro_batch_size"]
+    assert trl["datasets"][0]["data_files"] == str(demo_data_path("prompt_completion").resolve())
+
+
 def test_resume_adds_no_duplicates(study_run, tiny_model_dir: Path) -> None:
     config, summary = study_run
     more = small_config(Path(config.work_dir), tiny_model_dir, n_trials=5)

@@ -91,6 +91,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, FieldFlags]:
         help="Seconds between samples of CPU, memory and GPU use (MLflow system metrics; "
         "0: none). Default: 10.",
     )
+    tracking.add_argument(
+        "--register-model",
+        metavar="NAME",
+        help="Register the finished run's LoRA adapter (logged as the run's MLflow model) in "
+        "the Model Registry under NAME, tagged with the study, trial and final loss.",
+    )
     return parser, flags
 
 
@@ -210,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         raise BadInputError(
             f"system_metrics_seconds must be >= 0, but got {args.system_metrics_seconds=}"
         )
+    if args.register_model is not None and (
+        not args.register_model.strip() or args.tracking_uri in (None, "", "off")
+    ):
+        raise BadInputError(
+            f"--register-model needs a name and --tracking-uri, but got "
+            f"register_model={args.register_model!r}, tracking_uri={args.tracking_uri!r}"
+        )
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     given = flags.given(args)
     preset = load_run(args.preset, given)
@@ -266,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     report = run_report(result, preset, spec)
     if tracker is not None:
         tracker.attach_report(report)
+        if result.status == "finished":
+            tracker.log_adapter(
+                result, spec, provenance=preset.provenance, register_as=args.register_model
+            )
         tracker.close()  # records the server did not take wait in the output dir's spool
     if args.json:
         write_json(args.json, report)
