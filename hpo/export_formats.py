@@ -99,7 +99,6 @@ def trl_config(
         "weight_decay": float(training.get("weight_decay") or 0.0),
         "max_grad_norm": float(training.get("max_grad_norm") or 0.0),
         "max_length": int(data["max_length"]),
-        "packing": training.get("packing", "none") != "none" or data.get("overflow") == "pack",
         "activation_checkpointing": bool(training.get("gradient_checkpointing")),
         "eval_strategy": "steps",
         "eval_steps": int(training["eval_interval"]),
@@ -109,6 +108,7 @@ def trl_config(
         # Beside the config, like the converted data: `<config stem>-output`.
         "output_dir": str(data_out.resolve().with_name(f"{data_out.name.removesuffix('.data.jsonl')}-output")),
     }
+    config.update(_packing(training.get("packing", "none"), data.get("overflow", "truncate")))
     if training.get("max_steps"):
         config["max_steps"] = int(training["max_steps"])
     else:
@@ -116,6 +116,16 @@ def trl_config(
     config.update(_save_cadence(training, estimate))
     config.update(_precision(training.get("precision", "auto"), estimate))
     return config, rows
+
+
+def _packing(packing: str, overflow: str) -> dict[str, Any]:
+    """hpo's packing as TRL's: samples kept apart in one row, or one stream cut into blocks."""
+    if packing == "padding_free":
+        # Whole samples side by side, attention kept apart by position ids (TRL's default).
+        return {"packing": True, "packing_strategy": "bfd", "padding_free": True}
+    if overflow == "pack":
+        return {"packing": True, "packing_strategy": "wrapped"}  # concatenated, cut anywhere
+    return {"packing": False}
 
 
 def _save_cadence(training: dict[str, Any], estimate: dict[str, Any]) -> dict[str, Any]:

@@ -59,8 +59,23 @@ def test_native_data_is_referenced_and_the_preset_carried(tmp_path: Path, tiny_m
     assert (sft.learning_rate, sft.num_train_epochs, sft.max_length) == (2e-4, 2.0, 96)
     assert sft.lr_scheduler_type.value == "cosine" and sft.warmup_steps == 0.05
     assert not sft.bf16 and not sft.fp16  # the study measured fp32
+    assert not sft.packing
     # 30 checkpoint minutes at the estimate's 3 s per step.
     assert (sft.save_strategy.value, sft.save_steps) == ("steps", 600)
+
+
+@pytest.mark.parametrize(
+    ("packing", "overflow", "expected"),
+    [
+        ("none", "truncate", {"packing": False}),
+        ("padding_free", "truncate", {"packing": True, "packing_strategy": "bfd", "padding_free": True}),
+        ("none", "pack", {"packing": True, "packing_strategy": "wrapped"}),
+    ],
+)
+def test_packing(packing: str, overflow: str, expected: dict[str, object]) -> None:
+    from hpo.export_formats import _packing
+
+    assert _packing(packing, overflow) == expected
 
 
 @pytest.mark.parametrize(

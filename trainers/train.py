@@ -280,9 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     if tracker is not None:
         tracker.attach_report(report)
         if result.status == "finished":
-            tracker.log_adapter(
-                result, spec, provenance=preset.provenance, register_as=args.register_model
-            )
+            try:
+                tracker.log_adapter(
+                    result, spec, provenance=preset.provenance, register_as=args.register_model
+                )
+            except Exception as exc:  # the run and its checkpoints stand; say what is missing
+                log.warning("the adapter was not logged as an MLflow model: %s", exc)
         tracker.close()  # records the server did not take wait in the output dir's spool
     if args.json:
         write_json(args.json, report)
