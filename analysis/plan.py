@@ -145,6 +145,28 @@ def build_parser() -> argparse.ArgumentParser:
     budget = parser.add_argument_group("budget")
     budget.add_argument("--window-hours", type=float, help="The run must end within this (p90).")
     budget.add_argument("--price-per-hour", type=float, help="GPU price per hour, for the cost.")
+    search = parser.add_argument_group(
+        "search (the study before the run: with either budget flag, its plan is printed)"
+    )
+    search.add_argument(
+        "--search-hours", type=float, help="GPU-hours the study may spend before the run."
+    )
+    search.add_argument(
+        "--search-budget-pct",
+        type=float,
+        help="The study's GPU-hours as a percentage of the run's p50 (with --search-hours: "
+        "the smaller).",
+    )
+    search.add_argument("--n-trials", type=int, default=10, help="Trials asked for (default 10).")
+    search.add_argument(
+        "--trial-fraction",
+        type=float,
+        default=0.1,
+        help="Largest share of its full run a trial trains (default 0.1).",
+    )
+    search.add_argument(
+        "--trial-evals", type=int, default=6, help="Evaluations per trial (default 6)."
+    )
     parser.add_argument("--json", help="Write the plan to this JSON file.")
     return parser
 
@@ -197,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         args, gpu, model, config, source, measured, lengths, chosen, other, profiles,
         (setup, terms),
     )  # fmt: skip
+    if args.search_hours is not None or args.search_budget_pct is not None:
+        report["search"] = _search(args, chosen)
     for line in _lines(report):
         print(line)
     if args.json:
@@ -218,7 +242,18 @@ def _check_numbers(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise BadInputError(f"--{name.replace('_', '-')} must be >= 1, but got {value}")
-    for name in ("window_hours", "epochs"):
+    for name in ("n_trials", "trial_evals"):
+        if getattr(args, name) < 1:
+            raise BadInputError(
+                f"--{name.replace('_', '-')} must be >= 1, but got {getattr(args, name)}"
+            )
+    if not 0 < args.trial_fraction <= 1:
+        raise BadInputError(f"--trial-fraction must be in (0, 1], but got {args.trial_fraction}")
+    if args.search_budget_pct is not None and not 0 < args.search_budget_pct <= 1000:
+        raise BadInputError(
+            f"--search-budget-pct must be in (0, 1000], but got {args.search_budget_pct}"
+        )
+    for name in ("window_hours", "epochs", "search_hours"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise BadInputError(f"--{name.replace('_', '-')} must be > 0, but got {value}")
@@ -285,6 +320,37 @@ def _chosen(
         shape, model, lengths, gpu, coefficients, window_hours=args.window_hours, setup=setup,
         memory=terms,
     )  # fmt: skip
+
+
+def _search(args: argparse.Namespace, chosen: Fit) -> dict[str, Any]:
+    """The study's plan before the run (analysis.search_plan), and both together."""
+    from analysis.search_plan import budget_hours, plan_search, trial_cost
+
+    full = chosen.estimate
+    hours = full.seconds_p50 / 3600
+    budget, source = budget_hours(
+        search_hours=args.search_hours,
+        search_budget_pct=args.search_budget_pct,
+        full_run_hours_p50=hours,
+    )
+    plan = plan_search(
+        trial_cost(full, evals=args.trial_evals),
+        budget_hours=budget,
+        source=source,
+        n_trials=args.n_trials,
+        max_fidelity=args.trial_fraction,
+        full_run_steps=full.optimizer_steps,
+        evals=args.trial_evals,
+        full_run_hours_p50=hours,
+        price_per_hour=args.price_per_hour or 0.0,
+    )
+    total_p90 = plan.planned_hours + full.seconds_p90 / 3600
+    return {
+        **plan.to_dict(),
+        "lines": plan.lines(),
+        "search_and_run_hours_p50": plan.planned_hours + hours,
+        "search_and_run_hours_p90": total_p90,
+    }
 
 
 def _fit_dict(fit: Fit, price: float | None) -> dict[str, Any]:
@@ -401,6 +467,18 @@ def _lines(report: dict[str, Any]) -> list[str]:
             f"cost: p10 {cost['p10']:.2f}, p50 {cost['p50']:.2f}, p90 {cost['p90']:.2f} at {report['price_per_hour']:g}/h"
         )
     lines.append(f"fits: {_verdict(plan, report['window_hours'])}")
+    search = report.get("search")
+    if search:
+        lines.extend(search["lines"])
+        both = (
+            f"search + run: p50 {format_duration(search['search_and_run_hours_p50'] * 3600)}, "
+            f"p90 {format_duration(search['search_and_run_hours_p90'] * 3600)}"
+        )
+        window = report["window_hours"]
+        if window is not None:
+            inside = search["search_and_run_hours_p90"] <= window
+            both += f" ({'inside' if inside else 'NOT inside'} {window:g} h)"
+        lines.append(both)
     lines.append("profiles (fastest fitting micro-batch x accumulation of each):")
     for name, fit in report["profiles"].items():
         r, h = fit["run"], fit["duration_hours"]

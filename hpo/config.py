@@ -60,6 +60,21 @@ class Budget:
     max_memory_gb: float | None = field(
         default=None, metadata={"help": "Memory limit in GB. Default: the device's memory."}
     )
+    search_hours: float | None = field(
+        default=None,
+        metadata={
+            "help": "GPU-hours the search may spend, all workers together (trials, the "
+            "probe). The study plans its trials into them and ends when they are spent."
+        },
+    )
+    search_budget_pct: float | None = field(
+        default=None,
+        metadata={
+            "help": "The search's GPU-hours as a percentage of the full run's predicted p50 "
+            "(with search_hours: the smaller). Default: 10 % once the full run is predicted "
+            "to take an hour or more (hpo/search_budget.py says why); below that, no budget."
+        },
+    )
 
     def __post_init__(self) -> None:
         _require(
@@ -80,6 +95,14 @@ class Budget:
         _require(
             self.max_memory_gb is None or self.max_memory_gb > 0,
             f"budget.max_memory_gb must be > 0, but got {self.max_memory_gb=}",
+        )
+        _require(
+            self.search_hours is None or self.search_hours > 0,
+            f"budget.search_hours must be > 0, but got {self.search_hours=}",
+        )
+        _require(
+            self.search_budget_pct is None or 0 < self.search_budget_pct <= 1000,
+            f"budget.search_budget_pct must be in (0, 1000], but got {self.search_budget_pct=}",
         )
 
     @property
@@ -307,8 +330,7 @@ class StudyConfig:
         )
         _require(
             self.tracking_exit_wait_seconds >= 0,
-            "tracking_exit_wait_seconds must be >= 0, but got "
-            f"{self.tracking_exit_wait_seconds=}",
+            f"tracking_exit_wait_seconds must be >= 0, but got {self.tracking_exit_wait_seconds=}",
         )
         _require(
             0 < self.trial_fraction <= 1,

@@ -6,7 +6,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -23,6 +23,9 @@ from search_spaces import SearchSpace, sample
 from trainers.events import EvalInfo, TrainingCallback
 from trainers.result import TrainResult
 from trainers.spec import TrainSpec, optimizer_steps
+
+if TYPE_CHECKING:
+    from hpo.search_budget import BudgetKeeper
 
 
 def _drop_checkpoints(output_dir: str) -> None:
@@ -54,6 +57,7 @@ class StudyContext:
     tracker: Tracker
     parent_run_id: str
     estimator: StudyEstimator
+    budget: BudgetKeeper | None = None  # the search budget: stops a trial that would cross it
 
 
 class OptunaReporter(TrainingCallback):
@@ -270,7 +274,12 @@ class Objective:
             try:
                 result = train(
                     spec,
-                    [reporter, *self._system_metrics(run_id), metrics],
+                    [
+                        reporter,
+                        *(ctx.budget.trial_callbacks(trial) if ctx.budget else []),
+                        *self._system_metrics(run_id),
+                        metrics,
+                    ],
                     inputs=self.inputs,
                 )
             finally:

@@ -15,6 +15,7 @@ import optuna
 from common.errors import BadInputError, TrainingFailed
 from common.fmt import format_duration
 from common.redact import redact
+from hpo import search_budget
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.export import (
@@ -65,6 +66,8 @@ class StudySummary:
     # MLflow records the tracking server did not take: they wait in `tracking_spool`.
     tracking_records_waiting: int = 0
     tracking_spool: str | None = None
+    # The search's plan against what it spent (hours, cost) and which limit ended it.
+    search: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -140,8 +143,11 @@ def run_study(
     prepared = prepare(config)
     # The study's one validation length: given, or the data's p99.
     config = dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
+    probe_started = time.perf_counter()
     estimator = estimator_factory(config, prepared)
     check_space(estimator)  # before anything is written: nothing fits -> exit 2
+    # A probe (no calibration yet, or measuring before refusing) is spent on the search.
+    probe_seconds = time.perf_counter() - probe_started if estimator.probe_runs else 0.0
     study = open_study(config, prepared)
     stored = (study.user_attrs.get(CONFIG_ATTR) or {}).get("eval_max_length")
     if stored and stored != config.eval_max_length:
@@ -161,6 +167,8 @@ def run_study(
     if not has_heartbeats(config.storage_url) and fail_dead_workers_trials(study):
         tracker.reconcile(parent, study)  # their MLflow runs: FAILED, state=failed
     _learn_from_full_runs(tracker, estimator)
+    keeper, config = search_budget.start(study, config, estimator, probe_seconds=probe_seconds)
+    search_budget.record_plan(tracker, parent, keeper.plan)
     context = StudyContext(
         config=config,
         space=prepared.space,
@@ -170,12 +178,17 @@ def run_study(
         tracker=tracker,
         parent_run_id=parent,
         estimator=estimator,
+        budget=keeper,
     )
     _optimize(study, context, progress=progress)
-    promote(study, context, progress=progress)
+    if not keeper.stopped:
+        promote(study, context, progress=progress)
     tracker.reconcile(parent, study)
     tracker.update_parent(parent, study)
     summary = _summary(study, config, tracker, parent)
+    finished = len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
+    summary.search = keeper.report(keeper.ended_by(finished, config.n_trials))
+    search_budget.record_spent(tracker, parent, summary.search)
     _report(study, config, tracker, summary)
     summary.tracking_records_waiting = tracker.finish_parent(parent)
     summary.tracking_spool = tracker.spool_folder
@@ -204,8 +217,10 @@ def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> 
     def update_parent(study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
         tracker.update_parent(parent, study)
 
+    keeper = context.budget
+    callbacks: list[Any] = [keeper.after_trial] if keeper else []
     try:
-        if remaining:
+        if remaining and (keeper is None or keeper.before_start()):
             study.optimize(
                 claimed(Objective(context)),
                 n_trials=remaining,
@@ -215,6 +230,7 @@ def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> 
                     optuna.study.MaxTrialsCallback(config.n_trials, states=FINISHED_STATES),
                     update_parent,
                     bar,
+                    *callbacks,
                 ],
                 gc_after_trial=True,
             )

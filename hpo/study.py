@@ -198,6 +198,7 @@ def _print_summary(summary: Any, server: dict[str, Any]) -> None:
         f"study '{summary.study_name}': {states['complete']} complete, {states['pruned']} pruned, "
         f"{states['failed']} failed in {summary.elapsed_seconds:.0f} s"
     )
+    _print_search(getattr(summary, "search", None) or {})
     if summary.best_value is None:
         print("no trial completed: nothing to export")
     else:
@@ -235,6 +236,21 @@ def _print_summary(summary: Any, server: dict[str, Any]) -> None:
             f"{waiting} MLflow records wait for the tracking server in {summary.tracking_spool}; "
             f"send them with: python -m hpo.tracking --replay {summary.tracking_spool}"
         )
+
+
+def _print_search(search: dict[str, Any]) -> None:
+    """The search's plan against what it spent, and which limit ended it."""
+    if not search:
+        return
+    line = (
+        f"search: planned {_hm(search['planned_hours'])} GPU time ({search['trials']} trials at "
+        f"{search['fidelity']:.3g} of their full run), spent {_hm(search['spent_hours'])}"
+    )
+    if search.get("budget_hours"):
+        line += f" of a {_hm(search['budget_hours'])} budget ({search['source']})"
+    if search.get("price_per_hour"):
+        line += f"; cost {search['spent_cost']:.2f} spent, {search['planned_cost']:.2f} planned"
+    print(f"{line}; ended by {search['ended_by']}")
 
 
 def _print_estimate(estimate: dict[str, Any]) -> None:

@@ -1,0 +1,258 @@
+"""The study's own budget: planned before the first trial, kept during the study.
+
+The plan (`analysis.search_plan`) sizes the trials from the time model's prediction of a
+typical feasible configuration. The ledger is the study's storage: every trial's wall time
+from Optuna's start and completion stamps (running trials up to now, so all workers count)
+plus the probe before the study. A trial that would cross the budget stops at its next
+evaluation and is scored on what it has (`BudgetStop`, a plain training callback); the
+study stops when what is left would not buy half a trial (`BudgetKeeper.after_trial`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import statistics
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from analysis.search_plan import SearchPlan, budget_hours, plan_search, trial_cost
+from common.mlflow_writer import metric
+from hpo.config import StudyConfig
+from trainers.events import EvalInfo, TrainingCallback
+
+if TYPE_CHECKING:
+    from hpo.estimator import StudyEstimator
+    from hpo.tracking import Tracker
+
+log = logging.getLogger(__name__)
+PLAN_ATTR = "search_plan"  # on the study: the plan its first session made (fidelity kept)
+PROBE_ATTR = "search_probe_seconds"  # on the study: the probe's seconds, against the budget
+STOPPED_ATTR = "stopped_by"  # on a trial the budget cut short
+ENDED_BY = ("search budget", "n_trials", "timeout")
+
+
+def typical_full_run(estimator: StudyEstimator) -> Any:
+    """The verdict of the median feasible configuration (by full-run p50) of the space."""
+    from hpo.what_fits import candidates
+
+    config = estimator.config
+    profiles = list(config.profiles or estimator.prepared.space.profiles)
+    verdicts = [estimator.verdict(p) for p in candidates(estimator.prepared.space, profiles)]
+    feasible = [v for v in verdicts if v.feasible] or verdicts
+    feasible.sort(key=lambda v: v.full_run.seconds_p50)
+    return feasible[len(feasible) // 2]
+
+
+def make_plan(
+    config: StudyConfig,
+    estimator: StudyEstimator,
+    *,
+    probe_seconds: float = 0.0,
+    workers: int = 1,
+) -> SearchPlan:
+    """The study's search plan from its time model (before any trial)."""
+    full = typical_full_run(estimator).full_run
+    hours = full.seconds_p50 / 3600
+    budget, source = budget_hours(
+        search_hours=config.budget.search_hours,
+        search_budget_pct=config.budget.search_budget_pct,
+        full_run_hours_p50=hours,
+    )
+    return plan_search(
+        trial_cost(full, evals=config.trial_evals),
+        budget_hours=budget,
+        source=source,
+        n_trials=config.n_trials,
+        max_fidelity=config.trial_fraction,
+        full_run_steps=full.optimizer_steps,
+        evals=config.trial_evals,
+        full_run_hours_p50=hours,
+        price_per_hour=config.budget.price_per_hour,
+        probe_hours=probe_seconds / 3600,
+        workers=workers,
+    )
+
+
+def spent_seconds(
+    trials: Iterable[optuna.trial.FrozenTrial], *, now: dt.datetime, probe_seconds: float = 0.0
+) -> float:
+    """GPU-seconds the study has spent: its trials' wall time (running ones up to `now`)."""
+    total = probe_seconds
+    for trial in trials:
+        if trial.datetime_start is None:
+            continue
+        end = trial.datetime_complete or now
+        total += max(0.0, (end - trial.datetime_start).total_seconds())
+    return total
+
+
+class BudgetStop(TrainingCallback):
+    """Stops a trial at the evaluation nearest to where the study's budget runs out.
+
+    At each evaluation it asks how much the study has spent (`spent`, all workers); when the
+    next evaluation interval would end more than halfway past the budget, the run stops here
+    and the trial is scored on the points it has.
+    """
+
+    def __init__(
+        self,
+        spent: Callable[[], float],
+        budget_seconds: float,
+        *,
+        clock: Callable[[], float],
+        on_stop: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.spent = spent
+        self.budget_seconds = budget_seconds
+        self.clock = clock
+        self.on_stop = on_stop
+        self.last = clock()
+        self.stopped = False
+
+    def on_eval(self, info: EvalInfo) -> bool:
+        now = self.clock()
+        interval, self.last = now - self.last, now
+        if self.spent() + 0.5 * interval < self.budget_seconds:
+            return False
+        self.stopped = True
+        self.on_stop()
+        return True
+
+
+class BudgetKeeper:
+    """Keeps one study inside its plan's budget; tells which limit ended it."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        plan: SearchPlan,
+        *,
+        now: Callable[[], dt.datetime] = dt.datetime.now,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        import time
+
+        self.study = study
+        self.plan = plan
+        self.now = now
+        self.clock = clock or time.perf_counter
+        self.stopped = False
+
+    @property
+    def budget_seconds(self) -> float | None:
+        hours = self.plan.budget_hours
+        return None if hours is None else hours * 3600
+
+    def spent(self) -> float:
+        probe = float(self.study.user_attrs.get(PROBE_ATTR, 0.0))
+        trials = self.study.get_trials(deepcopy=False)
+        return spent_seconds(trials, now=self.now(), probe_seconds=probe)
+
+    def trial_callbacks(self, trial: optuna.Trial) -> list[TrainingCallback]:
+        """The stop at the budget for one trial's run (none without a budget)."""
+        budget = self.budget_seconds
+        if budget is None:
+            return []
+
+        def mark() -> None:
+            trial.set_user_attr(STOPPED_ATTR, "search budget")
+
+        return [BudgetStop(self.spent, budget, clock=self.clock, on_stop=mark)]
+
+    def after_trial(self, study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
+        """Optuna callback: stop the study when the rest would not buy half a typical trial."""
+        budget = self.budget_seconds
+        if budget is None:
+            return
+        if budget - self.spent() < 0.5 * self.typical_trial_seconds():
+            self.stopped = True
+            study.stop()
+
+    def before_start(self) -> bool:
+        """Whether any budget is left for a first trial of this session."""
+        budget = self.budget_seconds
+        if budget is None or budget - self.spent() >= 0.5 * self.typical_trial_seconds():
+            return True
+        self.stopped = True
+        return False
+
+    def typical_trial_seconds(self) -> float:
+        """The median trained trial's wall time so far, else the plan's prediction."""
+        done = [
+            (t.datetime_complete - t.datetime_start).total_seconds()
+            for t in self.study.get_trials(deepcopy=False)
+            if t.datetime_start and t.datetime_complete and not t.user_attrs.get("never_trained")
+        ]
+        return statistics.median(done) if done else self.plan.trial_hours * 3600
+
+    def ended_by(self, finished: int, n_trials: int) -> str:
+        """Which limit ended the study: search budget, n_trials or timeout."""
+        if self.stopped:
+            return "search budget"
+        return "n_trials" if finished >= n_trials else "timeout"
+
+    def report(self, ended_by: str) -> dict[str, Any]:
+        """Planned against spent, for the summary and --json."""
+        spent = self.spent() / 3600
+        budget = self.plan.budget_hours
+        return {
+            **self.plan.to_dict(),
+            "spent_hours": spent,
+            "spent_cost": self.plan.cost(spent),
+            "spent_over_budget": None if not budget else spent / budget,
+            "ended_by": ended_by,
+        }
+
+
+def start(
+    study: optuna.Study,
+    config: StudyConfig,
+    estimator: StudyEstimator,
+    *,
+    probe_seconds: float,
+) -> tuple[BudgetKeeper, StudyConfig]:
+    """Plan the search (or take the plan a first session stored) and the config it runs.
+
+    The trials of one study are compared at equal data, so a resumed study keeps the
+    fidelity its first session planned. The probe's seconds are added to the study's ledger.
+    """
+    if probe_seconds > 0:
+        before = float(study.user_attrs.get(PROBE_ATTR, 0.0))
+        study.set_user_attr(PROBE_ATTR, before + probe_seconds)
+    probe = float(study.user_attrs.get(PROBE_ATTR, 0.0))
+    plan = make_plan(config, estimator, probe_seconds=probe)
+    stored = study.user_attrs.get(PLAN_ATTR)
+    if stored:
+        plan = dataclasses.replace(plan, fidelity=float(stored["fidelity"]))
+    else:
+        study.set_user_attr(PLAN_ATTR, plan.to_dict())
+    if plan.fidelity != config.trial_fraction:
+        config = dataclasses.replace(config, trial_fraction=plan.fidelity)
+        estimator.config = config
+    for line in plan.lines():
+        print(line, flush=True)
+    return BudgetKeeper(study, plan), config
+
+
+def record_plan(tracker: Tracker, parent: str, plan: SearchPlan) -> None:
+    """The plan as params of the study's parent run (through the one writer)."""
+    values = plan.to_dict()
+    tracker.log_batch(
+        parent,
+        params={f"search_plan.{k}": v for k, v in values.items() if v is not None},
+    )
+
+
+def record_spent(tracker: Tracker, parent: str, report: dict[str, Any]) -> None:
+    """Planned against spent on the parent run: metrics and the limit that ended it."""
+    metrics = [
+        metric(f"search_{key}", report[key], 0)
+        for key in ("planned_hours", "spent_hours", "planned_cost", "spent_cost")
+    ]
+    if report.get("spent_over_budget") is not None:
+        metrics.append(metric("search_spent_over_budget", report["spent_over_budget"], 0))
+    tracker.log_batch(parent, metrics=metrics, tags={"search_ended_by": report["ended_by"]})

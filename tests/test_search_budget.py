@@ -1,0 +1,302 @@
+"""The search budget: planned before the first trial (analysis.search_plan), kept during the
+study (hpo.search_budget): a trial that would cross it stops at its next evaluation, the study
+ends when it is spent whatever n_trials says, and the parent MLflow run records plan and spend.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from analysis.search_plan import (
+    DEFAULT_SEARCH_BUDGET_PCT,
+    MIN_FIDELITY,
+    TrialCost,
+    budget_hours,
+    plan_search,
+)
+from hpo.config import load_config
+from hpo.estimator import StudyEstimator
+from hpo.prepare import prepare
+from hpo.runner import run_study
+from hpo.search_budget import BudgetStop, make_plan, spent_seconds
+from trainers.data.paths import demo_data_path
+from trainers.events import EvalInfo
+from trainers.loop.run import train
+from trainers.spec import LoraSpec, TrainSpec
+
+FAST_PRIOR = lambda: 1e10  # noqa: E731  (the priors' CPU probe: no timing in tests)
+REPO = Path(__file__).resolve().parent.parent
+
+
+# -- the plan (pure) --------------------------------------------------------------------------
+def _plan(cost: TrialCost, budget: float | None, **overrides: Any) -> Any:
+    values: dict[str, Any] = {
+        "budget_hours": budget,
+        "source": "test",
+        "n_trials": 10,
+        "max_fidelity": 0.1,
+        "full_run_steps": 10_000,
+        "evals": 6,
+        "full_run_hours_p50": 20.0,
+    }
+    values.update(overrides)
+    return plan_search(cost, **values)
+
+
+# A trial of a 20 h run: 0.1 h fixed, the rest in proportion to its fidelity.
+COST = TrialCost(fixed=360.0, per_fidelity=20 * 3600.0)
+
+
+def test_without_a_budget_the_plan_is_the_asked_trials_at_the_trial_fraction() -> None:
+    plan = _plan(COST, None)
+    assert (plan.trials, plan.fidelity) == (10, 0.1)
+    assert plan.planned_hours == pytest.approx(10 * (0.1 + 2.0))
+
+
+@pytest.mark.parametrize("budget", [4.0, 8.0, 18.0])
+def test_a_budget_lowers_the_fidelity_first_and_keeps_the_trials(budget: float) -> None:
+    plan = _plan(COST, budget)
+    assert plan.trials == 10
+    assert MIN_FIDELITY <= plan.fidelity < 0.1
+    assert plan.planned_hours <= budget * 1.000001
+    assert plan.planned_hours >= 0.99 * budget  # the budget is used, not left idle
+
+
+def test_a_budget_below_the_smallest_trials_drops_trials_not_fidelity() -> None:
+    plan = _plan(COST, 1.0)  # a trial at 0.01 costs 0.1 + 0.2 h: three fit
+    assert plan.fidelity == MIN_FIDELITY
+    assert plan.trials == 3
+    assert plan.planned_hours <= 1.0
+
+
+def test_the_smallest_trial_leaves_the_curve_fit_its_evaluations() -> None:
+    plan = _plan(COST, 0.01, full_run_steps=200, evals=6)  # 6 steps of 200 > 1 %
+    assert plan.min_fidelity == pytest.approx(6 / 200)
+    assert plan.fidelity >= plan.min_fidelity
+    assert plan.trials == 1  # a budget smaller than one trial still gets one, cut short
+
+
+def test_the_probe_is_spent_from_the_budget() -> None:
+    with_probe = _plan(COST, 5.0, probe_hours=2.0)
+    without = _plan(COST, 5.0)
+    assert with_probe.planned_hours <= 5.0 * 1.000001
+    assert with_probe.fidelity < without.fidelity
+
+
+def test_budget_hours_takes_the_smaller_and_defaults_only_for_long_runs() -> None:
+    hours, source = budget_hours(search_hours=3.0, search_budget_pct=10, full_run_hours_p50=20)
+    assert (hours, source) == (2.0, "10 % of the full run's p50")
+    hours, _ = budget_hours(search_hours=1.5, search_budget_pct=10, full_run_hours_p50=20)
+    assert hours == 1.5
+    hours, source = budget_hours(search_hours=None, search_budget_pct=None, full_run_hours_p50=20)
+    assert hours == pytest.approx(DEFAULT_SEARCH_BUDGET_PCT / 100 * 20)
+    assert source.startswith("default")
+    hours, _ = budget_hours(search_hours=None, search_budget_pct=None, full_run_hours_p50=0.2)
+    assert hours is None  # a short run's trials would be mostly fixed cost: no default budget
+
+
+# -- the ledger and the in-trial stop ---------------------------------------------------------
+def _frozen(number: int, start: dt.datetime, seconds: float | None) -> optuna.trial.FrozenTrial:
+    complete = None if seconds is None else start + dt.timedelta(seconds=seconds)
+    state = optuna.trial.TrialState.RUNNING if seconds is None else optuna.trial.TrialState.COMPLETE
+    return optuna.trial.FrozenTrial(
+        number=number,
+        state=state,
+        value=1.0 if seconds is not None else None,
+        datetime_start=start,
+        datetime_complete=complete,
+        params={},
+        distributions={},
+        user_attrs={},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=number,
+    )
+
+
+def test_the_ledger_counts_finished_and_running_trials_of_all_workers_and_the_probe() -> None:
+    t0 = dt.datetime(2026, 1, 1, 12, 0, 0)
+    trials = [
+        _frozen(0, t0, 100.0),
+        _frozen(1, t0, 50.0),  # another worker, at the same time
+        _frozen(2, t0 + dt.timedelta(seconds=100), None),  # running for 30 s at `now`
+    ]
+    now = t0 + dt.timedelta(seconds=130)
+    assert spent_seconds(trials, now=now, probe_seconds=7.0) == pytest.approx(187.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_budget_stop_stops_at_the_evaluation_nearest_the_end_of_the_budget() -> None:
+    clock, spent = Clock(), {"s": 0.0}
+    stopped: list[bool] = []
+    stop = BudgetStop(lambda: spent["s"], 100.0, clock=clock, on_stop=lambda: stopped.append(True))
+    for step, now in enumerate((20.0, 40.0, 60.0, 80.0), start=1):
+        clock.t, spent["s"] = now, now
+        assert not stop.on_eval(EvalInfo(step=step, loss=1.0, seconds=0.1))
+    clock.t, spent["s"] = 95.0, 95.0  # the next interval (15 s) would end 10 s past the budget
+    assert stop.on_eval(EvalInfo(step=5, loss=1.0, seconds=0.1))
+    assert stopped == [True] and stop.stopped
+
+
+def test_a_real_run_stops_at_its_next_evaluation_and_keeps_what_it_has(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    spec = TrainSpec(
+        model=str(tiny_model_dir),
+        data=str(demo_data_path("prompt_completion")),
+        output_dir=str(tmp_path / "out"),
+        lora=LoraSpec(r=8, alpha=16),
+        micro_batch_size=8,
+        learning_rate=3e-3,
+        max_steps=12,
+        eval_interval=2,
+        eval_samples=16,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    evals: list[int] = []
+
+    def spent() -> float:  # the budget is gone once two evaluations are in
+        return 0.0 if len(evals) < 2 else 1e9
+
+    class Count(BudgetStop):
+        def on_eval(self, info: EvalInfo) -> bool:
+            evals.append(info.step)
+            return super().on_eval(info)
+
+    result = train(spec, [Count(spent, 3600.0, clock=Clock())])
+    assert result.optimizer_steps == 4  # stopped at the second evaluation, not at 12
+    assert [s for s, _ in result.eval_losses][:2] == [2, 4]
+    assert result.stop_reason
+
+
+# -- a real study -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "data.jsonl"
+    lines = demo_data_path("prompt_completion").read_text().splitlines()[:200]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _config(work: Path, model: Path, data: Path, **overrides: Any) -> Any:
+    values: dict[str, Any] = {
+        "model": str(model),
+        "data": str(data),
+        "work_dir": str(work),
+        "study_name": "budgeted",
+        "n_trials": 40,
+        "trial_fraction": 0.3,
+        "trial_evals": 3,
+        "eval_samples": 8,
+        "profiles": ["fast"],
+        "sampler": "random",
+        "pruner": "none",
+        "system_metrics_seconds": 0,
+        "seed": 3,
+    }
+    values.update(overrides)
+    return load_config(None, values)
+
+
+def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(
+    tiny_model_dir: Path, small_data: Path, tmp_path: Path
+) -> None:
+    config = _config(tmp_path / "w", tiny_model_dir, small_data)
+    estimator = StudyEstimator(config, prepare(config), cpu_probe=FAST_PRIOR)
+    predicted = make_plan(config, estimator).trial_hours
+    # Three predicted trials: 40 do not fit unless a trial runs 13x faster than predicted.
+    budget = 3 * predicted
+    config = _config(tmp_path / "w", tiny_model_dir, small_data, search_hours=budget)
+    summary = run_study(
+        config,
+        progress=False,
+        estimator_factory=lambda c, p: StudyEstimator(c, p, cpu_probe=FAST_PRIOR),
+    )
+    search = summary.search
+    finished = sum(summary.states.values())
+    assert search["ended_by"] == "search budget"
+    assert 1 <= finished < 40
+    assert search["budget_hours"] == pytest.approx(budget)
+    assert search["planned_hours"] <= budget * 1.000001
+    # Overshoot: at most the last trial (it stops at an evaluation, the study then ends).
+    study = optuna.load_study(study_name="budgeted", storage=config.storage_url)
+    longest = max(
+        (t.datetime_complete - t.datetime_start).total_seconds()
+        for t in study.trials
+        if t.datetime_complete and t.datetime_start
+    )
+    assert search["spent_hours"] <= budget + longest / 3600
+    assert search["spent_over_budget"] == pytest.approx(search["spent_hours"] / budget)
+
+    from mlflow import MlflowClient
+
+    run = MlflowClient(summary.tracking_uri).get_run(summary.mlflow_parent_run_id)
+    assert run.data.params["search_plan.trials"] == str(search["trials"])
+    assert float(run.data.params["search_plan.budget_hours"]) == pytest.approx(budget)
+    assert run.data.metrics["search_spent_hours"] == pytest.approx(search["spent_hours"])
+    assert run.data.tags["search_ended_by"] == "search budget"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "field"),
+    [
+        ("--search-hours", "0", "search_hours"),
+        ("--search-hours", "-1", "search_hours"),
+        ("--search-budget-pct", "0", "search_budget_pct"),
+    ],
+)
+def test_a_bad_search_budget_exits_2_naming_the_field(
+    flag: str, value: str, field: str, tmp_path: Path
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "hpo.study", "--work-dir", str(tmp_path), flag, value],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0]
+
+
+def test_analysis_plan_prints_the_search_plan_next_to_the_full_run(tmp_path: Path) -> None:
+    out_json = tmp_path / "plan.json"
+    args = [
+        "--model-config", "mistral-7b-v0.1", "--gpu", "H100", "--samples", "600000",
+        "--tokens-per-sample", "300", "--max-length", "512", "--epochs", "3",
+        "--micro-batch-size", "2", "--gradient-accumulation-steps", "8",
+        "--window-hours", "48", "--search-budget-pct", "10", "--json", str(out_json),
+    ]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "analysis.plan", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "search budget" in out.stdout and "full run for comparison" in out.stdout
+    search = json.loads(out_json.read_text())["search"]
+    full_p50 = json.loads(out_json.read_text())["plan"]["duration_hours"]["p50"]
+    assert search["budget_hours"] == pytest.approx(0.1 * full_p50)
+    assert search["planned_hours"] <= search["budget_hours"] * 1.000001
+    assert search["trials"] >= 1 and 0 < search["fidelity"] <= 0.1
+    # Hours-long trials at 0.1 would not fit 10 into a tenth of the run: fidelity goes down.
+    assert search["fidelity"] < 0.1
+    assert search["search_and_run_hours_p50"] == pytest.approx(search["planned_hours"] + full_p50)
