@@ -136,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(
             "--" + q.key.replace("_", "-"), dest=q.key, help=q.prompt + "." + default
         )
+    # Not asked: the default (10 % of the full run's p50 from an hour of full run) suits most.
+    for flag, what in (
+        ("--search-hours", "GPU-hours the search may spend, all workers together."),
+        ("--search-budget-pct", "The search's GPU-hours as a %% of the full run's p50."),
+    ):
+        parser.add_argument(flag, type=float, help=what + " Not asked; default: 10 %% of the p50.")
     parser.add_argument(
         "--out", default="study.yaml", help="The file to write. Default: study.yaml."
     )
@@ -205,6 +211,19 @@ def inspect(model: str, data: str) -> Findings:
     )
 
 
+def _search_lines(values: dict[str, Any]) -> str:
+    """The search budget: given values, else the default said in a comment."""
+    text = (
+        "  # What the search itself may spend (GPU-hours of all workers): search_hours, or\n"
+        "  # search_budget_pct of the full run's predicted p50 (default 10 % once that is an\n"
+        "  # hour or more). The study plans its trials into it and ends when it is spent.\n"
+    )
+    given = [key for key in ("search_hours", "search_budget_pct") if values.get(key) is not None]
+    if not given:
+        return text + "  # search_budget_pct: 10\n"
+    return text + "".join(f"  {key}: {values[key]:g}\n" for key in given)
+
+
 def render(values: dict[str, Any], found: Findings) -> str:
     """The commented YAML."""
 
@@ -230,8 +249,7 @@ def render(values: dict[str, Any], found: Findings) -> str:
         "  # Kept free at the end of the window: the full run stops and saves before it.\n"
         f"  safety_margin_minutes: {value('safety_margin_minutes')}\n"
         "  # The machine's price per hour: the estimate's cost.\n"
-        f"  price_per_hour: {value('price_per_hour')}\n"
-        "\n"
+        f"  price_per_hour: {value('price_per_hour')}\n" + _search_lines(values) + "\n"
         "# Batch profiles the search chooses from (search_spaces/profiles.yaml); all when absent.\n"
         + profiles
     )
@@ -242,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if out.exists() and not args.force:
         raise BadInputError(f"{out} exists; pass --force to replace it, or another --out")
+    search = {key: getattr(args, key) for key in ("search_hours", "search_budget_pct")}
+    for key, given in search.items():
+        if given is not None and not given > 0:
+            raise BadInputError(f"{key}: must be > 0, but got {given}")
     interactive = not args.yes and sys.stdin.isatty()
     values: dict[str, Any] = {}
     found: Findings | None = None
@@ -251,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             found = inspect(values["model"], values["data"])
             print(f"found: {found.data}; model: {found.model}", flush=True)
     assert found is not None
+    values.update(search)
     write_checked(out, render(values, found))
     print(f"hardware: {found.hardware}")
     print(f"wrote {out}; run the study with:")

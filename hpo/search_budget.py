@@ -218,7 +218,7 @@ def start(
     """Plan the search (or take the plan a first session stored) and the config it runs.
 
     The trials of one study are compared at equal data, so a resumed study keeps the
-    fidelity its first session planned. The probe's seconds are added to the study's ledger.
+    fidelity its first budgeted session planned. The probe's seconds are added to the study's ledger.
     """
     if probe_seconds > 0:
         before = float(study.user_attrs.get(PROBE_ATTR, 0.0))
@@ -226,9 +226,9 @@ def start(
     probe = float(study.user_attrs.get(PROBE_ATTR, 0.0))
     plan = make_plan(config, estimator, probe_seconds=probe)
     stored = study.user_attrs.get(PLAN_ATTR)
-    if stored:
+    if stored and stored.get("budget_hours") is not None and plan.budget_hours is not None:
         plan = dataclasses.replace(plan, fidelity=float(stored["fidelity"]))
-    else:
+    elif not stored:
         study.set_user_attr(PLAN_ATTR, plan.to_dict())
     if plan.fidelity != config.trial_fraction:
         config = dataclasses.replace(config, trial_fraction=plan.fidelity)

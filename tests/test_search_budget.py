@@ -219,8 +219,8 @@ def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(
     config = _config(tmp_path / "w", tiny_model_dir, small_data)
     estimator = StudyEstimator(config, prepare(config), cpu_probe=FAST_PRIOR)
     predicted = make_plan(config, estimator).trial_hours
-    # Three predicted trials: 40 do not fit unless a trial runs 13x faster than predicted.
-    budget = 3 * predicted
+    # Two predicted trials: 40 do not fit unless a trial runs 20x faster than predicted.
+    budget = 2 * predicted
     config = _config(tmp_path / "w", tiny_model_dir, small_data, search_hours=budget)
     summary = run_study(
         config,
@@ -275,7 +275,9 @@ def test_a_bad_search_budget_exits_2_naming_the_field(
     assert len(lines) == 1 and field in lines[0]
 
 
-def test_analysis_plan_prints_the_search_plan_next_to_the_full_run(tmp_path: Path) -> None:
+def test_analysis_plan_prints_the_search_plan_next_to_the_full_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out_json = tmp_path / "plan.json"
     args = [
         "--model-config", "mistral-7b-v0.1", "--gpu", "H100", "--samples", "600000",
@@ -283,15 +285,11 @@ def test_analysis_plan_prints_the_search_plan_next_to_the_full_run(tmp_path: Pat
         "--micro-batch-size", "2", "--gradient-accumulation-steps", "8",
         "--window-hours", "48", "--search-budget-pct", "10", "--json", str(out_json),
     ]  # fmt: skip
-    out = subprocess.run(
-        [sys.executable, "-m", "analysis.plan", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "search budget" in out.stdout and "full run for comparison" in out.stdout
+    from analysis.plan import main as plan_main
+
+    assert plan_main(args) == 0
+    printed = capsys.readouterr().out
+    assert "search budget" in printed and "full run for comparison" in printed
     search = json.loads(out_json.read_text())["search"]
     full_p50 = json.loads(out_json.read_text())["plan"]["duration_hours"]["p50"]
     assert search["budget_hours"] == pytest.approx(0.1 * full_p50)
@@ -300,3 +298,26 @@ def test_analysis_plan_prints_the_search_plan_next_to_the_full_run(tmp_path: Pat
     # Hours-long trials at 0.1 would not fit 10 into a tenth of the run: fidelity goes down.
     assert search["fidelity"] < 0.1
     assert search["search_and_run_hours_p50"] == pytest.approx(search["planned_hours"] + full_p50)
+
+
+def test_hpo_init_writes_the_search_budget_the_study_reads(
+    tiny_model_dir: Path, small_data: Path, tmp_path: Path
+) -> None:
+    from hpo.init import main as init_main
+
+    out = tmp_path / "study.yaml"
+    argv = ["--yes", "--model", str(tiny_model_dir), "--data", str(small_data)]
+    assert init_main([*argv, "--out", str(out), "--search-hours", "3"]) == 0
+    assert load_config(str(out)).budget.search_hours == 3
+    default = tmp_path / "default.yaml"
+    assert init_main([*argv, "--out", str(default)]) == 0
+    budget = load_config(str(default)).budget
+    assert (budget.search_hours, budget.search_budget_pct) == (None, None)
+    assert "search_budget_pct" in default.read_text()  # the default, said in a comment
+    bad = subprocess.run(
+        [sys.executable, "-m", "hpo.init", "--yes", "--out", str(tmp_path / "x.yaml"),
+         "--search-budget-pct", "-5"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "search_budget_pct" in bad.stderr
+    assert not (tmp_path / "x.yaml").exists()
