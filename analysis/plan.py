@@ -88,7 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="Tokens per sample with --samples (default: --max-length, every sample full).",
     )
-    data.add_argument("--data", help="JSONL data file whose token lengths are measured.")
+    data.add_argument(
+        "--data",
+        help="Data whose token lengths are measured (JSONL, Parquet, CSV, JSON or a "
+        "Dataset.save_to_disk folder).",
+    )
     data.add_argument("--tokenizer", help="Tokenizer folder for --data (default: characters / 4).")
     run = parser.add_argument_group("run (a --profile, or explicit values; explicit values win)")
     run.add_argument("--profile", help="A batch profile of the search space (fast, balanced, ...).")

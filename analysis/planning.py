@@ -102,7 +102,7 @@ def lengths_from_count(samples: int, tokens_per_sample: int) -> tuple[int, ...]:
 def lengths_from_data(
     data: str, *, max_length: int, tokenizer_dir: str | None, cache_dir: str | None = None
 ) -> tuple[tuple[int, ...], str]:
-    """Train token lengths of a JSONL file, and how they were measured.
+    """Train token lengths of a data set (see `trainers.data.sources`), and how they were measured.
 
     With a tokenizer folder the file goes through the trainer's own tokenization (exact);
     without one, each record's characters / `CHARS_PER_TOKEN` stand for its tokens.
@@ -122,21 +122,18 @@ def lengths_from_data(
 
 
 def _record_characters(path: Path) -> list[int]:
-    """Characters of text in each record of a JSONL file (text, prompt/completion, messages)."""
-    if not path.is_file():
-        raise BadInputError(f"--data: no such file: {path}")
+    """Characters of text in each record of a data set, in any format and shape it can have."""
+    from trainers.data.records import read_native
+
+    try:
+        _, records, _ = read_native(path)
+    except BadInputError as error:
+        raise BadInputError(f"--data: {error}") from None
     counts = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                texts = [record.get("text"), record.get("prompt"), record.get("completion")]
-                texts += [m.get("content") for m in record.get("messages") or []]
-            except (json.JSONDecodeError, AttributeError, TypeError):
-                raise BadInputError(f"--data: {path}:{number}: not a JSON record") from None
-            counts.append(sum(len(t) for t in texts if isinstance(t, str)))
+    for record in records:
+        texts = [record.get("text"), record.get("prompt"), record.get("completion")]
+        texts += [m["content"] for m in record.get("messages") or []]
+        counts.append(sum(len(t) for t in texts if isinstance(t, str)))
     if len(counts) < 2:
         raise BadInputError(f"--data: {path} has {len(counts)} record(s); a run needs 2")
     return counts

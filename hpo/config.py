@@ -118,7 +118,11 @@ class StudyConfig:
         default=None, metadata={"help": "Local model folder. Default: the tiny demo model."}
     )
     data: str | None = field(
-        default=None, metadata={"help": "JSONL data. Default: the bundled demo data."}
+        default=None,
+        metadata={
+            "help": "Training data: a JSONL, Parquet, CSV or JSON file or a "
+            "Dataset.save_to_disk folder (README: Data). Default: the bundled demo data."
+        },
     )
     space: str | None = field(
         default=None,

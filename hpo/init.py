@@ -103,7 +103,12 @@ def read_profiles(text: str, _: dict[str, Any]) -> list[str] | None:
 
 QUESTIONS = (
     Question("model", "Model folder (a local transformers model)", read_model),
-    Question("data", "Training data (JSONL: text, prompt/completion or messages)", read_data),
+    Question(
+        "data",
+        "Training data (JSONL, Parquet, CSV, JSON or a save_to_disk folder: text, "
+        "prompt/completion, messages, Alpaca or ShareGPT)",
+        read_data,
+    ),
     Question(
         "window_hours",
         "Window for the full run, in hours",

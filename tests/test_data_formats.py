@@ -230,3 +230,17 @@ def test_the_cache_is_keyed_by_the_saved_folders_fingerprint(
     other = _load(tmp_path / "saved-2", tokenizer, tmp_path / "cache")
     assert not other.cache_hit and other.cache_path != first.cache_path
     assert _samples(other) != _samples(first)
+
+
+def test_the_plans_character_estimate_reads_every_format(tmp_path: Path) -> None:
+    """`analysis.plan --data` without a tokenizer: the same lengths from Parquet as from JSONL."""
+    from analysis.planning import lengths_from_data
+
+    def lengths(path: Path) -> tuple[int, ...]:
+        return lengths_from_data(str(path), max_length=64, tokenizer_dir=None)[0]
+
+    jsonl = lengths(_jsonl(tmp_path / "d.jsonl", PROMPTS))
+    parquet = lengths(_parquet(tmp_path / "d.parquet", PROMPTS))
+    assert parquet == jsonl and len(jsonl) == len(PROMPTS) - round(len(PROMPTS) * 0.1)
+    # Alpaca rows count their instruction, input and output.
+    assert min(lengths(_csv(tmp_path / "a.csv", ALPACA))) >= 2

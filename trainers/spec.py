@@ -119,7 +119,12 @@ class TrainSpec:
     """Everything one training run needs. Validated on construction."""
 
     model: str = field(metadata={"help": "Local path of a transformers causal LM."})
-    data: str = field(metadata={"help": "JSONL file (text, prompt/completion or messages)."})
+    data: str = field(
+        metadata={
+            "help": "JSONL, Parquet, CSV or JSON file, or a Dataset.save_to_disk folder (text, "
+            "prompt/completion, messages, Alpaca or ShareGPT records)."
+        }
+    )
     output_dir: str = field(default="train-output", metadata={"help": "Checkpoints and logs."})
     lora: LoraSpec = field(
         default_factory=LoraSpec,
@@ -162,7 +167,7 @@ class TrainSpec:
         },
     )
     skip_bad_lines: bool = field(
-        default=False, metadata={"help": "Skip malformed JSONL lines instead of failing."}
+        default=False, metadata={"help": "Skip malformed records instead of failing."}
     )
     validation_fraction: float = field(
         default=0.1, metadata={"help": "Share of the samples held out for validation."}
