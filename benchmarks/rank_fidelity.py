@@ -10,8 +10,10 @@ times on the same 200 validation samples. The full runs are shared, only the tri
 Per fraction the trials are scored as a study would score them, one after the other: trial
 i's prediction (`hpo.final_loss.predict_final_loss`, the schedule-aware law of
 `analysis.loss_law` fitted jointly with trials 0..i-1) is what the study records for it.
-Reported per fraction: `spearman` of the uncorrected p50 against the full runs' final
-losses (and of the loss at the trial's fidelity), the pick's rank and regret, the median
+Reported per fraction: `spearman` of the study's score (the uncorrected p50 where the
+prediction is sure enough to rank, else the loss at the trial's fidelity: `hpo.objective`)
+against the full runs' final losses, and of the p50 and the loss at fidelity alone, the
+pick's rank and regret (and the p50's pick), the median
 and p90 absolute error of the uncorrected p50, the share of full runs inside p10-p90, the
 median band half-width, the share of fallbacks, and `search_seconds` (the trials' total
 wall time); plus the median error with the loss correction fitted leave-one-out from the
@@ -152,6 +154,7 @@ def predictions(rows: list[dict[str, Any]], fraction: str) -> list[dict[str, Any
         fit = final.fit
         out.append(
             {
+                "score": fit.p50 if final.ranks_by_prediction else final.last_loss,
                 "p10": fit.p10, "p50": fit.p50, "p90": fit.p90, "method": final.method,
                 "n_points": final.n_points, "loss_at_fidelity": final.last_loss,
                 "full_run_loss": row["full_run_loss"],
@@ -167,20 +170,22 @@ def score(preds: list[dict[str, Any]]) -> dict[str, Any]:
     p50 = np.array([p["p50"] for p in preds])
     p10 = np.array([p["p10"] for p in preds])
     p90 = np.array([p["p90"] for p in preds])
-    pick = int(np.argmin(p50))
-    fidelity_pick = int(np.argmin([p["loss_at_fidelity"] for p in preds]))
+    scores = np.array([p["score"] for p in preds])
+    pick = int(np.argmin(scores))
+    p50_pick = int(np.argmin(p50))
     error = np.abs(p50 / full - 1) * 100
     corrected = []
     for i in range(len(preds)):  # the correction each trial would get from the other full runs
         others = [(p50[j], full[j]) for j in range(len(preds)) if j != i]
         corrected.append(fit_loss_correction(others).scale * p50[i])
     return {
-        "spearman": float(spearmanr(p50, full).statistic),
+        "spearman": float(spearmanr(scores, full).statistic),
+        "spearman_p50": float(spearmanr(p50, full).statistic),
         "spearman_loss_at_fidelity": float(
             spearmanr([p["loss_at_fidelity"] for p in preds], full).statistic
         ),
         "pick_rank": int(np.sum(full < full[pick])) + 1,
-        "pick_rank_loss_at_fidelity": int(np.sum(full < full[fidelity_pick])) + 1,
+        "pick_rank_p50": int(np.sum(full < full[p50_pick])) + 1,
         "regret": float(full[pick] - full.min()),
         "median_abs_pct_error": float(np.median(error)),
         "p90_abs_pct_error": float(np.percentile(error, 90)),
@@ -195,7 +200,7 @@ def score(preds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 COLUMNS = (
-    "spearman", "spearman_loss_at_fidelity", "pick_rank", "pick_rank_loss_at_fidelity",
+    "spearman", "spearman_p50", "spearman_loss_at_fidelity", "pick_rank", "pick_rank_p50",
     "regret", "median_abs_pct_error",
     "p90_abs_pct_error", "median_abs_pct_error_corrected", "band_coverage",
     "median_band_halfwidth_pct", "fallback_share", "search_seconds",
@@ -214,7 +219,7 @@ def report(payload: dict[str, Any]) -> dict[str, Any]:
         f"{len(rows)} configurations, pretrain_steps {payload['pretrain_steps']}, "
         f"data {payload['data']}"
     )
-    short = ["fraction", "spearman", "sp.fidelity", "pick", "pick fid.", "regret", "med err %", "p90 err %",
+    short = ["fraction", "spearman", "sp.p50", "sp.fidelity", "pick", "pick p50", "regret", "med err %", "p90 err %",
              "med err corr %", "coverage", "half-width %", "fallbacks", "search s"]  # fmt: skip
     print(table(short, [[k, *(s[c] for c in COLUMNS)] for k, s in scores.items()]))
     return scores

@@ -15,7 +15,13 @@ from common.fmt import format_duration
 from common.mlflow_writer import run_id_now
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
-from hpo.final_loss import FinalLoss, peer_curves, predict_final_loss, trial_curve
+from hpo.final_loss import (
+    SCORED_BY_ATTR,
+    FinalLoss,
+    peer_curves,
+    predict_final_loss,
+    trial_curve,
+)
 from hpo.pick import PROMOTED_FROM_ATTR
 from hpo.runspec import train_spec
 from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
@@ -179,10 +185,14 @@ class Objective:
             self._end(trial, run_id, "failed", reason, measured, **tags)
             raise TrainingFailed(reason)
         # The uncorrected p50: the correction is one factor, so it changes no ranking, and
-        # trials scored before and after a full run reported back stay comparable.
-        value = (
-            final.fit.p50 if ctx.config.objective == "predicted_full_run_loss" else final.last_loss
+        # trials scored before and after a full run reported back stay comparable. Where the
+        # extrapolation is less sure than the study's promise, the loss at equal data ranks
+        # better (benchmarks/rank_fidelity.py): the trial is scored by it instead.
+        by_prediction = (
+            ctx.config.objective == "predicted_full_run_loss" and final.ranks_by_prediction
         )
+        value = final.fit.p50 if by_prediction else final.last_loss
+        trial.set_user_attr(SCORED_BY_ATTR, "prediction" if by_prediction else "loss_at_fidelity")
         band = final.band()
         note = (
             f"complete: predicted final loss {band['p50']:.3g} "

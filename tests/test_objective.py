@@ -20,7 +20,15 @@ from analysis.calibration import load
 from analysis.learning_curve import CurveFit
 from common.cli import run_cli
 from hpo.config import StudyConfig, load_config
-from hpo.final_loss import CURVE_ATTR, FIT_ATTR, PREDICTED_ATTR, curve_points
+from hpo.final_loss import (
+    CURVE_ATTR,
+    FIT_ATTR,
+    METHOD_ATTR,
+    POINTS_ATTR,
+    PREDICTED_ATTR,
+    SCORED_BY_ATTR,
+    curve_points,
+)
 from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial
 from hpo.runner import StudySummary, run_study
 from hpo.runspec import trial_schedule
@@ -91,16 +99,26 @@ def test_every_trained_trial_predicts_its_full_runs_final_loss(studied: Studied)
         band = attrs[PREDICTED_ATTR]
         assert 0 < band["p10"] <= band["p50"] <= band["p90"]
         fit = CurveFit.from_dict(attrs[FIT_ATTR])
+        # How the prediction was made, and from how many of the trial's points.
+        assert attrs[METHOD_ATTR] == fit.method in ("joint", "own", "fallback")
+        assert attrs[POINTS_ATTR] == len(attrs[CURVE_ATTR]) >= 1
         # The fit's target is the full run's data: samples x epochs.
         assert fit.target == pytest.approx(attrs["full_run_samples"])
         assert attrs["full_run_samples"] == pytest.approx(
             studied.full_run["samples_seen"], rel=0.01
         )
         if trial.state == optuna.trial.TrialState.COMPLETE:
-            # Before any full run reported back, the score is the uncorrected p50.
-            assert trial.value == pytest.approx(fit.p50)
+            # Before any full run reported back, the score is the uncorrected p50, where it
+            # is sure enough to rank; else the loss at equal data.
+            if attrs[SCORED_BY_ATTR] == "prediction":
+                assert trial.value == pytest.approx(fit.p50)
+            else:
+                assert attrs[SCORED_BY_ATTR] == "loss_at_fidelity"
+                assert trial.value == pytest.approx(attrs[CURVE_ATTR][-1][1], abs=1e-6)
     estimate = studied.summary.best_estimate
     assert {"p10", "p50", "p90"} <= set(estimate["final_val_loss"])
+    assert estimate["final_val_loss_method"] in ("joint", "own", "fallback")
+    assert estimate["final_val_loss_points"] >= 1
 
 
 def test_trials_see_the_same_data_whatever_their_batch(studied: Studied) -> None:
