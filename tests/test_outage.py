@@ -323,10 +323,11 @@ def test_a_server_that_stops_answering_for_good_costs_the_study_no_speed(
 ) -> None:
     """Stopped (SIGSTOP), the server takes connections and never answers: the worst outage.
 
-    Every write to it waits for MLflow's HTTP timeout (5 s here, 30 s by default), so a
-    trial that waited for the tracking server would take that much longer.
+    Every write to it waits for MLflow's HTTP timeout (30 s), so a trial that waited for
+    the tracking server would take up to that much longer (MLflow's own system-metrics
+    monitor did: it asks the server for the run every sample and is joined at the end).
     """
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")  # the writer's default
     config = _study_config(
         tiny_model_dir, tmp_path, server.url, "silent", 6, tracking_exit_wait_seconds=3
     )
@@ -337,7 +338,7 @@ def test_a_server_that_stops_answering_for_good_costs_the_study_no_speed(
         os.killpg(server.proc.pid, signal.SIGSTOP)
         outage["at"] = time.time()
 
-    watcher = _when_finished(config, 2, stop_for_good)
+    watcher = _when_finished(config, 3, stop_for_good)
     try:
         with caplog.at_level(logging.WARNING):
             summary = run_study(config, progress=False)
@@ -348,11 +349,12 @@ def test_a_server_that_stops_answering_for_good_costs_the_study_no_speed(
         # Per-trial wall time from the study's own records, before and during the outage.
         spans = {t.number: _span(t) for t in trials}
         seconds = {n: end - start for n, (start, end) in spans.items()}
-        before = [seconds[n] for n, (_, end) in spans.items() if end < outage["at"]]
+        # Trial 0 also loads the base model and the data (later trials reuse them): left out.
+        before = [seconds[n] for n, (_, end) in spans.items() if n > 0 and end < outage["at"]]
         during = [seconds[n] for n, (start, _) in spans.items() if start > outage["at"]]
         assert len(before) >= 2 and len(during) >= 2, (before, during)
         # 1.5x with 2 s of slack for tiny trials on a shared machine; a trial that waited
-        # for the server once would take the HTTP timeout (5 s) longer.
+        # for the server once would take up to the HTTP timeout (30 s) longer.
         assert statistics.median(during) <= 1.5 * statistics.median(before) + 2.0, seconds
 
         # Every record sent or waiting, named: the spool holds them, the log says how to send.
