@@ -168,7 +168,7 @@ def run_study(
         tracker.reconcile(parent, study)  # their MLflow runs: FAILED, state=failed
     _learn_from_full_runs(tracker, estimator)
     keeper, config = search_budget.start(study, config, estimator, probe_seconds=probe_seconds)
-    search_budget.record_plan(tracker, parent, keeper.plan)
+    search_budget.record_plan(tracker, parent, keeper)
     context = StudyContext(
         config=config,
         space=prepared.space,

@@ -141,6 +141,7 @@ class BudgetKeeper:
         self.now = now
         self.clock = clock or time.perf_counter
         self.stopped = False
+        self.first_session = True  # the study's first plan (its MLflow params are written once)
 
     @property
     def budget_seconds(self) -> float | None:
@@ -230,20 +231,28 @@ def start(
         plan = dataclasses.replace(plan, fidelity=float(stored["fidelity"]))
     elif not stored:
         study.set_user_attr(PLAN_ATTR, plan.to_dict())
+    keeper = BudgetKeeper(study, plan)
+    keeper.first_session = not stored
     if plan.fidelity != config.trial_fraction:
         config = dataclasses.replace(config, trial_fraction=plan.fidelity)
         estimator.config = config
     for line in plan.lines():
         print(line, flush=True)
-    return BudgetKeeper(study, plan), config
+    return keeper, config
 
 
-def record_plan(tracker: Tracker, parent: str, plan: SearchPlan) -> None:
-    """The plan as params of the study's parent run (through the one writer)."""
-    values = plan.to_dict()
+def record_plan(tracker: Tracker, parent: str, keeper: BudgetKeeper) -> None:
+    """The plan on the study's parent run (through the one writer).
+
+    The first session's plan as params (MLflow params cannot change, and a resumed study's
+    plan differs: the time model has learnt); every session's as the `search_plan` tag.
+    """
+    values = keeper.plan.to_dict()
+    params = {f"search_plan.{k}": v for k, v in values.items() if v is not None}
     tracker.log_batch(
         parent,
-        params={f"search_plan.{k}": v for k, v in values.items() if v is not None},
+        params=params if keeper.first_session else None,
+        tags={"search_plan": " ".join(keeper.plan.lines())},
     )
 
 

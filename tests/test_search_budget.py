@@ -251,6 +251,16 @@ def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(
     assert run.data.metrics["search_spent_hours"] == pytest.approx(search["spent_hours"])
     assert run.data.tags["search_ended_by"] == "search budget"
 
+    # Run again: the budget is spent, so no trial starts (and the parent's params stand).
+    again = run_study(
+        config,
+        progress=False,
+        estimator_factory=lambda c, p: StudyEstimator(c, p, cpu_probe=FAST_PRIOR),
+    )
+    assert again.search["ended_by"] == "search budget"
+    assert sum(again.states.values()) == finished
+    assert again.search["fidelity"] == pytest.approx(search["fidelity"])
+
 
 @pytest.mark.parametrize(
     ("flag", "value", "field"),
