@@ -22,6 +22,7 @@ STUDY_FULL_EVAL_INTERVAL = 200
 STUDY_FULL_CHECKPOINT_INTERVAL = 500
 OVERFLOW_MODES = ("truncate", "pack")
 PACKING_MODES = ("none", "padding_free")  # trainers.data.packing
+QUANTIZATION_MODES = ("none", "nf4")  # trainers.model.quantization
 
 
 def _require(condition: bool, message: str) -> None:
@@ -223,6 +224,14 @@ class TrainSpec:
     device: str = field(
         default="auto", metadata={"help": f"Training device: {' | '.join(DEVICES)}."}
     )
+    quantization: str = field(
+        default="none",
+        metadata={
+            "help": "Base model weights: none (training precision) | nf4 (QLoRA: 4-bit "
+            "NormalFloat with double quantization through bitsandbytes, computing in the "
+            "training precision; needs the qlora extra)."
+        },
+    )
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "Recompute activations: less memory, slower steps."}
     )
@@ -303,6 +312,7 @@ class TrainSpec:
         _choice("device", self.device, DEVICES)
         _choice("overflow", self.overflow, OVERFLOW_MODES)
         _choice("packing", self.packing, PACKING_MODES)
+        _choice("quantization", self.quantization, QUANTIZATION_MODES)
         _require(
             self.packing == "none" or self.overflow == "truncate",
             f"packing={self.packing!r} keeps samples apart, but overflow={self.overflow!r} "

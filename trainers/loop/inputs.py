@@ -26,6 +26,7 @@ from typing import Any
 
 from trainers.data.dataset import TokenizedData, load_tokenized
 from trainers.model.lora import ModelInfo, apply_lora, load_base_model, load_tokenizer
+from trainers.model.quantization import load_quantized
 from trainers.spec import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class BaseKey:
 
     path: str
     device: str  # the model is loaded in its checkpoint's dtype; autocast does the rest
+    quantization: str = "none"  # a 4-bit base serves only 4-bit runs, and the reverse
+    compute_precision: str = "fp32"  # what 4-bit layers compute in (16-bit bases: unused)
 
 
 @dataclass
@@ -86,7 +89,7 @@ class RunInputs:
     _attached: Any = None
     _frozen: bool = False
 
-    def attach(self, spec: TrainSpec, device: str) -> Attached:
+    def attach(self, spec: TrainSpec, device: str, precision: str = "fp32") -> Attached:
         """The run's inputs: the shared base with a fresh adapter of `spec.lora`.
 
         The adapter's initial weights come from `spec.seed` (set just before), whatever
@@ -106,7 +109,13 @@ class RunInputs:
         tokenizer = self._tokenizer(spec.model)
         data = self._tokenized(spec, tokenizer)
         loads = self.loads
-        base = self._base_model(spec.model, device)
+        key = BaseKey(
+            path=str(Path(spec.model).resolve()),
+            device=device,
+            quantization=spec.quantization,
+            compute_precision=precision if spec.quantization != "none" else "fp32",
+        )
+        base = self._base_model(spec.model, key)
         set_seed(spec.seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
@@ -166,14 +175,16 @@ class RunInputs:
         self._data[key] = data
         return data
 
-    def _base_model(self, path: str, device: str) -> Any:
-        key = BaseKey(path=str(Path(path).resolve()), device=device)
+    def _base_model(self, path: str, key: BaseKey) -> Any:
         if self._base is not None and key == self._key:
             return self._base
         if self._base is not None and self._key is not None:
             log.info("trial engine: reloading the base model (%s)", _difference(self._key, key))
             self._forget_base()
-        self._base = load_base_model(path)
+        if key.quantization == "nf4":
+            self._base = load_quantized(path, device=key.device, precision=key.compute_precision)
+        else:
+            self._base = load_base_model(path)
         self._state = _snapshot(self._base)
         self._key = key
         self.loads += 1
@@ -199,7 +210,7 @@ def _file_version(path: str) -> tuple[int, int]:
 def _difference(old: BaseKey, new: BaseKey) -> str:
     changed = [
         f"{name} {getattr(old, name)} -> {getattr(new, name)}"
-        for name in ("path", "device")
+        for name in ("path", "device", "quantization", "compute_precision")
         if getattr(old, name) != getattr(new, name)
     ]
     return ", ".join(changed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -113,7 +114,7 @@ def describe(peft_model: Any) -> ModelInfo:
     import torch
 
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in peft_model.parameters())
+    total = sum(_weights_in(p) for p in peft_model.parameters())
     targets: set[str] = set()
     adapter = 0
     for name, module in peft_model.named_modules():
@@ -149,3 +150,10 @@ def _target_name(name: str, module: Any) -> str:
 
 def _as_list(targets: str | tuple[str, ...]) -> list[str]:
     return [targets] if isinstance(targets, str) else list(targets)
+
+
+def _weights_in(parameter: Any) -> int:
+    """Weights a parameter holds: a 4-bit one (bitsandbytes) packs two per stored byte."""
+    state = getattr(parameter, "quant_state", None)
+    shape = getattr(state, "shape", None)
+    return int(math.prod(shape)) if shape is not None else int(parameter.numel())
