@@ -235,6 +235,15 @@ class Fit:
         return self.fits_memory and self.fits_window is not False
 
 
+def with_setup(plan: Plan, setup: RunSetup) -> Plan:
+    """The plan with the setup's packing and quantization."""
+    return dataclasses.replace(
+        plan,
+        packing="padding_free" if setup.packing else "none",
+        quantization=setup.quantization,
+    )
+
+
 def evaluate(
     shape: RunShape,
     model: ModelProfile,
@@ -253,8 +262,8 @@ def evaluate(
     kernel sets the attention FLOPs' rate; without one, the time model's own memory estimate.
     """
     plan = plan_of(shape, model, lengths, gpu)
-    if setup is not None and setup.packing:
-        plan = dataclasses.replace(plan, packing="padding_free")
+    if setup is not None:
+        plan = with_setup(plan, setup)
     if setup is not None:
         coefficients = dataclasses.replace(
             coefficients,

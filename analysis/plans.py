@@ -66,6 +66,7 @@ def plan_for(
         # A trial stops early in its full run's schedule: it takes only those steps.
         max_steps=spec.stop_after_steps or spec.max_steps,
         packing=spec.packing,
+        quantization=spec.quantization,
     )
 
 

@@ -19,8 +19,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from analysis.timemodel import PRECISION_BYTES, ModelProfile, Plan
+from analysis.timemodel import PRECISION_BYTES, ModelProfile, Plan, weight_bytes
 from common.errors import BadInputError
+from trainers.spec import QUANTIZATION_MODES
 
 ATTENTION_KERNELS = ("flash_attention_2", "sdpa", "eager")
 MEMORY_MEASURES = ("allocated", "reserved")
@@ -77,6 +78,7 @@ class RunSetup:
         longest_sample: Tokens of the longest sample (peak memory follows the longest
             micro-batch); None: max_length, the safe bound.
         packing: Samples are packed into full max_length rows (no padding, every row full).
+        quantization: "none", or "nf4": the base's linear layers in 4 bits (QLoRA).
     """
 
     attention: str = "sdpa"
@@ -85,8 +87,14 @@ class RunSetup:
     memory_measure: str = "reserved"
     longest_sample: int | None = None
     packing: bool = False
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
+        if self.quantization not in QUANTIZATION_MODES:
+            raise BadInputError(
+                f"--quantization must be one of {', '.join(QUANTIZATION_MODES)}, "
+                f"but got {self.quantization!r}"
+            )
         if self.attention not in ATTENTION_KERNELS:
             raise BadInputError(
                 f"--attention must be one of {', '.join(ATTENTION_KERNELS)}, but got {self.attention!r}"
@@ -150,7 +158,7 @@ def memory_parts(
         activations = model.n_layers * per_layer
     logit_bytes = terms.logits_fp32_bytes if setup.logits_fp32 else terms.logits_16bit_bytes
     parts = {
-        "weights": float(model.total_parameters * width),
+        "weights": weight_bytes(model, plan.precision, plan.quantization),
         "lora_state": TRAINABLE_BYTES * plan.lora_r * model.lora_parameters_per_rank,
         "activations": activations,
         "logits": logit_bytes * tokens * model.vocab_size,

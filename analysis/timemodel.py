@@ -18,14 +18,14 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
 from common.errors import BadInputError
 from trainers.data.packing import pack_lengths
-from trainers.spec import PACKING_MODES, eval_batch_size, optimizer_steps
+from trainers.spec import PACKING_MODES, QUANTIZATION_MODES, eval_batch_size, optimizer_steps
 
 DEVICE_KINDS = ("cpu", "cuda", "mps")
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -194,6 +194,8 @@ class Plan:
         packing: "none", or "padding_free": samples packed into sequences of at most
             `max_length` tokens (`trainers.data.packing`); `micro_batch_size` then counts
             sequences, each micro-batch is one row without padding.
+        quantization: "none", or "nf4": the base's linear layers in 4 bits (QLoRA,
+            `trainers.model.quantization`): `weight_bytes` and `NF4_STEP_FACTOR`.
     """
 
     model: ModelProfile
@@ -211,8 +213,14 @@ class Plan:
     device_kind: str = "cpu"
     max_steps: int | None = None
     packing: str = "none"
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
+        _check(
+            self.quantization in QUANTIZATION_MODES,
+            f"quantization must be one of {QUANTIZATION_MODES} "
+            f"but got quantization={self.quantization!r}",
+        )
         _check(
             self.packing in PACKING_MODES,
             f"packing must be one of {PACKING_MODES} but got packing={self.packing!r}",
@@ -527,6 +535,31 @@ def activation_bytes(
 _TRAINABLE_BYTES = {"lora_parameters": 4.0, "lora_gradients": 4.0, "optimizer_state": 8.0}
 
 
+# NF4 with double quantization (Dettmers et al. 2023): 4 bits per weight, one 8-bit constant per
+# block of 64 weights, one fp32 constant per 256 blocks: 4.127 bits.
+NF4_BYTES_PER_WEIGHT = (4.0 + 8.0 / 64.0 + 32.0 / (64.0 * 256.0)) / 8.0
+# Micro-steps of a 4-bit base are slower: each weight is de-quantized for the forward pass and
+# again for the input gradient. Prior: QLoRA's runs took 1.39x the LoRA run's time (Raschka,
+# "Practical Tips for Finetuning LLMs Using LoRA", 2023, 7B on an A100), with a band until
+# trials measure it (x1.15 to x1.8 at p10/p90).
+NF4_STEP_FACTOR = 1.39
+NF4_LOG_P90 = math.log(1.8 / NF4_STEP_FACTOR)
+NF4_LOG_P10 = math.log(1.15 / NF4_STEP_FACTOR)
+
+
+def weight_bytes(model: ModelProfile, precision: str, quantization: str = "none") -> float:
+    """Bytes of the base weights: at the training precision, or NF4 for the linear layers.
+
+    bitsandbytes quantizes the linear layers only; the input embedding and the output head
+    (vocab x hidden each, counted untied: an upper bound) stay at the training precision.
+    """
+    width = PRECISION_BYTES[precision]
+    if quantization != "nf4":
+        return float(model.total_parameters * width)
+    unquantized = min(2.0 * model.vocab_size * model.hidden_size, model.total_parameters)
+    return unquantized * width + (model.total_parameters - unquantized) * NF4_BYTES_PER_WEIGHT
+
+
 def static_memory_bytes(model: ModelProfile, trainable_parameters: float, precision: str) -> float:
     """Weights at training precision + fp32 adapters, their gradients and AdamW's two moments."""
     per_parameter = sum(_TRAINABLE_BYTES.values())
@@ -594,6 +627,13 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
         tokens, square = _epoch_averages(lengths, lengths.size, plan.micro_batch_size)
     steps = optimizer_steps(plan, items)
     micro_steps = steps * plan.gradient_accumulation_steps
+    if plan.quantization == "nf4":
+        c = replace(
+            c,
+            step_mean_ratio=c.step_mean_ratio * NF4_STEP_FACTOR,
+            systematic_log_p90=math.hypot(c.systematic_log_p90, NF4_LOG_P90),
+            systematic_log_p10=-math.hypot(c.systematic_log_p10, NF4_LOG_P10),
+        )
     micro = _micro_step_seconds(plan, c, tokens, square)
     optimizer = c.optimizer_fixed_seconds + c.optimizer_seconds_per_parameter * (
         plan.trainable_parameters
@@ -722,7 +762,7 @@ def memory_breakdown(
     elif longest is None:
         longest = max(min(n, plan.max_length) for n in plan.token_lengths)
     return {
-        "weights": plan.model.total_parameters * PRECISION_BYTES[plan.precision],
+        "weights": weight_bytes(plan.model, plan.precision, plan.quantization),
         **{part: per * trainable for part, per in _TRAINABLE_BYTES.items()},
         "activations": coefficients.activation_memory_scale
         * activation_bytes(

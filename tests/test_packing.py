@@ -219,3 +219,23 @@ def test_plan_cli_packing_cuts_steps(capsys: pytest.CaptureFixture[str]) -> None
     }
     assert steps["padding_free"] < steps["none"] / 4
     assert "packed" in lines["padding_free"]
+
+
+def test_nf4_plan_fits_an_8b_model_on_a_24gb_card(capsys: pytest.CaptureFixture[str]) -> None:
+    from analysis.plan import main
+
+    argv = ["--model-config", "llama-3.1-8b", "--gpu", "rtx4090", "--samples", "2000"]
+    argv += ["--max-length", "512", "--micro-batch-size", "4", "--gradient-checkpointing"]
+    out = {}
+    for mode in ("none", "nf4"):
+        assert main([*argv, "--quantization", mode, "--json", "/dev/null"]) == 0
+        out[mode] = capsys.readouterr().out
+    weights = {m: float(o.split("weights ")[1].split(",")[0]) for m, o in out.items()}
+    # 8.0 B weights: 15 GiB in bf16; NF4 for the 7 B in linear layers (~0.52 byte each)
+    # and the two 0.5 B embeddings in bf16: about a third.
+    assert 14.5 < weights["none"] < 15.5
+    assert 4.5 < weights["nf4"] < 6.0
+    assert "NF4 base" in out["nf4"]
+    assert "fits: yes" in out["nf4"] and "fits: no" in out["none"]
+    p50 = {m: o.split("p50 ")[1].split(",")[0] for m, o in out.items()}
+    assert p50["nf4"] != p50["none"]  # de-quantization makes the steps slower
