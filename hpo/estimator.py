@@ -313,8 +313,9 @@ class StudyEstimator:
 
         Returns:
             `predicted_trial_seconds` (made before the run, for the steps it ran),
-            `measured_trial_seconds`, `trial_estimate_error_pct` (+ = over-predicted),
-            `trial_inside_band` (1 when the measurement fell inside p10-p90) and the full
+            `predicted_trial_steps` (those steps), `predicted_trial_train_seconds` (their
+            optimizer-step part), `measured_trial_seconds`, `trial_estimate_error_pct`
+            (+ = over-predicted), `trial_inside_band` (1 when the measurement fell inside p10-p90) and the full
             run's refreshed `predicted_full_run_hours_p50/p90`.
         """
         own_plan = self.plan(params, full_run=False)
@@ -411,6 +412,10 @@ def _honesty_metrics(own: Estimate, full: Estimate, measured: float) -> dict[str
         "predicted_trial_seconds_p10": own.seconds_p10,
         "predicted_trial_seconds_p90": own.seconds_p90,
         "measured_trial_seconds": measured,
+        # The steps the prediction is for (those the trial trained), and its optimizer-step
+        # part: the report compares like with like, and the steps alone without start-up.
+        "predicted_trial_steps": float(own.optimizer_steps),
+        "predicted_trial_train_seconds": own.breakdown["train"],
         "trial_estimate_error_pct": 100.0 * (own.seconds_p50 - measured) / measured
         if measured > 0
         else 0.0,
