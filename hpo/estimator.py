@@ -315,8 +315,8 @@ class StudyEstimator:
             `predicted_trial_seconds` (made before the run, for the steps it ran),
             `predicted_trial_steps` (those steps), `predicted_trial_train_seconds` (their
             optimizer-step part), `measured_trial_seconds`, `trial_estimate_error_pct`
-            (+ = over-predicted), `trial_inside_band` (1 when the measurement fell inside p10-p90) and the full
-            run's refreshed `predicted_full_run_hours_p50/p90`.
+            (+ = over-predicted), `trial_inside_band` (1 when the measurement fell inside
+            p10-p90) and the full run's refreshed `predicted_full_run_hours_p50/p90`.
         """
         own_plan = self.plan(params, full_run=False)
         self._calibrate(trial, result, own_plan.eval_samples)
