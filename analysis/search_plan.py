@@ -74,7 +74,8 @@ class SearchPlan:
         fidelity: Each trial's share of its full run.
         min_fidelity: The smallest share whose curve the loss law can fit.
         trial_hours: One trial's predicted GPU-hours at `fidelity`.
-        probe_hours: GPU-hours the probe (before the plan) already spent.
+        before_trials_hours: GPU-hours already spent before the trials (each session's
+            set-up to its first trial, a probe).
         full_run_hours_p50: The full run's predicted p50, for comparison.
         price_per_hour: The machine's price.
         workers: Processes sharing the budget; wall-clock hours are about GPU-hours / workers.
@@ -88,12 +89,12 @@ class SearchPlan:
     trial_hours: float
     full_run_hours_p50: float
     price_per_hour: float = 0.0
-    probe_hours: float = 0.0
+    before_trials_hours: float = 0.0
     workers: int = 1
 
     @property
     def planned_hours(self) -> float:
-        return self.probe_hours + self.trials * self.trial_hours
+        return self.before_trials_hours + self.trials * self.trial_hours
 
     def cost(self, hours: float) -> float:
         return hours * self.price_per_hour
@@ -124,8 +125,10 @@ class SearchPlan:
                 f"  {self.workers} workers: about {_hours(self.planned_hours / self.workers)} "
                 "of wall clock"
             )
-        if self.probe_hours > 0:
-            lines.append(f"  of which the probe before the study: {_hours(self.probe_hours)}")
+        if self.before_trials_hours > 0:
+            lines.append(
+                f"  of which set-up and probe before the trials: {_hours(self.before_trials_hours)}"
+            )
         full_cost = f", cost {self.cost(self.full_run_hours_p50):.2f}" if priced else ""
         lines.append(f"  full run for comparison: p50 {_hours(self.full_run_hours_p50)}{full_cost}")
         return lines
@@ -169,14 +172,15 @@ def plan_search(
     evals: int,
     full_run_hours_p50: float,
     price_per_hour: float = 0.0,
-    probe_hours: float = 0.0,
+    before_trials_hours: float = 0.0,
     workers: int = 1,
 ) -> SearchPlan:
     """Trials and fidelity that fit `budget_hours`: fidelity first, then fewer trials.
 
     Args:
         cost: One trial's predicted seconds as a function of its fidelity.
-        budget_hours: GPU-hours for the whole search, the probe included; None: no budget
+        budget_hours: GPU-hours for the whole search, set-up and probe included; None: no
+            budget
             (`n_trials` at `max_fidelity`).
         source: Where the budget comes from, in words.
         n_trials: Trials the user asked for (the most the plan makes).
@@ -186,7 +190,7 @@ def plan_search(
         evals: Evaluations per trial.
         full_run_hours_p50: The full run's predicted p50.
         price_per_hour: The machine's price.
-        probe_hours: Already spent by the probe.
+        before_trials_hours: Already spent before the trials (set-up, probe).
         workers: Processes sharing the budget.
     """
     if n_trials < 1 or not 0 < max_fidelity <= 1 or full_run_steps < 1:
@@ -198,7 +202,7 @@ def plan_search(
     min_fidelity = min(max_fidelity, max(MIN_FIDELITY, min_steps / full_run_steps))
     trials, fidelity = n_trials, max_fidelity
     if budget_hours is not None:
-        left = max(0.0, budget_hours - probe_hours) * 3600
+        left = max(0.0, budget_hours - before_trials_hours) * 3600
         # The largest fidelity at which all n_trials fit, within [min_fidelity, max_fidelity].
         each = left / n_trials
         if cost.per_fidelity > 0:
@@ -215,7 +219,7 @@ def plan_search(
         trial_hours=cost.seconds(fidelity) / 3600,
         full_run_hours_p50=full_run_hours_p50,
         price_per_hour=price_per_hour,
-        probe_hours=probe_hours,
+        before_trials_hours=before_trials_hours,
         workers=workers,
     )
 

@@ -143,11 +143,8 @@ def run_study(
     prepared = prepare(config)
     # The study's one validation length: given, or the data's p99.
     config = dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
-    probe_started = time.perf_counter()
     estimator = estimator_factory(config, prepared)
     check_space(estimator)  # before anything is written: nothing fits -> exit 2
-    # A probe (no calibration yet, or measuring before refusing) is spent on the search.
-    probe_seconds = time.perf_counter() - probe_started if estimator.probe_runs else 0.0
     study = open_study(config, prepared)
     stored = (study.user_attrs.get(CONFIG_ATTR) or {}).get("eval_max_length")
     if stored and stored != config.eval_max_length:
@@ -167,7 +164,10 @@ def run_study(
     if not has_heartbeats(config.storage_url) and fail_dead_workers_trials(study):
         tracker.reconcile(parent, study)  # their MLflow runs: FAILED, state=failed
     _learn_from_full_runs(tracker, estimator)
-    keeper, config = search_budget.start(study, config, estimator, probe_seconds=probe_seconds)
+    # Set-up and any probe (no calibration yet, or measuring before refusing) are search time.
+    keeper, config = search_budget.start(
+        study, config, estimator, before_trials_seconds=time.perf_counter() - started
+    )
     search_budget.record_plan(tracker, parent, keeper)
     context = StudyContext(
         config=config,

@@ -3,7 +3,8 @@
 The plan (`analysis.search_plan`) sizes the trials from the time model's prediction of a
 typical feasible configuration. The ledger is the study's storage: every trial's wall time
 from Optuna's start and completion stamps (running trials up to now, so all workers count)
-plus the probe before the study. A trial that would cross the budget stops at its next
+plus what each session spent before its first trial (set-up, a probe: the GPU is rented
+then too). A trial that would cross the budget stops at its next
 evaluation and is scored on what it has (`BudgetStop`, a plain training callback); the
 study stops when what is left would not buy half a trial (`BudgetKeeper.after_trial`).
 """
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PLAN_ATTR = "search_plan"  # on the study: the plan its first session made (fidelity kept)
-PROBE_ATTR = "search_probe_seconds"  # on the study: the probe's seconds, against the budget
+# On the study: seconds its sessions spent before their first trial (set-up, probe).
+BEFORE_TRIALS_ATTR = "search_before_trials_seconds"
 STOPPED_ATTR = "stopped_by"  # on a trial the budget cut short
 ENDED_BY = ("search budget", "n_trials", "timeout")
 
@@ -51,7 +53,7 @@ def make_plan(
     config: StudyConfig,
     estimator: StudyEstimator,
     *,
-    probe_seconds: float = 0.0,
+    before_trials_seconds: float = 0.0,
     workers: int = 1,
 ) -> SearchPlan:
     """The study's search plan from its time model (before any trial)."""
@@ -72,16 +74,19 @@ def make_plan(
         evals=config.trial_evals,
         full_run_hours_p50=hours,
         price_per_hour=config.budget.price_per_hour,
-        probe_hours=probe_seconds / 3600,
+        before_trials_hours=before_trials_seconds / 3600,
         workers=workers,
     )
 
 
 def spent_seconds(
-    trials: Iterable[optuna.trial.FrozenTrial], *, now: dt.datetime, probe_seconds: float = 0.0
+    trials: Iterable[optuna.trial.FrozenTrial],
+    *,
+    now: dt.datetime,
+    before_trials_seconds: float = 0.0,
 ) -> float:
     """GPU-seconds the study has spent: its trials' wall time (running ones up to `now`)."""
-    total = probe_seconds
+    total = before_trials_seconds
     for trial in trials:
         if trial.datetime_start is None:
             continue
@@ -149,9 +154,9 @@ class BudgetKeeper:
         return None if hours is None else hours * 3600
 
     def spent(self) -> float:
-        probe = float(self.study.user_attrs.get(PROBE_ATTR, 0.0))
+        before = float(self.study.user_attrs.get(BEFORE_TRIALS_ATTR, 0.0))
         trials = self.study.get_trials(deepcopy=False)
-        return spent_seconds(trials, now=self.now(), probe_seconds=probe)
+        return spent_seconds(trials, now=self.now(), before_trials_seconds=before)
 
     def trial_callbacks(self, trial: optuna.Trial) -> list[TrainingCallback]:
         """The stop at the budget for one trial's run (none without a budget)."""
@@ -214,18 +219,19 @@ def start(
     config: StudyConfig,
     estimator: StudyEstimator,
     *,
-    probe_seconds: float,
+    before_trials_seconds: float,
 ) -> tuple[BudgetKeeper, StudyConfig]:
     """Plan the search (or take the plan a first session stored) and the config it runs.
 
     The trials of one study are compared at equal data, so a resumed study keeps the
-    fidelity its first budgeted session planned. The probe's seconds are added to the study's ledger.
+    fidelity its first budgeted session planned. This session's seconds before its first
+    trial (set-up, a probe) are added to the study's ledger.
     """
-    if probe_seconds > 0:
-        before = float(study.user_attrs.get(PROBE_ATTR, 0.0))
-        study.set_user_attr(PROBE_ATTR, before + probe_seconds)
-    probe = float(study.user_attrs.get(PROBE_ATTR, 0.0))
-    plan = make_plan(config, estimator, probe_seconds=probe)
+    if before_trials_seconds > 0:
+        before = float(study.user_attrs.get(BEFORE_TRIALS_ATTR, 0.0))
+        study.set_user_attr(BEFORE_TRIALS_ATTR, before + before_trials_seconds)
+    spent_before = float(study.user_attrs.get(BEFORE_TRIALS_ATTR, 0.0))
+    plan = make_plan(config, estimator, before_trials_seconds=spent_before)
     stored = study.user_attrs.get(PLAN_ATTR)
     if stored and stored.get("budget_hours") is not None and plan.budget_hours is not None:
         plan = dataclasses.replace(plan, fidelity=float(stored["fidelity"]))

@@ -84,8 +84,8 @@ def test_the_smallest_trial_leaves_the_curve_fit_its_evaluations() -> None:
     assert plan.trials == 1  # a budget smaller than one trial still gets one, cut short
 
 
-def test_the_probe_is_spent_from_the_budget() -> None:
-    with_probe = _plan(COST, 5.0, probe_hours=2.0)
+def test_what_was_spent_before_the_trials_comes_off_the_budget() -> None:
+    with_probe = _plan(COST, 5.0, before_trials_hours=2.0)
     without = _plan(COST, 5.0)
     assert with_probe.planned_hours <= 5.0 * 1.000001
     assert with_probe.fidelity < without.fidelity
@@ -122,7 +122,7 @@ def _frozen(number: int, start: dt.datetime, seconds: float | None) -> optuna.tr
     )
 
 
-def test_the_ledger_counts_finished_and_running_trials_of_all_workers_and_the_probe() -> None:
+def test_the_ledger_counts_trials_of_all_workers_running_ones_and_the_set_up() -> None:
     t0 = dt.datetime(2026, 1, 1, 12, 0, 0)
     trials = [
         _frozen(0, t0, 100.0),
@@ -130,7 +130,7 @@ def test_the_ledger_counts_finished_and_running_trials_of_all_workers_and_the_pr
         _frozen(2, t0 + dt.timedelta(seconds=100), None),  # running for 30 s at `now`
     ]
     now = t0 + dt.timedelta(seconds=130)
-    assert spent_seconds(trials, now=now, probe_seconds=7.0) == pytest.approx(187.0)
+    assert spent_seconds(trials, now=now, before_trials_seconds=7.0) == pytest.approx(187.0)
 
 
 class Clock:
@@ -219,8 +219,9 @@ def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(
     config = _config(tmp_path / "w", tiny_model_dir, small_data)
     estimator = StudyEstimator(config, prepare(config), cpu_probe=FAST_PRIOR)
     predicted = make_plan(config, estimator).trial_hours
-    # Two predicted trials: 40 do not fit unless a trial runs 20x faster than predicted.
-    budget = 2 * predicted
+    # Four predicted trials, set-up included: 40 do not fit unless a trial runs 10x faster
+    # than predicted; the set-up (seconds) leaves room for a first trial.
+    budget = 4 * predicted
     config = _config(tmp_path / "w", tiny_model_dir, small_data, search_hours=budget)
     summary = run_study(
         config,
@@ -233,6 +234,7 @@ def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(
     assert 1 <= finished < 40
     assert search["budget_hours"] == pytest.approx(budget)
     assert search["planned_hours"] <= budget * 1.000001
+    assert 0 < search["before_trials_hours"] < budget  # the set-up is search time too
     # Overshoot: at most the last trial (it stops at an evaluation, the study then ends).
     study = optuna.load_study(study_name="budgeted", storage=config.storage_url)
     longest = max(
