@@ -12,17 +12,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from common.redact import redact
-
-if TYPE_CHECKING:
-    from common.mlflow_writer import MlflowWriter
 
 PROBE_TIMEOUT_SECONDS = 2.0
 # How long a study waits, before it exits, for a tracking server that does not answer.
 EXIT_WAIT_SECONDS = 30.0
 log = logging.getLogger(__name__)
+
+
+class Sender(Protocol):
+    """What the exit wait needs of the writer (`common.mlflow_writer.MlflowWriter`)."""
+
+    tracking_uri: str
+
+    def send_waiting(self) -> int:
+        """Try now to send what waits; returns what still waits."""
 
 
 def answers(tracking_uri: str, *, timeout: float = PROBE_TIMEOUT_SECONDS) -> bool:
@@ -39,7 +45,7 @@ def answers(tracking_uri: str, *, timeout: float = PROBE_TIMEOUT_SECONDS) -> boo
 
 
 def send_before_exit(
-    writer: MlflowWriter,
+    writer: Sender,
     wait_seconds: float = EXIT_WAIT_SECONDS,
     *,
     clock: Callable[[], float] = time.monotonic,
