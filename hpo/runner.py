@@ -189,6 +189,9 @@ def run_study(
     finished = len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
     summary.search = keeper.report(keeper.ended_by(finished, config.n_trials))
     search_budget.record_spent(tracker, parent, summary.search)
+    from analysis.report.document import SEARCH_ATTR
+
+    study.set_user_attr(SEARCH_ATTR, summary.search)  # the report's line on it
     _report(study, config, tracker, summary)
     summary.tracking_records_waiting = tracker.finish_parent(parent)
     summary.tracking_spool = tracker.spool_folder

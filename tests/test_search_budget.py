@@ -253,6 +253,8 @@ def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(
     assert run.data.metrics["search_spent_hours"] == pytest.approx(search["spent_hours"])
     assert run.data.tags["search_ended_by"] == "search budget"
 
+    assert summary.report_path and "Search: spent" in Path(summary.report_path).read_text()
+
     # Run again: the budget is spent, so no trial starts (and the parent's params stand).
     again = run_study(
         config,
@@ -333,3 +335,15 @@ def test_hpo_init_writes_the_search_budget_the_study_reads(
     )  # fmt: skip
     assert bad.returncode == 2 and "search_budget_pct" in bad.stderr
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_the_report_line_shows_spend_against_the_budget_with_a_bar() -> None:
+    from analysis.report.document import search_line
+
+    over = {"spent_hours": 1.1, "budget_hours": 1.0, "planned_hours": 0.9, "ended_by": "x"}
+    line = search_line(over, width=10)
+    assert line is not None and "110% of the budget" in line and "ended by x" in line
+    assert "[##########|#]" in line  # the bar runs past the 100 % mark
+    under = {"spent_hours": 0.5, "budget_hours": None, "planned_hours": 1.0, "ended_by": "n"}
+    assert "[#####.....|]" in (search_line(under, width=10) or "")
+    assert search_line(None) is None and search_line({"trials": 3}) is None

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 REPORT_MD = "report.md"
 EXPORTED_ATTR = "exported_trial"  # study user attribute: the trial hpo.export wrote a preset for
+SEARCH_ATTR = "search_spent"  # study user attribute: the search's plan against its spend
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,9 @@ def _markdown(
     link = _mlflow_line(study.user_attrs, tracking_uri)
     if link:
         lines += [link, ""]
+    search = search_line(study.user_attrs.get(SEARCH_ATTR))
+    if search:
+        lines += [search, ""]
     for index, section in enumerate(sections, start=1):
         lines += [f"## {index}. {section.title}", ""]
         if section.image:
@@ -166,6 +170,37 @@ def _markdown(
         else:
             lines += [f"_{section.reading}_", ""]
     return "\n".join(lines)
+
+
+def search_line(search: object, width: int = 20) -> str | None:
+    """The search's spend against its budget (or plan), with a text bar: `|` marks 100 %."""
+    if not isinstance(search, Mapping) or "spent_hours" not in search:
+        return None
+    budget = search.get("budget_hours")
+    limit = float(budget or search.get("planned_hours") or 0.0)
+    spent = float(search["spent_hours"])
+    what = "budget" if budget else "plan"
+    text = (
+        f"Search: spent {_hours(spent)} against a {what} of {_hours(limit)} "
+        f"(planned {_hours(float(search.get('planned_hours') or 0.0))}); "
+        f"ended by {search.get('ended_by', '?')}."
+    )
+    if limit <= 0:
+        return text
+    filled = min(2 * width, round(width * spent / limit))
+    bar = "#" * min(filled, width) + "." * max(0, width - filled)
+    bar += "|" + "#" * max(0, filled - width)
+    return f"{text} `[{bar}]` {spent / limit:.0%} of the {what}."
+
+
+def _hours(hours: float) -> str:
+    return (
+        f"{hours * 3600:.0f} s"
+        if hours < 1 / 60
+        else f"{hours * 60:.0f} min"
+        if hours < 1.5
+        else f"{hours:.1f} h"
+    )
 
 
 def _directions(study: optuna.Study) -> str:
