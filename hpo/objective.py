@@ -187,9 +187,10 @@ class Objective:
         # The uncorrected p50: the correction is one factor, so it changes no ranking, and
         # trials scored before and after a full run reported back stay comparable. Where the
         # extrapolation is less sure than the study's promise, the loss at equal data ranks
-        # better (benchmarks/rank_fidelity.py): the trial is scored by it instead.
-        by_prediction = (
-            ctx.config.objective == "predicted_full_run_loss" and final.ranks_by_prediction
+        # better (benchmarks/rank_fidelity.py): the trial is scored by it instead. A
+        # multi-objective study weighs the level against hours: it keeps the p50.
+        by_prediction = ctx.config.objective == "predicted_full_run_loss" and (
+            final.ranks_by_prediction or ctx.config.multi_objective
         )
         value = final.fit.p50 if by_prediction else final.last_loss
         trial.set_user_attr(SCORED_BY_ATTR, "prediction" if by_prediction else "loss_at_fidelity")
