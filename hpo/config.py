@@ -265,6 +265,14 @@ class StudyConfig:
             "trial, as a full run does)."
         },
     )
+    allow_quantization: bool = field(
+        default=False,
+        metadata={
+            "help": "Let the search propose QLoRA (an NF4 base) where the space has a "
+            "quantization key; without it only where the base in the run's precision does "
+            "not fit the device's memory."
+        },
+    )
     system_metrics_seconds: float = field(
         default=10.0,
         metadata={

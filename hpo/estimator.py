@@ -38,11 +38,13 @@ from analysis.timemodel import (
     fingerprint,
     predict,
     prior_coefficients,
+    weight_bytes,
 )
 from common.fmt import format_duration
 from hpo.calibration_file import CalibrationFile
 from hpo.final_loss import correction_summary
 from hpo.runspec import train_spec
+from search_spaces.space import gate_quantization
 
 if TYPE_CHECKING:
     import optuna
@@ -126,6 +128,11 @@ class StudyEstimator:
         limit_gb = config.budget.max_memory_gb
         self.memory_limit_bytes = limit_gb * GIB if limit_gb else float(self.hardware.memory_bytes)
         self.available_seconds = config.budget.available_seconds
+        # What this machine lets the search propose: a 4-bit base only where the user allows
+        # it or the base in the run's precision does not fit (the study samples prepared.space).
+        prepared.space = gate_quantization(
+            prepared.space, allowed=config.allow_quantization or not self.base_fits()
+        )
 
     # -- the model ---------------------------------------------------------------------------
     @property
@@ -201,22 +208,29 @@ class StudyEstimator:
             epochs: Instead of the study's (the what-would-fit search tries fewer).
             max_length: Instead of the configuration's (the search tries shorter ones).
         """
+        if max_length is not None:  # before the trial's share: a packed run's steps follow it
+            params = {**params, "max_length": max_length}
+        train, n_validation = self._lengths(int(params["max_length"]))
         spec = train_spec(
             self.config,
             params,
             model=self.prepared.model_path,
             data=self.prepared.data_path,
             full_run=full_run,
-            train_samples=self.prepared.train_samples,
+            train_lengths=train,
         )
-        if epochs is not None or max_length is not None:
-            spec = dataclasses.replace(
-                spec,
-                epochs=spec.epochs if epochs is None else epochs,
-                max_length=max_length or spec.max_length,
-            )
-        train, n_validation = self._lengths(spec.max_length)
+        if epochs is not None:
+            spec = dataclasses.replace(spec, epochs=epochs)
         return plan_for(spec, self.model, train, n_validation=n_validation, hardware=self.hardware)
+
+    def base_fits(self) -> bool:
+        """Whether the base's weights, unquantized in the run's precision, fit the memory limit."""
+        weights = weight_bytes(self.model, self.hardware.precision)
+        return weights < self.memory_limit_bytes
+
+    def train_lengths(self, max_length: int) -> tuple[int, ...]:
+        """Token lengths of the training samples at `max_length` (what a trial's steps count)."""
+        return self._lengths(max_length)[0]
 
     def _lengths(self, max_length: int) -> tuple[tuple[int, ...], int]:
         """Train token lengths at `max_length` and the number of validation samples.

@@ -23,12 +23,12 @@ from hpo.final_loss import (
     trial_curve,
 )
 from hpo.pick import PROMOTED_FROM_ATTR
-from hpo.runspec import train_spec
+from hpo.runspec import full_run_steps, train_spec
 from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
 from search_spaces import SearchSpace, sample
 from trainers.events import EvalInfo, TrainingCallback
 from trainers.result import TrainResult
-from trainers.spec import TrainSpec, optimizer_steps
+from trainers.spec import TrainSpec
 
 if TYPE_CHECKING:
     from hpo.search_budget import BudgetKeeper
@@ -117,7 +117,9 @@ class Objective:
         )
         derived = {
             "effective_batch_size": full_run.effective_batch_size,
-            "full_run_steps": optimizer_steps(full_run, ctx.train_samples),
+            "full_run_steps": full_run_steps(
+                full_run, ctx.estimator.train_lengths(full_run.max_length)
+            ),
             "full_run_samples": ctx.train_samples * config.epochs,
             "trial_fraction": self._fraction(trial),
         }
@@ -263,7 +265,7 @@ class Objective:
             model=ctx.model_path,
             data=ctx.data_path,
             full_run=False,
-            train_samples=ctx.train_samples,
+            train_lengths=ctx.estimator.train_lengths(int(params["max_length"])),
             fraction=self._fraction(trial),
             output_dir=str(output_dir),
         )

@@ -13,18 +13,24 @@ evenly spaced, and saves one checkpoint at its last step, so that the time model
 what a save costs on this machine (the objective deletes it afterwards); the full run
 evaluates every `full_eval_interval` and saves every `full_checkpoint_interval` steps. Both evaluate the same `eval_samples` at the
 study's one `eval_max_length`, so every loss of a study is on one scale.
+
+A packed configuration (`packing: padding_free`) takes its micro-batches from packed
+sequences, not samples: its steps are counted over the sequences the trainer's own packer
+(`trainers.data.packing.pack_lengths`, which the time model's plan uses too) makes of the
+training samples' token lengths at its `max_length` (`full_run_steps`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.errors import BadInputError
 from hpo.config import StudyConfig
+from trainers.data.packing import pack_lengths
 from trainers.spec import LoraSpec, TrainSpec, optimizer_steps
 
 # Recorded elsewhere in the study (resolved paths), and checked only where they are read.
@@ -58,6 +64,23 @@ def trial_schedule(full_run_steps: int, *, fraction: float, evals: int) -> Trial
     return TrialSchedule(stop_after_steps=stop, eval_interval=interval, evals=-(-stop // interval))
 
 
+def training_items(spec: TrainSpec, train_lengths: Sequence[int]) -> int:
+    """Micro-batch slots of one epoch: the samples, or the packed sequences made of them.
+
+    Args:
+        spec: The run (its `packing` and `max_length`).
+        train_lengths: Token lengths of the training samples at `spec.max_length`.
+    """
+    if spec.packing == "padding_free":
+        return len(pack_lengths([min(n, spec.max_length) for n in train_lengths], spec.max_length))
+    return len(train_lengths)
+
+
+def full_run_steps(spec: TrainSpec, train_lengths: Sequence[int]) -> int:
+    """Optimizer steps of `spec`'s schedule, over packed sequences where it packs."""
+    return optimizer_steps(spec, training_items(spec, train_lengths))
+
+
 def train_spec(
     config: StudyConfig,
     params: Mapping[str, Any],
@@ -66,6 +89,7 @@ def train_spec(
     data: str,
     full_run: bool,
     train_samples: int | None = None,
+    train_lengths: Sequence[int] | None = None,
     fraction: float | None = None,
     output_dir: str = "train-output",
 ) -> TrainSpec:
@@ -79,7 +103,10 @@ def train_spec(
         data: The JSONL data (the study's resolved path).
         full_run: The full run instead of the trial.
         train_samples: Training samples of the data (after the validation split): the
-            trial's length is a share of its full run's steps. Required for a trial.
+            trial's length is a share of its full run's steps. A trial needs this or
+            `train_lengths`; a packed trial needs `train_lengths`.
+        train_lengths: Token lengths of the training samples at the configuration's
+            `max_length`: a packed trial's full run counts packed sequences.
         fraction: The trial's share of the full run; default `config.trial_fraction`
             (a promoted trial trains `config.promote_fraction`).
         output_dir: Where the run writes. The default is `TrainSpec`'s, which is also what a
@@ -88,6 +115,7 @@ def train_spec(
     Raises:
         KeyError: `params` lacks a sampled key.
         BadInputError: A value the trainer does not accept.
+        ValueError: A trial without the training data's size (or lengths, when packed).
     """
     spec = TrainSpec(
         model=model,
@@ -105,6 +133,8 @@ def train_spec(
         warmup_ratio=float(params.get("warmup_ratio", 0.0)),
         max_length=int(params["max_length"]),
         gradient_checkpointing=bool(params["gradient_checkpointing"]),
+        packing=str(params.get("packing", "none")),
+        quantization=str(params.get("quantization", "none")),
         epochs=config.epochs,
         eval_interval=config.full_eval_interval,
         eval_samples=config.eval_samples,
@@ -118,11 +148,18 @@ def train_spec(
     )
     if full_run:
         return spec
-    if train_samples is None:
-        raise ValueError("a trial needs train_samples: its length is a share of its full run")
+    if train_lengths is not None:
+        full_steps = full_run_steps(spec, train_lengths)
+    elif train_samples is None or spec.packing != "none":
+        raise ValueError(
+            "a trial needs train_lengths (or train_samples when unpacked): its length is a "
+            "share of its full run"
+        )
+    else:
+        full_steps = optimizer_steps(spec, train_samples)
     share = config.trial_fraction if fraction is None else fraction
     schedule = trial_schedule(
-        optimizer_steps(spec, train_samples),
+        full_steps,
         fraction=share,
         # A longer (promoted) trial keeps the first trial's density of points.
         evals=max(config.trial_evals, round(config.trial_evals * share / config.trial_fraction)),

@@ -8,6 +8,7 @@ max_length.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from common.errors import BadInputError
 from common.fmt import format_duration
 from search_spaces import Choice, IntRange, SearchSpace
+from search_spaces.space import WORDS
 
 if TYPE_CHECKING:
     from hpo.estimator import StudyEstimator, Verdict
@@ -92,20 +94,30 @@ def check_space(estimator: StudyEstimator) -> None:
 def candidates(space: SearchSpace, profiles: Sequence[str]) -> Iterator[dict[str, Any]]:
     """Every time-relevant discrete choice of these profiles, as a complete configuration."""
     ranks = _values(space.domains.get("lora_r"), default=8)
+    # Packing and a 4-bit base change steps, speed and memory: each value the space searches.
+    words = [_words(space, key) for key in ("packing", "quantization")]
     for name in profiles:
         profile = space.profiles[name]
-        for mb in profile.micro_batch_size:
-            for ga in profile.gradient_accumulation_steps:
-                for rank in ranks:
-                    yield {
-                        **TIME_NEUTRAL_PARAMS,
-                        "profile": name,
-                        "micro_batch_size": mb,
-                        "gradient_accumulation_steps": ga,
-                        "max_length": profile.max_length,
-                        "gradient_checkpointing": profile.gradient_checkpointing,
-                        "lora_r": rank,
-                    }
+        for mb, ga, rank, packing, quantization in itertools.product(
+            profile.micro_batch_size, profile.gradient_accumulation_steps, ranks, *words
+        ):
+            yield {
+                **TIME_NEUTRAL_PARAMS,
+                "profile": name,
+                "micro_batch_size": mb,
+                "gradient_accumulation_steps": ga,
+                "max_length": profile.max_length,
+                "gradient_checkpointing": profile.gradient_checkpointing,
+                "lora_r": rank,
+                "packing": packing,
+                "quantization": quantization,
+            }
+
+
+def _words(space: SearchSpace, key: str) -> tuple[str, ...]:
+    """The values of a word key the space searches (the trainer's default when it has none)."""
+    domain = space.domains.get(key)
+    return tuple(map(str, domain.values)) if isinstance(domain, Choice) else (WORDS[key][0],)
 
 
 def _fastest(
@@ -176,4 +188,7 @@ def _describe(params: Mapping[str, Any]) -> str:
     return (
         f"profile {params['profile']}, micro_batch_size {params['micro_batch_size']}, "
         f"accumulation {params['gradient_accumulation_steps']}, lora_r {params['lora_r']}"
+        + "".join(
+            f", {key} {params[key]}" for key in WORDS if params.get(key, WORDS[key][0]) != "none"
+        )
     )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.errors import BadInputError
 from search_spaces.domains import suggest
-from search_spaces.space import SearchSpace
+from search_spaces.space import WORDS, SearchSpace
 
 if TYPE_CHECKING:
     import optuna
@@ -41,7 +41,8 @@ def sample(
 
     Returns:
         The flat configuration: ``profile``, ``micro_batch_size``,
-        ``gradient_accumulation_steps``, ``max_length``, ``gradient_checkpointing`` and
+        ``gradient_accumulation_steps``, ``max_length``, ``gradient_checkpointing``,
+        ``packing`` and ``quantization`` (``none`` where the space has no such key) and
         every tuned key, with ``lora_alpha = lora_alpha_ratio * lora_r`` added, and
         ``base_learning_rate`` (the sampled rate, at the space's reference effective batch)
         beside ``learning_rate`` (the rate the configuration trains with, scaled to its
@@ -110,6 +111,8 @@ def params_from_trial_params(trial_params: Mapping[str, Any], space: SearchSpace
         "gradient_checkpointing": profile.gradient_checkpointing,
     }
     config.update({key: trial_params[key] for key in space.domains})
+    for key, words in WORDS.items():  # a space without the key: the trainer's default
+        config.setdefault(key, words[0])
     alpha = config["lora_alpha_ratio"] * config["lora_r"]
     config["lora_alpha"] = int(alpha) if float(alpha).is_integer() else alpha
     effective = int(config["micro_batch_size"]) * int(config["gradient_accumulation_steps"])

@@ -10,6 +10,13 @@ section that replaces the packaged profiles::
     lora_dropout: 0.05
     learning_rate_scaling: sqrt   # sqrt | linear | none
     reference_batch_size: 16
+    packing: {choice: [none, padding_free]}
+    quantization: {choice: [none, nf4]}
+
+``packing`` and ``quantization`` take the trainer's words (``trainers.spec``): ``none`` or
+``padding_free`` (samples packed into sequences of ``max_length``), ``none`` or ``nf4`` (QLoRA's
+4-bit base). A space without them trains unpacked on the full-precision base. A space's
+``quantization`` is searched only where the study allows it (:func:`gate_quantization`).
 
 With ``learning_rate_scaling`` the sampled ``learning_rate`` is a *base* rate at the
 reference effective batch; a configuration trains with it scaled by
@@ -19,6 +26,7 @@ so the range stays sensible whichever batch the profile gives.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -68,7 +76,13 @@ LR_SCALINGS = ("sqrt", "linear", "none")
 DEFAULT_LR_SCALING = "none"
 DEFAULT_REFERENCE_BATCH_SIZE = 16
 SETTINGS = ("learning_rate_scaling", "reference_batch_size")  # plain values, not domains
-KNOWN_KEYS = ("profile", *RULES, *SETTINGS)
+# Keys whose values are words; the same words as trainers.spec's PACKING_MODES and
+# QUANTIZATION_MODES (tests/test_search_space.py holds them equal), the first one the default.
+WORDS: dict[str, tuple[str, ...]] = {
+    "packing": ("none", "padding_free"),
+    "quantization": ("none", "nf4"),
+}
+KNOWN_KEYS = ("profile", *RULES, *WORDS, *SETTINGS)
 
 
 @dataclass(frozen=True)
@@ -207,8 +221,23 @@ def _profile_names(raw: Any, profiles: Mapping[str, Profile]) -> tuple[str, ...]
     return tuple(str(name) for name in domain.values)
 
 
+def gate_quantization(space: SearchSpace, *, allowed: bool) -> SearchSpace:
+    """The space a study searches: its ``quantization`` kept only where it is `allowed`.
+
+    A 4-bit base trains slower and scores differently; a study proposes it only where the
+    full-precision base does not fit the device or the user asked for it. Otherwise the
+    key is dropped (every trial trains on the full-precision base).
+    """
+    if allowed or "quantization" not in space.domains:
+        return space
+    domains = {key: domain for key, domain in space.domains.items() if key != "quantization"}
+    return dataclasses.replace(space, domains=domains)
+
+
 def _checked(key: str, raw: Any) -> Domain:
     """Parses a known key's domain and checks every value it can produce against the key's rule."""
+    if key in WORDS:
+        return _words(key, raw)
     rule = RULES[key]
     domain = parse_domain(key, raw)
     if isinstance(domain, Choice):
@@ -221,4 +250,13 @@ def _checked(key: str, raw: Any) -> Domain:
     for value in domain_values(domain):
         if not rule.admits(value):
             raise BadInputError(f"{key}: values must be {rule.describe()}, but got {raw!r}")
+    return domain
+
+
+def _words(key: str, raw: Any) -> Choice:
+    """A word key's domain: a choice (or one fixed value) among the key's words."""
+    domain = parse_domain(key, raw)
+    words = WORDS[key]
+    if not isinstance(domain, Choice) or any(value not in words for value in domain.values):
+        raise BadInputError(f"{key}: values must be among {', '.join(words)}, but got {raw!r}")
     return domain

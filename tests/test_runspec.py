@@ -258,3 +258,129 @@ def test_the_stored_config_reads_back(exported: Exported) -> None:
         eval_max_length=exported.prepared.eval_max_length,
     )
     assert stored_config(exported.stored) == dataclasses.replace(expected, storage=None)
+
+
+# ----------------------------------------------------------- packing and quantization searched
+
+PACKED_PARAMS: dict[str, Any] = {
+    "micro_batch_size": 2,
+    "gradient_accumulation_steps": 3,
+    "max_length": 128,
+    "gradient_checkpointing": False,
+    "learning_rate": 1e-3,
+    "lora_r": 4,
+    "lora_alpha": 8,
+    "lora_dropout": 0.0,
+}
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A study config and the bundled chat data tokenized the way the trainer does it."""
+    from trainers.data.dataset import DataSpec, load_tokenized
+    from trainers.data.paths import demo_data_path
+    from trainers.model.lora import load_tokenizer
+
+    work = tmp_path_factory.mktemp("packed")
+    config = load_config(
+        None,
+        {"model": str(tiny_model_dir), "data": str(demo_data_path("chat")), "work_dir": str(work),
+         "epochs": 2, "trial_fraction": 0.25, "device": "cpu", "precision": "fp32",
+         "probe_seconds": 0},
+    )  # fmt: skip
+    data = load_tokenized(
+        DataSpec(
+            path=str(config.data),
+            max_length=PACKED_PARAMS["max_length"],
+            validation_fraction=config.validation_fraction,
+            seed=config.seed,
+            cache_dir=str(work / "cache"),
+        ),
+        load_tokenizer(str(tiny_model_dir)),
+    )
+    return config, data
+
+
+@pytest.mark.parametrize("packing", ["padding_free", "none"])
+def test_a_packed_trial_counts_the_packers_sequences(chat: Any, packing: str) -> None:
+    from analysis.timemodel import predict, prior_coefficients
+    from hpo.runspec import full_run_steps
+    from trainers.loop.trainer_setup import training_items
+
+    config, data = chat
+    params = {**PACKED_PARAMS, "packing": packing}
+    model, path = str(config.model), str(config.data)
+    full = train_spec(config, params, model=model, data=path, full_run=True)
+    lengths = [len(example.input_ids) for example in data.train]
+    trial = train_spec(config, params, model=model, data=path, full_run=False,
+                       train_lengths=lengths)  # fmt: skip
+    # What the trainer itself feeds its micro-batches with: samples, or its packed sequences.
+    items = training_items(full, data)
+    steps = optimizer_steps(full, len(items))
+    assert full.packing == trial.packing == packing
+    assert full_run_steps(full, lengths) == steps
+    assert trial.stop_after_steps == round(0.25 * steps)
+    if packing == "padding_free":  # chat samples are short: several share a sequence
+        assert len(items) < len(data.train) / 2
+        assert steps < optimizer_steps(full, len(data.train))
+    else:
+        assert len(items) == len(data.train)
+    # The time model's plan counts the same steps (the same packer, on the same lengths).
+    hardware = this_machine("cpu", "fp32")
+    plan = plan_for(full, model_profile(str(config.model)), lengths, n_validation=1,
+                    hardware=hardware)  # fmt: skip
+    estimate = predict(plan, prior_coefficients(hardware, cpu_probe=lambda: 1e10))
+    assert estimate.optimizer_steps == steps
+
+
+def test_a_packed_trial_needs_the_lengths(chat: Any) -> None:
+    config, data = chat
+    params = {**PACKED_PARAMS, "packing": "padding_free"}
+    with pytest.raises(ValueError, match="train_lengths"):
+        train_spec(config, params, model="m", data="d", full_run=False,
+                   train_samples=len(data.train))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "allow, memory_gb, searched",
+    [(False, None, False), (True, None, True), (False, 1e-4, True)],
+    ids=["fits, not allowed", "allowed", "does not fit"],
+)
+def test_quantization_is_searched_where_allowed_or_needed(
+    chat: Any, allow: bool, memory_gb: float | None, searched: bool
+) -> None:
+    """The tiny model's weights fit this machine; a 100 KB memory limit they do not."""
+    config, _ = chat
+    config = dataclasses.replace(
+        config,
+        allow_quantization=allow,
+        budget=dataclasses.replace(config.budget, max_memory_gb=memory_gb),
+    )
+    prepared = prepare(config)
+    assert "quantization" in prepared.space.domains  # the default space has the key
+    estimator = StudyEstimator(config, prepared, cpu_probe=lambda: 1e10)
+    assert estimator.base_fits() is (memory_gb is None)
+    assert ("quantization" in estimator.prepared.space.domains) is searched
+    assert "packing" in estimator.prepared.space.domains  # packing is searched everywhere
+
+
+def test_the_preset_runs_packed(chat: Any, tmp_path: Path) -> None:
+    """A packed configuration's preset: `trainers.train --preset` trains packed sequences."""
+    from trainers.preset import preset_dict
+    from trainers.train import main
+
+    config, _ = chat
+    params = {**PACKED_PARAMS, "packing": "padding_free"}
+    full = train_spec(config, params, model=str(config.model), data=str(config.data),
+                      full_run=True)  # fmt: skip
+    path = tmp_path / "preset.yaml"
+    path.write_text(yaml.safe_dump(preset_dict(full, estimate={}, provenance={})))
+    assert yaml.safe_load(path.read_text())["training"]["packing"] == "padding_free"
+    report = tmp_path / "run.json"
+    argv = ["--preset", str(path), "--max-steps", "2", "--output-dir", str(tmp_path / "run"),
+            "--json", str(report), "--quiet"]  # fmt: skip
+    assert run_cli(main, argv) == 0
+    result = json.loads(report.read_text())
+    assert (result["spec"]["packing"], result["spec"]["quantization"]) == ("padding_free", "none")
+    # 2 steps of 3 micro-batches of 2 packed sequences: more samples than sequence slots.
+    assert result["samples_seen"] > 2 * 3 * 2

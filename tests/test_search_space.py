@@ -116,6 +116,12 @@ INVALID: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     ),
     "profile bad name": ({"profiles": {"fa st": FAST}}, ("profiles", "'fa st'")),
     "no profiles": ({"profiles": {}}, ("profiles", "{}")),
+    "packing not a mode": (
+        {"packing": {"choice": ["none", "packed"]}},
+        ("packing", "none, padding_free", "'packed'"),
+    ),
+    "quantization not a mode": ({"quantization": "int8"}, ("quantization", "nf4", "'int8'")),
+    "packing a range": ({"packing": {"uniform": [0, 1]}}, ("packing", "none, padding_free")),
     "space names a profile the section lacks": (
         {"profiles": _profiles()},
         ("profile", "'quality'"),
@@ -176,6 +182,8 @@ def test_default_space_loads() -> None:
         "lora_r": Choice((4, 8, 16, 32, 64)),
         "lora_alpha_ratio": Choice((1, 2, 4)),
         "lora_dropout": Uniform(0.0, 0.1),
+        "packing": Choice(("none", "padding_free")),
+        "quantization": Choice(("none", "nf4")),
     }
     memory = space.profiles["memory_efficient"]
     assert memory.gradient_checkpointing and memory.micro_batch_size == (1, 2)
@@ -273,3 +281,45 @@ def test_params_from_other_space_names_what_is_missing() -> None:
         params_from_trial_params({"profile": "fast", "learning_rate": 1e-3}, space)
     with pytest.raises(BadInputError, match="'turbo'"):
         params_from_trial_params({"profile": "turbo"}, space)
+
+
+def test_word_keys_take_the_trainers_words() -> None:
+    from search_spaces.space import WORDS
+    from trainers.spec import PACKING_MODES, QUANTIZATION_MODES, TrainSpec
+
+    assert WORDS == {"packing": PACKING_MODES, "quantization": QUANTIZATION_MODES}
+    # The first word is what a space without the key trains with: the trainer's default.
+    defaults = TrainSpec(model="m", data="d")
+    assert (defaults.packing, defaults.quantization) == (WORDS["packing"][0], "none")
+
+
+def _drawn(space: SearchSpace, n_trials: int = 40) -> tuple[list[dict[str, Any]], optuna.Study]:
+    configs: list[dict[str, Any]] = []
+    study = optuna.create_study(sampler=make_sampler("random", seed=1))
+    study.optimize(_objective(space, configs, None), n_trials=n_trials)
+    return configs, study
+
+
+def test_the_default_space_samples_packing_on_and_off() -> None:
+    from search_spaces.space import gate_quantization
+
+    space = gate_quantization(load_space(), allowed=False)
+    configs, study = _drawn(space)
+    assert {config["packing"] for config in configs} == {"none", "padding_free"}
+    # Not allowed: never proposed, not even as an Optuna parameter; every run full precision.
+    assert {config["quantization"] for config in configs} == {"none"}
+    assert not any("quantization" in trial.params for trial in study.trials)
+    for config, trial in zip(configs, study.trials, strict=True):
+        assert params_from_trial_params(trial.params, space) == config
+
+
+def test_quantization_is_sampled_only_where_allowed() -> None:
+    from search_spaces.space import gate_quantization
+
+    space = load_space()
+    assert gate_quantization(space, allowed=True) is space
+    configs, _ = _drawn(gate_quantization(space, allowed=True))
+    assert {config["quantization"] for config in configs} == {"none", "nf4"}
+    # A space without the key: nothing to gate, and every configuration says "none".
+    plain = gate_quantization(space, allowed=False)
+    assert gate_quantization(plain, allowed=True) == plain
