@@ -145,8 +145,17 @@ def curve_data(
     if index.size and (index.min() < 0 or index.max() >= rates.size):
         raise ValueError(f"steps must lie in 1..{rates.size} but got {list(steps)}")
     s1, s2 = schedule_areas(rates, decay)
+    at, values = s1[index], np.asarray(losses, dtype=float)
+    # An evaluation before any learning-rate area (a warm-up's first step runs at rate 0) is
+    # the starting loss, which the law has no S1 for: left out (the shared start covers it).
+    # A curve of nothing else keeps its last point at the first area the schedule reaches.
+    moved = at > 0
+    if at.size and not moved.any() and np.any(s1 > 0):
+        moved[-1] = True
+        at = at.copy()
+        at[-1] = float(s1[s1 > 0][0])
     return CurveData(
-        s1=s1[index], s2=s2[index], losses=np.asarray(losses, dtype=float),
+        s1=at[moved], s2=s2[index][moved], losses=values[moved],
         s1_end=float(s1[-1]), s2_end=float(s2[-1]),
     )  # fmt: skip
 

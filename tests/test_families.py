@@ -80,8 +80,9 @@ def train_cli(family: str, root: Path) -> dict[str, Any]:
         check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"model": model, "spec": spec, "stderr": proc.stderr,
-            **json.loads((work / "result.json").read_text())}  # fmt: skip
+    report = json.loads((work / "result.json").read_text())
+    # The report's own "spec" (the settings the run ran with, a dict) gives way to the TrainSpec.
+    return {"model": model, "stderr": proc.stderr, **report, "spec": spec}
 
 
 @pytest.fixture(scope="module")

@@ -157,3 +157,13 @@ def test_bad_input_names_the_value() -> None:
         warmup_steps(10, 1.5)
     with pytest.raises(ValueError, match="at least one point"):
         predict_final(CurveData(np.array([]), np.array([]), np.array([]), 1.0, 0.0), [])
+
+
+def test_an_evaluation_before_any_learning_rate_area_is_left_out() -> None:
+    """A warm-up's first step runs at rate 0 (transformers' linear warm-up): S1 = 0 there."""
+    rates = np.concatenate([np.linspace(0.0, 1e-3, 4, endpoint=False), np.full(28, 1e-3)])
+    data = curve_data([1, 2, 4], [6.67, 6.66, 6.6], rates)
+    assert data.s1.size == data.losses.size == 2 and np.all(data.s1 > 0)
+    assert list(data.losses) == [6.66, 6.6]
+    alone = curve_data([1], [6.67], rates)  # only the starting loss: kept, at the first area
+    assert list(alone.losses) == [6.67] and alone.s1[0] == pytest.approx(rates[1] / rates.max())
