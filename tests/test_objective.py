@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,15 @@ class Studied:
 @pytest.fixture(scope="module")
 def studied(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Studied:
     work = tmp_path_factory.mktemp("objective")
-    config = _config(work, tiny_model_dir)
+    # Unpacked: packed, this half epoch of short samples is a few optimizer steps and a trial
+    # one step (one point); packed trials' share of their run is tested in test_runspec.py.
+    space = work / "space.yaml"
+    space.write_text(
+        Path(str(resources.files("search_spaces") / "default.yaml"))
+        .read_text()
+        .replace("packing: {choice: [none, padding_free]}", "packing: none")
+    )
+    config = _config(work, tiny_model_dir, space=str(space))
     summary = run_study(config, progress=False)
     assert summary.preset_path
     study = optuna.load_study(study_name="objective", storage=config.storage_url)
