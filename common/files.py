@@ -24,10 +24,20 @@ from common.errors import BadInputError
 def write_atomic(path: str | Path, content: str | Callable[[IO[bytes]], None]) -> Path:
     """Write `content` (text, or a function that writes bytes to a stream) atomically.
 
+    A path that is not a regular file (`/dev/null`, `/dev/stdout`, a named pipe) is written
+    in place: renaming onto it would replace the device with a file, for every process.
+
     Returns:
         The path written.
     """
     target = Path(path)
+    if target.exists() and not target.is_file() and not target.is_dir():
+        with open(target, "wb") as stream:
+            if isinstance(content, str):
+                stream.write(content.encode("utf-8"))
+            else:
+                content(stream)
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:

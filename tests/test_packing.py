@@ -221,14 +221,16 @@ def test_plan_cli_packing_cuts_steps(capsys: pytest.CaptureFixture[str]) -> None
     assert "packed" in lines["padding_free"]
 
 
-def test_nf4_plan_fits_an_8b_model_on_a_24gb_card(capsys: pytest.CaptureFixture[str]) -> None:
+def test_nf4_plan_fits_an_8b_model_on_a_24gb_card(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     from analysis.plan import main
 
     argv = ["--model-config", "llama-3.1-8b", "--gpu", "rtx4090", "--samples", "2000"]
     argv += ["--max-length", "512", "--micro-batch-size", "4", "--gradient-checkpointing"]
     out = {}
     for mode in ("none", "nf4"):
-        assert main([*argv, "--quantization", mode, "--json", "/dev/null"]) == 0
+        assert main([*argv, "--quantization", mode, "--json", str(tmp_path / f"{mode}.json")]) == 0
         out[mode] = capsys.readouterr().out
     weights = {m: float(o.split("weights ")[1].split(",")[0]) for m, o in out.items()}
     # 8.0 B weights: 15 GiB in bf16; NF4 for the 7 B in linear layers (~0.52 byte each)
