@@ -27,6 +27,7 @@ from hpo.export import (
     estimate_section,
     export_study,
 )
+from hpo.final_loss import SCORED_BY_ATTR
 from hpo.objective import Objective, StudyContext
 from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial, standing_trials
 from hpo.prepare import Prepared, prepare
@@ -68,6 +69,10 @@ class StudySummary:
     tracking_spool: str | None = None
     # The search's plan against what it spent (hours, cost) and which limit ended it.
     search: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # What the best trial's score is: "prediction" (the full run's predicted final loss) or
+    # "loss_at_fidelity" (its loss at the trials' share of the data, where the prediction
+    # was less sure than the study's promise).
+    best_scored_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -378,6 +383,7 @@ def _summary(
     if summary.states["complete"]:
         best = best_complete_trial(study)
         summary.best_value, summary.best_trial = trial_loss(best), best.number
+        summary.best_scored_by = best.user_attrs.get(SCORED_BY_ATTR)
         summary.best_estimate = estimate_section(
             study, best, correction=current_correction(study, best)
         )

@@ -202,10 +202,13 @@ def _print_summary(summary: Any, server: dict[str, Any]) -> None:
     if summary.best_value is None:
         print("no trial completed: nothing to export")
     else:
+        by_prediction = summary.objective == "predicted_full_run_loss" and (
+            getattr(summary, "best_scored_by", None) in (None, "prediction")
+        )
         what = (
             "its full run's predicted final validation loss, before correction"
-            if summary.objective == "predicted_full_run_loss"
-            else "its validation loss at the trials' fidelity"
+            if by_prediction
+            else "its validation loss at the trials' share of the data"
         )
         print(f"best trial {summary.best_trial}: score {summary.best_value:.4f} ({what})")
         for key, value in summary.best_params.items():

@@ -1,0 +1,35 @@
+"""The study's summary line names what the best trial's score is."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpo.runner import StudySummary
+from hpo.study import _print_summary
+
+
+def _summary(scored_by: str | None) -> StudySummary:
+    return StudySummary(
+        study_name="s", states={"complete": 1, "pruned": 0, "failed": 0}, best_value=4.5,
+        best_params={}, best_trial=3, best_estimate={}, preset_path="p.yaml",
+        mlflow_experiment_id="1", mlflow_parent_run_id="r", elapsed_seconds=1.0,
+        tracking_uri="sqlite:///m.db", best_scored_by=scored_by,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("scored_by", "says"),
+    [
+        ("prediction", "its full run's predicted final validation loss"),
+        (None, "its full run's predicted final validation loss"),  # a study from before
+        ("loss_at_fidelity", "its validation loss at the trials' share of the data"),
+    ],
+)
+def test_the_best_score_is_named_for_what_it_is(
+    scored_by: str | None, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _print_summary(_summary(scored_by), {})
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("best trial"))
+    assert line == f"best trial 3: score 4.5000 ({says}" + (
+        ", before correction)" if "predicted" in says else ")"
+    )
