@@ -14,6 +14,7 @@ from hpo.config import load_config
 from hpo.runner import run_study
 from hpo.runspec import trial_schedule
 from tests.servers import mlflow_server
+from tests.spaces import unpacked_default_space
 
 
 def _get(base: str, path: str, **query: str) -> Any:
@@ -51,6 +52,7 @@ def test_ui_shows_parent_children_params_and_histories(
                 "pruner": "none",
                 "tracking_uri": base,
                 "experiment_name": "ui-check-exp",
+                "space": unpacked_default_space(tmp_path),
             },
         )
         summary = run_study(config, progress=False)
@@ -91,7 +93,12 @@ def test_ui_shows_parent_children_params_and_histories(
             val = _get(
                 base, "metrics/get-history", run_id=child["info"]["run_id"], metric_key="val_loss"
             )
-            evals = sorted({*range(trial.eval_interval, trial.stop_after_steps + 1, trial.eval_interval), trial.stop_after_steps})
+            evals = sorted(
+                {
+                    *range(trial.eval_interval, trial.stop_after_steps + 1, trial.eval_interval),
+                    trial.stop_after_steps,
+                }
+            )
             assert [m["step"] for m in val["metrics"]] == evals
         # The runs table the study prints a link to answers too.
         with urllib.request.urlopen(base + "/", timeout=30) as response:

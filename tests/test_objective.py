@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from hpo.final_loss import (
 from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial
 from hpo.runner import StudySummary, run_study
 from hpo.runspec import trial_schedule
+from tests.spaces import unpacked_default_space
 from trainers.train import main as train_main
 
 FRACTION = 0.05
@@ -72,13 +72,7 @@ def studied(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> S
     work = tmp_path_factory.mktemp("objective")
     # Unpacked: packed, this half epoch of short samples is a few optimizer steps and a trial
     # one step (one point); packed trials' share of their run is tested in test_runspec.py.
-    space = work / "space.yaml"
-    space.write_text(
-        Path(str(resources.files("search_spaces") / "default.yaml"))
-        .read_text()
-        .replace("packing: {choice: [none, padding_free]}", "packing: none")
-    )
-    config = _config(work, tiny_model_dir, space=str(space))
+    config = _config(work, tiny_model_dir, space=unpacked_default_space(work))
     summary = run_study(config, progress=False)
     assert summary.preset_path
     study = optuna.load_study(study_name="objective", storage=config.storage_url)
