@@ -2,6 +2,8 @@
 
 Every import counts: module level, inside functions, and type-only imports under
 `TYPE_CHECKING` (a cycle of type-only imports is still a knot a reader has to untie).
+A package's `__init__` is a module like any other: a submodule that names its own package
+(`from analysis.report import rows`) depends on it, and a cycle through the package counts.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ ALLOWED = {
 }
 
 
-def project_modules() -> dict[str, Path]:
+def project_modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     modules: dict[str, Path] = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             modules[".".join(parts)] = path
@@ -56,18 +58,14 @@ def imported_names(path: Path, module: str) -> Iterator[str]:
                 yield f"{prefix}.{alias.name}"
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = project_modules()
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    modules = project_modules(root, packages)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         for target in imported_names(path, name):
-            if target in modules and target != name and not _is_package_of(target, name):
+            if target in modules and target != name:
                 graph[name].add(target)
     return graph
-
-
-def _is_package_of(target: str, module: str) -> bool:
-    return module.startswith(target + ".")
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -120,6 +118,20 @@ def test_the_walk_sees_the_imports_it_must_see() -> None:
 def test_cycle_finder_finds_a_planted_cycle() -> None:
     planted = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(planted) == [["a", "b", "c"]]
+
+
+def test_a_cycle_between_a_package_and_its_own_module_is_found(tmp_path: Path) -> None:
+    # The knot analysis/report had: the package's __init__ re-exports from `document`, and
+    # `document` takes its sibling modules through the package.
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from pkg.document import write\n")
+    (package / "document.py").write_text("from pkg import plots\n")
+    (package / "plots.py").write_text("import math\n")
+    (package / "sibling.py").write_text("from . import plots\n")
+    graph = import_graph(tmp_path, ("pkg",))
+    assert graph["pkg.document"] == {"pkg", "pkg.plots"}
+    assert cycles(graph) == [["pkg", "pkg.document"]]
 
 
 def test_no_import_cycles() -> None:

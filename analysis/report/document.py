@@ -16,7 +16,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.report import loss_plots, machine_plots, search_plots
+# The plot modules by their own names, not through this package (its __init__ imports this
+# module: naming the package here would be an import cycle).
+import analysis.report.loss_plots as loss_plots
+import analysis.report.machine_plots as machine_plots
+import analysis.report.search_plots as search_plots
 from analysis.report.canvas import Section
 from analysis.report.rows import FullRun, TrialRow, best_complete, count, trial_rows
 from common.errors import BadInputError
