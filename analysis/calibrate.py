@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.calibration import Calibration, RunMeasurements, fit, load, load_for
+from analysis.calibration.file import Calibration, load, load_for
+from analysis.calibration.fit import fit
+from analysis.calibration.measurements import RunMeasurements
 from analysis.full_runs import FullRun, absorb, from_mlflow, read_report
 from analysis.plans import probe_spec
 from analysis.records import CALIBRATION_FILE, TRIAL_ATTR, read_trial_record

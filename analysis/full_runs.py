@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.calibration import Calibration, LossRun, RunMeasurements, update
+from analysis.calibration.file import Calibration, LossRun
+from analysis.calibration.fit import update
+from analysis.calibration.measurements import RunMeasurements
 from common.errors import BadInputError
 from common.redact import redact
 from trainers.tracking import REPORT_ARTIFACT

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis import fitted_priors
-from analysis.calibration import Calibration, load
+from analysis.calibration.file import Calibration, load
 from analysis.gpus import GpuSpec, peak_of
 from analysis.plans import plan_for
 from analysis.run_setup import ATTENTION_RATE, MemoryTerms, RunSetup, peak_memory

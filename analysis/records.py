@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from analysis.calibration import RunMeasurements
+from analysis.calibration.measurements import RunMeasurements
 from analysis.timemodel import HardwareInfo, ModelProfile
 
 CALIBRATION_FILE = "calibration.json"  # in the study's work dir

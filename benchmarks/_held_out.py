@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.calibrate import PROBE_DESIGN, ProbeConfig, calibrate_from_results, run_probes
-from analysis.calibration import Calibration
+from analysis.calibration.file import Calibration
 from analysis.plans import plan_for, probe_spec
 from analysis.timemodel import Estimate, Plan, predict
 from benchmarks._common import median

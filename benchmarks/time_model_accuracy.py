@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analysis.calibration import Calibration  # noqa: E402
+from analysis.calibration.file import Calibration  # noqa: E402
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
 from benchmarks._held_out import (  # noqa: E402
     HELD_OUT,

@@ -33,7 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analysis.calibration import WARMUP_MICRO_STEPS, Calibration  # noqa: E402
+from analysis.calibration.file import Calibration  # noqa: E402
+from analysis.calibration.measurements import WARMUP_MICRO_STEPS  # noqa: E402
 from analysis.plans import plan_for  # noqa: E402
 from analysis.timemodel import Plan, predict  # noqa: E402
 from benchmarks._common import machine, table, write_json  # noqa: E402

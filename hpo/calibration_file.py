@@ -10,7 +10,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from analysis.calibration import Calibration, load_for
+from analysis.calibration.file import Calibration, load_for
 from analysis.records import CALIBRATION_FILE
 
 log = logging.getLogger(__name__)

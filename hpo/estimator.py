@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from analysis.calibrate import run_probes
-from analysis.calibration import Calibration, RunMeasurements, fit, update
+from analysis.calibration.file import Calibration
+from analysis.calibration.fit import fit, update
+from analysis.calibration.measurements import RunMeasurements
 from analysis.full_runs import FullRun, absorb
 from analysis.learning_curve import LossCorrection
 from analysis.machine import model_profile, this_machine

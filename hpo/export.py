@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 import yaml
 
-from analysis.calibration import load_for
+from analysis.calibration.file import load_for
 from analysis.learning_curve import CurveFit, LossCorrection
 from analysis.records import CALIBRATION_FILE
 from common.cli import EXIT_OK, check_writable, run_cli

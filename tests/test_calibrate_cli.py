@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from analysis.calibrate import ProbeConfig, calibrate_from_results, main, run_probes
-from analysis.calibration import load
+from analysis.calibration.file import load
 from analysis.machine import this_machine
 from analysis.records import CALIBRATION_FILE, TRIAL_ATTR
 from common.cli import run_cli

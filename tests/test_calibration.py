@@ -7,15 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.calibration import (
-    VERSION,
-    Calibration,
-    RunMeasurements,
-    fit,
-    load,
-    load_for,
-    update,
-)
+from analysis.calibration.file import VERSION, Calibration, load, load_for
+from analysis.calibration.fit import fit, update
+from analysis.calibration.measurements import RunMeasurements
 from analysis.timemodel import (
     Coefficients,
     HardwareInfo,

@@ -15,7 +15,8 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
-from analysis.calibration import fit, load
+from analysis.calibration.file import load
+from analysis.calibration.fit import fit
 from analysis.machine import model_profile, this_machine
 from analysis.records import CALIBRATION_FILE, TRIAL_ATTR
 from analysis.timemodel import Coefficients, HardwareInfo, prior_coefficients

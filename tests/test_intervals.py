@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.calibration import Calibration, RunMeasurements, fit, load
+from analysis.calibration.file import Calibration, load
+from analysis.calibration.fit import fit
+from analysis.calibration.measurements import RunMeasurements
 from analysis.timemodel import Z90, Coefficients, Estimate, Plan, predict
 from tests.test_calibration import CONFIGS, CPU, MODEL, PRIOR, TRUTH, runs, synthetic_run
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from analysis.calibrate import ProbeConfig, calibrate_from_results
-from analysis.calibration import Calibration
+from analysis.calibration.file import Calibration
 from analysis.machine import this_machine
 from analysis.plans import plan_for, probe_spec
 from analysis.timemodel import Estimate, predict

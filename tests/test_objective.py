@@ -16,7 +16,7 @@ import pytest
 from mlflow import MlflowClient
 
 from analysis.calibrate import main as calibrate_main
-from analysis.calibration import load
+from analysis.calibration.file import load
 from analysis.learning_curve import CurveFit
 from common.cli import run_cli
 from hpo.config import StudyConfig, load_config
@@ -251,7 +251,7 @@ def test_bad_objective_settings_name_the_field(field: str, value: Any, message: 
 
 
 def test_full_runs_fold_into_the_calibration_once(studied: Studied, tmp_path: Path) -> None:
-    from analysis.calibration import LossRun
+    from analysis.calibration.file import LossRun
     from analysis.full_runs import FullRun, absorb
 
     report = studied.full_run

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from analysis.calibration import VERSION, Calibration
+from analysis.calibration.file import VERSION, Calibration
 from analysis.gpus import KNOWN_GPUS, find_gpu, peak_of
 from analysis.machine import config_profile
 from analysis.plan import main

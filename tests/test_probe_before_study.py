@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from analysis.calibrate import PROBE_DESIGN
-from analysis.calibration import load
+from analysis.calibration.file import load
 from analysis.records import CALIBRATION_FILE
 from common.errors import BadInputError
 from hpo.config import StudyConfig, load_config

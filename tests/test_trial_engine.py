@@ -116,7 +116,7 @@ def test_reused_base_is_bit_identical_and_losses_equal_a_fresh_process(
     assert inputs.loads == 1  # the second trial did not load the model again
     assert not loaded_run.reused_base_model and reused.reused_base_model
     # The time model learns start-up only from runs that loaded their model, as a full run does.
-    from analysis.calibration import RunMeasurements
+    from analysis.calibration.measurements import RunMeasurements
 
     assert RunMeasurements.from_result_dict(loaded_run.to_dict()).startup_seconds > 0
     assert RunMeasurements.from_result_dict(reused.to_dict()).startup_seconds == 0

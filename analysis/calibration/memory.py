@@ -1,0 +1,106 @@
+"""Peak memory: the fit of its fixed and activation parts, and the margin of its p90."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.stats import t as student_t
+
+from analysis.calibration.measurements import RunMeasurements
+from analysis.calibration.robust_fit import PRIOR_LOG_SD, robust_positive_fit
+from analysis.timemodel import (
+    Coefficients,
+    HardwareInfo,
+    ModelProfile,
+    activation_bytes,
+    static_memory_bytes,
+)
+
+# Peak memory: a held-out run's log(measured / predicted) has about this sd before any is
+# seen (worth two runs); the p90 never sits less than 5 % above the median (on CPU the
+# process's resident memory only ratchets up from one run to the next, by 1-5 % here).
+_MEMORY_SD_PRIOR = 0.03
+_MEMORY_LOG_P90_FLOOR = math.log(1.05)
+_MEMORY_HOLDOUT_RUNS = 20  # the newest runs whose leave-one-out error sets the margin
+
+
+def _memory_features(
+    run: RunMeasurements, model: ModelProfile, hardware: HardwareInfo
+) -> tuple[float, float]:
+    """Activation bytes of the run's longest micro-batch and its static bytes."""
+    activation = activation_bytes(
+        model,
+        run.micro_batch_size,
+        max(run.micro_step_seq_len),
+        hardware.precision,
+        run.gradient_checkpointing,
+        hardware.device_kind,
+    )
+    return activation, static_memory_bytes(model, run.trainable_parameters, hardware.precision)
+
+
+def _memory_peak(
+    run: RunMeasurements, model: ModelProfile, hardware: HardwareInfo, coef: np.ndarray
+) -> float:
+    """Peak memory predicted for `run` by (fixed bytes, activation scale) `coef`."""
+    activation, static = _memory_features(run, model, hardware)
+    return float(coef[0] + static + coef[1] * activation)
+
+
+def fit_memory(
+    runs: Sequence[RunMeasurements],
+    model: ModelProfile,
+    hardware: HardwareInfo,
+    prior: Coefficients,
+) -> tuple[np.ndarray, int]:
+    """Fit (fixed bytes, activation scale) to measured peaks above the static memory.
+
+    The fixed part is held close to its prior (runtime overhead is well known); with one run
+    the least squares effectively solves for the activation scale alone.
+    """
+    measured = [r for r in runs if r.peak_memory_bytes > 0 and r.micro_step_seq_len]
+    if not measured:
+        return np.array([prior.memory_fixed_bytes, prior.activation_memory_scale]), 0
+    activation, static = np.array([_memory_features(r, model, hardware) for r in measured]).T
+    peaks = np.array([float(r.peak_memory_bytes) for r in measured])
+    coef, _ = robust_positive_fit(
+        np.column_stack([np.ones_like(activation), activation]),
+        peaks,
+        np.array([prior.memory_fixed_bytes, prior.activation_memory_scale]),
+        offset=static,
+        prior_log_sd=np.array([0.5, PRIOR_LOG_SD]),
+    )
+    return coef, len(measured)
+
+
+def memory_margin(
+    runs: Sequence[RunMeasurements],
+    model: ModelProfile,
+    hardware: HardwareInfo,
+    prior: Coefficients,
+) -> float:
+    """log(p90 / p50) of peak memory, from how well each run is predicted by the others.
+
+    The fit passes close to every run it is given, so its own residuals understate the error
+    on a configuration it has not seen; leaving each run out in turn does not. The p90 sits
+    the mean under-prediction (never a credit for over-predicting) plus a Student t quantile
+    of their shrunk sd above the median, never below the worst under-prediction seen (with
+    a few runs that is about their p80, and the errors are skewed: on CPU a process's
+    resident memory ratchets up, so late runs measure high) and never below the floor.
+    """
+    measured = [r for r in runs if r.peak_memory_bytes > 0 and r.micro_step_seq_len]
+    measured = measured[-_MEMORY_HOLDOUT_RUNS:]
+    if len(measured) < 2:
+        return prior.memory_log_p90
+    errors = []
+    for i, run in enumerate(measured):
+        coef, _ = fit_memory([*measured[:i], *measured[i + 1 :]], model, hardware, prior)
+        predicted = _memory_peak(run, model, hardware, coef)
+        errors.append(math.log(run.peak_memory_bytes / predicted))
+    k = len(errors)
+    bias = max(float(np.mean(errors)), 0.0)
+    sd = math.sqrt((2 * _MEMORY_SD_PRIOR**2 + (k - 1) * float(np.var(errors, ddof=1))) / (k + 1))
+    upper = bias + float(student_t.ppf(0.9, k + 1)) * sd
+    return max(upper, max(errors), _MEMORY_LOG_P90_FLOOR)
