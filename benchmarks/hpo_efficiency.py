@@ -84,7 +84,7 @@ def calibrate(model: str, data: str, work: Path) -> None:
 
 def make_task(work: Path, *, epochs: float, seed: int, window_seconds: float | None) -> Task:
     """The task for `seed`; without `window_seconds`, the window half the space misses (p90)."""
-    from hpo.config import Budget, StudyConfig
+    from hpo.config import Budget, FullRunConfig, StudyConfig
     from hpo.estimator import StudyEstimator
     from hpo.prepare import prepare
     from hpo.what_fits import candidates
@@ -95,7 +95,7 @@ def make_task(work: Path, *, epochs: float, seed: int, window_seconds: float | N
         model=str(default_tiny_model()),
         data=str(demo_data_path("prompt_completion")),
         work_dir=str(work),
-        epochs=epochs,
+        full_run=FullRunConfig(epochs=epochs),
         seed=seed,
         device="cpu",
         budget=Budget(window_hours=1000.0, safety_margin_minutes=0.0),
@@ -143,7 +143,7 @@ def run_hpo(task: Task, work: Path, seconds: float) -> tuple[str, Path, dict[str
     command = [
         sys.executable, "-m", "hpo.study",
         "--model", str(task.config.model), "--data", str(task.config.data),
-        "--epochs", f"{task.config.epochs:g}",
+        "--epochs", f"{task.config.full_run.epochs:g}",
         "--window-hours", f"{task.available_seconds / 3600:.8f}",
         "--safety-margin-minutes", "0",
         "--search-hours", f"{seconds / 3600:.8f}", "--n-trials", "100000",
@@ -545,7 +545,7 @@ def _task_setup(work: Path, epochs: float, window_seconds: float | None) -> Task
 def _reseeded(task: Task, work: Path, seed: int) -> Task:
     """The same task and window for another seed (its own data split and order)."""
     return make_task(
-        work, epochs=task.config.epochs, seed=seed, window_seconds=task.available_seconds
+        work, epochs=task.config.full_run.epochs, seed=seed, window_seconds=task.available_seconds
     )
 
 

@@ -67,7 +67,7 @@ def study_preset(
         raise SystemExit(f"study with seed {seed} completed no trial: {summary.states}")
     return {
         "preset": summary.preset_path,
-        "tracking_uri": config.tracking_uri,
+        "tracking_uri": config.tracking.uri,
         "study_seconds": time.perf_counter() - started,
         "trial": summary.best_trial,
         "profile": summary.best_params.get("profile"),

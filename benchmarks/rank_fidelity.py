@@ -40,9 +40,9 @@ from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analysis.learning_curve import fit_loss_correction  # noqa: E402
+from analysis.loss_correction import fit_loss_correction  # noqa: E402
 from benchmarks._common import machine, table, write_json  # noqa: E402
-from hpo.config import StudyConfig  # noqa: E402
+from hpo.config import FullRunConfig, StudyConfig, TrialConfig  # noqa: E402
 from hpo.prepare import prepare  # noqa: E402
 from hpo.runspec import train_spec  # noqa: E402
 from search_spaces import load_space, sample  # noqa: E402
@@ -116,7 +116,7 @@ def run_config(
         "scheduler": full_spec.scheduler,
         "warmup_ratio": full_spec.warmup_ratio,
         "full_run_steps": full.final_step,
-        "full_run_samples": prepared.train_samples * config.epochs,
+        "full_run_samples": prepared.train_samples * config.full_run.epochs,
         "full_run_loss": full.final_eval_loss,
         "full_run_seconds": time.perf_counter() - started,
         "trials": trials,
@@ -137,7 +137,7 @@ def _curve(row: dict[str, Any], fraction: str) -> TrialCurve | None:
 
 def predictions(rows: list[dict[str, Any]], fraction: str) -> list[dict[str, Any]]:
     """What a study records for each trial, trial i fitted with trials 0..i-1."""
-    from analysis.learning_curve import LossCorrection
+    from analysis.loss_correction import LossCorrection
     from hpo.final_loss import predict_final_loss
 
     out: list[dict[str, Any]] = []
@@ -239,7 +239,8 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         model = default_tiny_model(pretrain_steps=args.pretrain_steps)
         config = StudyConfig(
             model=str(model), data=str(demo_data_path(args.data)), work_dir=str(work),
-            trial_evals=args.trial_evals, eval_samples=200, epochs=1.0, device="cpu",
+            trial=TrialConfig(evals=args.trial_evals), eval_samples=200,
+            full_run=FullRunConfig(epochs=1.0), device="cpu",
             seed=args.seed,
         )  # fmt: skip
         prepared = prepare(config)

@@ -8,8 +8,9 @@ override a YAML file or a preset exactly where they were typed.
 Field kinds: ``int``, ``float``, ``str``, ``bool`` (``--name`` / ``--no-name``), any of them
 ``| None``, ``tuple[str, ...]`` (comma-separated: ``--profiles fast,balanced``),
 ``str | tuple[str, ...]`` (one name stays a string, several make a tuple) and nested
-dataclasses, whose fields become flat flags in a help group of their own
-(``budget.window_hours`` -> ``--window-hours``).
+dataclasses (parts, `common.config`): a section's fields become flags in a help group of its
+own (``budget.window_hours`` -> ``--window-hours``), a flat part's fields flags named by their
+keys (``trial.fraction`` -> ``--trial-fraction``).
 
 Metadata read here:
     help: The flag's help text (required: every flag is documented).
@@ -30,6 +31,8 @@ import types
 import typing
 from dataclasses import dataclass
 from typing import Any
+
+from common.config import flat_fields, part_type
 
 _NONE = type(None)
 _NAMES = tuple[str, ...]
@@ -84,37 +87,58 @@ def _add_fields(
     paths: dict[str, tuple[str, ...]],
 ) -> None:
     hints = typing.get_type_hints(config)
-    for field in dataclasses.fields(config):
-        kind = hints[field.name]
+    for key, part, field in flat_fields(config):
+        if part is not None:  # a flat part: its fields' flags are named by their keys
+            _add_flag(
+                target,
+                typing.get_type_hints(hints[part.name]),
+                field,
+                key.replace("_", "-"),
+                (key,),
+                paths,
+            )
+            continue
+        kind = part_type(config, field)
         where = (*path, field.name)
-        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            group = parser.add_argument_group(field.name, _help(config, field))
+        if kind is not None:
+            group = parser.add_argument_group(field.name, _help(field))
             nested_prefix = prefix + field.metadata.get("flag_prefix", "")
             _add_fields(parser, group, kind, where, nested_prefix, paths)
             continue
         name = prefix + field.metadata.get("flag", field.name.replace("_", "-"))
-        dest = ".".join(where)
-        target.add_argument(
-            "--" + name,
-            dest=dest,
-            default=argparse.SUPPRESS,
-            help=_help(config, field),
-            **_parsing(config, field.name, kind, name),
-        )
-        paths[dest] = where
+        _add_flag(target, hints, field, name, where, paths)
 
 
-def _help(config: type, field: dataclasses.Field[Any]) -> str:
+def _add_flag(
+    target: argparse.ArgumentParser | argparse._ArgumentGroup,
+    hints: dict[str, Any],
+    field: dataclasses.Field[Any],
+    name: str,
+    where: tuple[str, ...],
+    paths: dict[str, tuple[str, ...]],
+) -> None:
+    dest = ".".join(where)
+    target.add_argument(
+        "--" + name,
+        dest=dest,
+        default=argparse.SUPPRESS,
+        help=_help(field),
+        **_parsing(field, hints[field.name], name),
+    )
+    paths[dest] = where
+
+
+def _help(field: dataclasses.Field[Any]) -> str:
     text = field.metadata.get("help")
     if not text:
-        raise TypeError(f"{config.__name__}.{field.name} has no metadata help for its flag")
+        raise TypeError(f"{field.name} has no metadata help for its flag")
     default = field.default
     if default is not None and default is not dataclasses.MISSING and not isinstance(default, bool):
         text = f"{text} Default: {default}."
     return str(text).replace("%", "%%")  # argparse %-formats help strings
 
 
-def _parsing(config: type, name: str, kind: Any, flag: str) -> dict[str, Any]:
+def _parsing(field: dataclasses.Field[Any], kind: Any, flag: str) -> dict[str, Any]:
     """The argparse keywords that parse a field of type `kind`."""
     options = set(typing.get_args(kind)) - {_NONE} if _is_union(kind) else {kind}
     metavar = flag.replace("-", "_").upper()
@@ -126,7 +150,7 @@ def _parsing(config: type, name: str, kind: Any, flag: str) -> dict[str, Any]:
         return {"type": _names, "metavar": "NAME[,NAME...]"}
     if options == {str, _NAMES}:
         return {"type": _name_or_names, "metavar": "NAME[,NAME...]"}
-    raise TypeError(f"{config.__name__}.{name}: no flag parses the type {kind!r}")
+    raise TypeError(f"{field.name}: no flag parses the type {kind!r}")
 
 
 def _is_union(kind: Any) -> bool:

@@ -1,4 +1,10 @@
-"""The study configuration: YAML (`--config`) + command-line overrides -> one validated object."""
+"""The study configuration: YAML (`--config`) + command-line overrides -> one validated object.
+
+The tree: `StudyConfig` holds the search's own fields and its parts, `trial` (a trial's
+share of the data, its evaluations, promotion), `full_run` (the preset's schedule), `budget`
+(a YAML section of its own) and `tracking` (MLflow). Only `budget` is nested in the YAML; the
+other parts keep flat keys (``trial_fraction``), as flags do (``--trial-fraction``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.config import from_mapping, require, require_choice, require_int, to_mapping
 from common.errors import BadInputError
 from common.files import read_yaml
 from common.redact import redact_values
@@ -37,11 +44,6 @@ _MLFLOW_DEFAULTS = {
     "experiment_name": "hpo-lora",
     "server": {"host": "127.0.0.1", "port": 5000},
 }
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise BadInputError(message)
 
 
 @dataclass(frozen=True)
@@ -77,30 +79,30 @@ class Budget:
     )
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.window_hours > 0, f"budget.window_hours must be > 0, but got {self.window_hours=}"
         )
-        _require(
+        require(
             self.safety_margin_minutes >= 0,
             f"budget.safety_margin_minutes must be >= 0, but got {self.safety_margin_minutes=}",
         )
-        _require(
+        require(
             self.safety_margin_minutes < self.window_hours * 60,
             f"budget.safety_margin_minutes ({self.safety_margin_minutes}) must be shorter than the window ({self.window_hours} h)",
         )
-        _require(
+        require(
             self.price_per_hour >= 0,
             f"budget.price_per_hour must be >= 0, but got {self.price_per_hour=}",
         )
-        _require(
+        require(
             self.max_memory_gb is None or self.max_memory_gb > 0,
             f"budget.max_memory_gb must be > 0, but got {self.max_memory_gb=}",
         )
-        _require(
+        require(
             self.search_hours is None or self.search_hours > 0,
             f"budget.search_hours must be > 0, but got {self.search_hours=}",
         )
-        _require(
+        require(
             self.search_budget_pct is None or 0 < self.search_budget_pct <= 1000,
             f"budget.search_budget_pct must be in (0, 1000], but got {self.search_budget_pct=}",
         )
@@ -108,6 +110,114 @@ class Budget:
     @property
     def available_seconds(self) -> float:
         return self.window_hours * 3600 - self.safety_margin_minutes * 60
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """What one trial trains: a share of its full run, with evenly spaced evaluations."""
+
+    fraction: float = field(
+        default=0.1,
+        metadata={
+            "help": "Share of its full run's training data a trial trains on (the "
+            "fidelity): every configuration sees the same data."
+        },
+    )
+    evals: int = field(
+        default=6,
+        metadata={"help": "Evaluations per trial, evenly spaced: the learning curve's points."},
+    )
+    promote: int = field(
+        default=0,
+        metadata={
+            "key": "promote",
+            "help": "Continue the K best trials (by prediction) to promote_fraction of "
+            "their full run, as new points of the same configuration.",
+        },
+    )
+    promote_fraction: float = field(
+        default=0.3,
+        metadata={
+            "key": "promote_fraction",
+            "help": "Share of the full run a promoted trial trains on.",
+        },
+    )
+
+    def __post_init__(self) -> None:
+        require_int("trial_evals", self.evals, 1)
+        require(
+            0 < self.fraction <= 1,
+            f"trial_fraction must be in (0, 1], but got trial_fraction={self.fraction!r}",
+        )
+        require_int("promote", self.promote, 0)
+        require(
+            self.promote == 0 or self.fraction < self.promote_fraction <= 1,
+            f"promote_fraction must be in (trial_fraction, 1], but got "
+            f"promote_fraction={self.promote_fraction!r}",
+        )
+
+
+@dataclass(frozen=True)
+class FullRunConfig:
+    """The full run a preset describes: its length, evaluations and checkpoints."""
+
+    epochs: float = field(
+        default=1.0,
+        metadata={"key": "epochs", "help": "Epochs of the full run the preset describes."},
+    )
+    eval_interval: int = field(
+        default=STUDY_FULL_EVAL_INTERVAL,
+        metadata={"help": "Steps between evaluations in the full run."},
+    )
+    checkpoint_interval: int = field(
+        default=STUDY_FULL_CHECKPOINT_INTERVAL,
+        metadata={"help": "Steps between checkpoints in the full run."},
+    )
+
+    def __post_init__(self) -> None:
+        require(self.epochs > 0, f"epochs must be > 0, but got epochs={self.epochs!r}")
+        require_int("full_eval_interval", self.eval_interval, 1)
+        require_int("full_checkpoint_interval", self.checkpoint_interval, 0)
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Where the study's MLflow records go, and what it does when the server does not answer."""
+
+    uri: str | None = field(
+        default=None, metadata={"help": "MLflow tracking URI. Default: the one in mlflow.yaml."}
+    )
+    experiment_name: str | None = field(
+        default=None,
+        metadata={
+            "key": "experiment_name",
+            "help": "MLflow experiment. Default: the one in mlflow.yaml.",
+        },
+    )
+    outage: str = field(
+        default="spool",
+        metadata={
+            "help": "A tracking server that does not answer at start: spool (start all the "
+            "same; records wait under the work dir and are sent when it answers) | fail "
+            "(stop with one line). Mid-study, records always wait on disk."
+        },
+    )
+    exit_wait_seconds: float = field(
+        default=30.0,
+        metadata={
+            "help": "Before the study exits, how long to wait for a tracking server that does "
+            "not answer to take the records waiting on disk (0: do not wait; what is left "
+            "is sent by python -m hpo.tracking --replay)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        require_choice("tracking_outage", self.outage, TRACKING_OUTAGES)
+        require(
+            self.exit_wait_seconds >= 0,
+            f"tracking_exit_wait_seconds must be >= 0, but got "
+            f"tracking_exit_wait_seconds={self.exit_wait_seconds!r}",
+        )
 
 
 @dataclass(frozen=True)
@@ -149,26 +259,9 @@ class StudyConfig:
             "are not pruned by learning curve; the window and memory still bound them."
         },
     )
-    trial_fraction: float = field(
-        default=0.1,
-        metadata={
-            "help": "Share of its full run's training data a trial trains on (the "
-            "fidelity): every configuration sees the same data."
-        },
-    )
-    trial_evals: int = field(
-        default=6,
-        metadata={"help": "Evaluations per trial, evenly spaced: the learning curve's points."},
-    )
-    promote: int = field(
-        default=0,
-        metadata={
-            "help": "Continue the K best trials (by prediction) to promote_fraction of "
-            "their full run, as new points of the same configuration."
-        },
-    )
-    promote_fraction: float = field(
-        default=0.3, metadata={"help": "Share of the full run a promoted trial trains on."}
+    trial: TrialConfig = field(
+        default_factory=TrialConfig,
+        metadata={"help": TrialConfig.__doc__, "flat": True, "prefix": "trial_"},
     )
     eval_samples: int = field(
         default=STUDY_EVAL_SAMPLES, metadata={"help": "Validation samples per evaluation."}
@@ -180,16 +273,9 @@ class StudyConfig:
             "data's p99 token length, capped by the model's context."
         },
     )
-    epochs: float = field(
-        default=1.0, metadata={"help": "Epochs of the full run the preset describes."}
-    )
-    full_eval_interval: int = field(
-        default=STUDY_FULL_EVAL_INTERVAL,
-        metadata={"help": "Steps between evaluations in the full run."},
-    )
-    full_checkpoint_interval: int = field(
-        default=STUDY_FULL_CHECKPOINT_INTERVAL,
-        metadata={"help": "Steps between checkpoints in the full run."},
+    full_run: FullRunConfig = field(
+        default_factory=FullRunConfig,
+        metadata={"help": FullRunConfig.__doc__, "flat": True, "prefix": "full_"},
     )
     probe_seconds: float = field(
         default=0.0,
@@ -235,27 +321,9 @@ class StudyConfig:
     work_dir: str = field(
         default="hpo-runs", metadata={"help": "Where databases, caches and presets go."}
     )
-    tracking_uri: str | None = field(
-        default=None, metadata={"help": "MLflow tracking URI. Default: the one in mlflow.yaml."}
-    )
-    experiment_name: str | None = field(
-        default=None, metadata={"help": "MLflow experiment. Default: the one in mlflow.yaml."}
-    )
-    tracking_outage: str = field(
-        default="spool",
-        metadata={
-            "help": "A tracking server that does not answer at start: spool (start all the "
-            "same; records wait under the work dir and are sent when it answers) | fail "
-            "(stop with one line). Mid-study, records always wait on disk."
-        },
-    )
-    tracking_exit_wait_seconds: float = field(
-        default=30.0,
-        metadata={
-            "help": "Before the study exits, how long to wait for a tracking server that does "
-            "not answer to take the records waiting on disk (0: do not wait; what is left "
-            "is sent by python -m hpo.tracking --replay)."
-        },
+    tracking: TrackingConfig = field(
+        default_factory=TrackingConfig,
+        metadata={"help": TrackingConfig.__doc__, "flat": True, "prefix": "tracking_"},
     )
     reuse_base_model: bool = field(
         default=True,
@@ -291,93 +359,41 @@ class StudyConfig:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.budget, dict):
-            object.__setattr__(self, "budget", _build(Budget, self.budget, "budget"))
-        if isinstance(self.objectives, (list, str)):
-            axes = [self.objectives] if isinstance(self.objectives, str) else self.objectives
-            object.__setattr__(self, "objectives", tuple(axes))
-        if isinstance(self.profiles, (list, str)):
-            profiles = [self.profiles] if isinstance(self.profiles, str) else self.profiles
-            object.__setattr__(self, "profiles", tuple(profiles))
-        for name in (
-            "trial_evals",
-            "eval_samples",
-            "n_trials",
-            "full_eval_interval",
-        ):
+        for name in ("objectives", "profiles"):
             value = getattr(self, name)
-            _require(
-                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                f"{name} must be an integer >= 1, but got {name}={value!r}",
-            )
-        _require(
-            isinstance(self.full_checkpoint_interval, int) and self.full_checkpoint_interval >= 0,
-            f"full_checkpoint_interval must be an integer >= 0, but got {self.full_checkpoint_interval=}",
-        )
-        _require(
-            isinstance(self.heartbeat_seconds, int) and self.heartbeat_seconds >= 1,
-            f"heartbeat_seconds must be an integer >= 1, but got {self.heartbeat_seconds=}",
-        )
-        _require(
+            if isinstance(value, (list, str)):
+                object.__setattr__(self, name, tuple([value] if isinstance(value, str) else value))
+        require_int("eval_samples", self.eval_samples, 1)
+        require_int("n_trials", self.n_trials, 1)
+        require_int("eval_max_length", self.eval_max_length, 1, optional=True)
+        require_int("heartbeat_seconds", self.heartbeat_seconds, 1)
+        require(
             isinstance(self.grace_seconds, int) and self.grace_seconds > self.heartbeat_seconds,
             f"grace_seconds must be longer than heartbeat_seconds, but got {self.grace_seconds=}",
         )
-        _require(self.epochs > 0, f"epochs must be > 0, but got {self.epochs=}")
-        _require(
+        require(
             self.probe_seconds >= 0, f"probe_seconds must be >= 0, but got {self.probe_seconds=}"
         )
-        _require(
+        require(
             self.system_metrics_seconds >= 0,
             f"system_metrics_seconds must be >= 0, but got {self.system_metrics_seconds=}",
         )
-        _require(
-            self.objective in OBJECTIVES,
-            f"objective must be one of {', '.join(OBJECTIVES)}, but got objective={self.objective!r}",
-        )
+        require_choice("objective", self.objective, OBJECTIVES)
         self._check_objectives()
-        _require(
-            self.tracking_outage in TRACKING_OUTAGES,
-            f"tracking_outage must be one of {', '.join(TRACKING_OUTAGES)}, but got "
-            f"tracking_outage={self.tracking_outage!r}",
-        )
-        _require(
-            self.tracking_exit_wait_seconds >= 0,
-            f"tracking_exit_wait_seconds must be >= 0, but got {self.tracking_exit_wait_seconds=}",
-        )
-        _require(
-            0 < self.trial_fraction <= 1,
-            f"trial_fraction must be in (0, 1], but got {self.trial_fraction=}",
-        )
-        _require(
-            isinstance(self.promote, int) and self.promote >= 0,
-            f"promote must be an integer >= 0, but got {self.promote=}",
-        )
-        _require(
-            self.promote == 0 or self.trial_fraction < self.promote_fraction <= 1,
-            f"promote_fraction must be in (trial_fraction, 1], but got {self.promote_fraction=}",
-        )
-        _require(
-            self.eval_max_length is None
-            or (isinstance(self.eval_max_length, int) and self.eval_max_length >= 1),
-            f"eval_max_length must be an integer >= 1, but got {self.eval_max_length=}",
-        )
-        _require(
+        require(
             self.timeout is None or self.timeout > 0,
             f"timeout must be > 0, but got {self.timeout=}",
         )
-        _require(
-            self.sampler in SAMPLERS,
-            f"sampler must be one of {', '.join(SAMPLERS)}, but got sampler={self.sampler!r}",
-        )
-        _require(
-            self.pruner in PRUNERS,
-            f"pruner must be one of {', '.join(PRUNERS)}, but got pruner={self.pruner!r}",
-        )
-        _require(bool(self.study_name), "study_name must not be empty")
-        _require(
+        require_choice("sampler", self.sampler, SAMPLERS)
+        require_choice("pruner", self.pruner, PRUNERS)
+        require(bool(self.study_name), "study_name must not be empty")
+        require(
             0 < self.validation_fraction < 1,
             f"validation_fraction must be in (0, 1), but got {self.validation_fraction=}",
         )
+        self._check_paths()
+
+    def _check_paths(self) -> None:
         for name in ("model", "data", "space"):
             value = getattr(self, name)
             if value is not None and not Path(value).exists():
@@ -395,19 +411,19 @@ class StudyConfig:
 
     def _check_objectives(self) -> None:
         axes = self.objectives
-        _require(
+        require(
             isinstance(axes, tuple) and all(isinstance(a, str) for a in axes),
             f"objectives must be a list of names, but got objectives={axes!r}",
         )
-        _require(
+        require(
             axes in (("loss",), ("loss", "hours"), ("loss", "cost")),
             f"objectives must be [loss], [loss, hours] or [loss, cost], but got {list(axes)}",
         )
-        _require(
+        require(
             "cost" not in axes or self.budget.price_per_hour > 0,
             "objectives [loss, cost] needs budget.price_per_hour > 0 (the cost of an hour)",
         )
-        _require(
+        require(
             not self.multi_objective or self.sampler not in _SINGLE_OBJECTIVE_SAMPLERS,
             f"sampler {self.sampler} models one objective; with objectives {list(axes)} use "
             "tpe, nsga2, gp or random",
@@ -425,11 +441,12 @@ class StudyConfig:
         return f"sqlite:///{Path(self.work_dir).resolve() / 'optuna.db'}"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values, without the storage URL, passwords in URLs hidden (`***`).
+        """Plain values, flat as in the YAML, without the storage URL, passwords in URLs hidden
+        (`***`).
 
         This is what a study stores and logs; the connection itself uses the real URLs.
         """
-        out = redact_values(dataclasses.asdict(self))
+        out = redact_values(to_mapping(self))
         out.pop("storage")
         out["profiles"] = list(self.profiles) if self.profiles else None
         out["objectives"] = list(self.objectives)
@@ -450,8 +467,9 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
 
     Args:
         path: The study YAML, if any.
-        overrides: Field values that replace the YAML's; None values are ignored. Budget
-            fields may come flat (``window_hours``) or nested (``budget: {window_hours: ...}``).
+        overrides: Field values (flat keys, as in the YAML) that replace the YAML's; None
+            values are ignored. Budget fields may come flat (``window_hours``) or nested
+            (``budget: {window_hours: ...}``).
     """
     values: dict[str, Any] = read_yaml(Path(path)) if path else {}
     budget = dict(values.pop("budget", None) or {})
@@ -472,18 +490,4 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     values.setdefault("experiment_name", defaults["experiment_name"])
     work_dir = Path(str(values.get("work_dir", "hpo-runs"))).resolve()
     values["tracking_uri"] = str(values["tracking_uri"]).replace("{work_dir}", str(work_dir))
-    return _build(StudyConfig, values, "config")
-
-
-def _build(cls: Any, values: dict[str, Any], where: str) -> Any:
-    if not isinstance(values, dict):
-        raise BadInputError(f"{where} must be a mapping, but got {type(values).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    renamed = [f"{name} (now {_RENAMED[name]})" for name in unknown if name in _RENAMED]
-    _require(not renamed, f"{where}: field(s) replaced: {', '.join(renamed)}")
-    _require(not unknown, f"{where}: unknown field(s): {', '.join(unknown)}")
-    try:
-        return cls(**values)
-    except TypeError as exc:
-        raise BadInputError(f"{where}: {exc}") from exc
+    return from_mapping(StudyConfig, values, "config", renamed=_RENAMED)

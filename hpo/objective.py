@@ -120,7 +120,7 @@ class Objective:
             "full_run_steps": full_run_steps(
                 full_run, ctx.estimator.train_lengths(full_run.max_length)
             ),
-            "full_run_samples": ctx.train_samples * config.epochs,
+            "full_run_samples": ctx.train_samples * config.full_run.epochs,
             "trial_fraction": self._fraction(trial),
         }
         for key, value in {**params, **derived}.items():
@@ -160,7 +160,7 @@ class Objective:
         reporter = OptunaReporter(
             trial,
             stop_after_steps=spec.stop_after_steps or 1,
-            evals=ctx.config.trial_evals,
+            evals=ctx.config.trial.evals,
             prune=trial.user_attrs.get(PROMOTED_FROM_ATTR) is None
             and not ctx.config.multi_objective,
         )
@@ -252,8 +252,8 @@ class Objective:
         """The trial's share of its full run: more for a promoted trial."""
         config = self.context.config
         if trial.user_attrs.get(PROMOTED_FROM_ATTR) is not None:
-            return config.promote_fraction
-        return config.trial_fraction
+            return config.trial.promote_fraction
+        return config.trial.fraction
 
     def _spec(self, trial: optuna.Trial, params: dict[str, Any]) -> TrainSpec:
         """The trial's own run: the start of its full run, cut at its fraction."""

@@ -6,78 +6,32 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import optuna
 
 from common.errors import BadInputError, TrainingFailed
-from common.fmt import format_duration
 from common.redact import redact
+from common.workdir import WorkDir
 from hpo import search_budget
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
-from hpo.export import (
-    CONFIG_ATTR,
-    DATA_ATTR,
-    MODEL_ATTR,
-    PARAM_KEYS,
-    current_correction,
-    estimate_section,
-    export_study,
-)
-from hpo.final_loss import SCORED_BY_ATTR
+from hpo.export import CONFIG_ATTR, DATA_ATTR, MODEL_ATTR
 from hpo.objective import Objective, StudyContext
-from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial, standing_trials
+from hpo.pick import PROMOTED_FROM_ATTR
 from hpo.prepare import Prepared, prepare
 from hpo.progress import StudyProgress
 from hpo.pruners import make_pruner
 from hpo.samplers import make_sampler
-from hpo.states import FINISHED_STATES, state_counts, trial_loss
+from hpo.states import FINISHED_STATES, trial_loss
 from hpo.storage import has_heartbeats, make_storage
 from hpo.study_space import check_same_space, space_record
-from hpo.tracking import PARENT_ATTR, Tracker
+from hpo.summary import StudySummary, parent_note, summarize
+from hpo.tracking import Tracker
 from hpo.what_fits import check_space
 from hpo.workers import claimed, fail_dead_workers_trials
 
 log = logging.getLogger(__name__)
-SPOOL_DIR = "mlflow-spool"  # in the work dir: MLflow records waiting for their server
-
-
-@dataclass
-class StudySummary:
-    study_name: str
-    states: dict[str, int]
-    best_value: float | None
-    best_params: dict[str, Any]
-    best_trial: int | None
-    best_estimate: dict[str, Any]
-    preset_path: str | None
-    mlflow_experiment_id: str
-    mlflow_parent_run_id: str
-    elapsed_seconds: float
-    tracking_uri: str
-    objective: str = "predicted_full_run_loss"
-    report_path: str | None = None
-    objectives: list[str] = dataclasses.field(default_factory=lambda: ["loss"])
-    # Several objectives: the standing trials no other beats on both, cheapest first, each
-    # {"trial", "loss", "hours" or "cost"}.
-    pareto_front: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    # MLflow records the tracking server did not take: they wait in `tracking_spool`.
-    tracking_records_waiting: int = 0
-    tracking_spool: str | None = None
-    # The search's plan against what it spent (hours, cost) and which limit ended it.
-    search: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # What the best trial's score is: "prediction" (the full run's predicted final loss) or
-    # "loss_at_fidelity" (its loss at the trials' share of the data, where the prediction
-    # was less sure than the study's promise).
-    best_scored_by: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)
 
 
 def open_study(config: StudyConfig, prepared: Prepared) -> optuna.Study:
@@ -97,7 +51,7 @@ def open_study(config: StudyConfig, prepared: Prepared) -> optuna.Study:
         study_name=config.study_name,
         storage=storage,
         sampler=make_sampler(config.sampler, seed=config.seed),
-        pruner=make_pruner(pruner, evals=config.trial_evals),
+        pruner=make_pruner(pruner, evals=config.trial.evals),
         directions=["minimize"] * len(config.objectives),
         load_if_exists=True,
     )
@@ -156,13 +110,14 @@ def run_study(
         # A resumed study keeps the validation length its first trials were scored at.
         config = dataclasses.replace(config, eval_max_length=int(stored))
         estimator = estimator_factory(config, prepared)
+    work = WorkDir(config.work_dir)
     tracker = Tracker(
-        _tracking_uri(config),
-        config.experiment_name or "hpo-lora",
-        artifact_dir=str(Path(config.work_dir) / "mlartifacts"),
-        spool_dir=str(Path(config.work_dir) / SPOOL_DIR),
-        outage=config.tracking_outage,
-        exit_wait_seconds=config.tracking_exit_wait_seconds,
+        config.tracking.uri or work.mlflow_url,
+        config.tracking.experiment_name or "hpo-lora",
+        artifact_dir=str(work.artifacts),
+        spool_dir=str(work.spool),
+        outage=config.tracking.outage,
+        exit_wait_seconds=config.tracking.exit_wait_seconds,
     )
     parent = tracker.ensure_parent(study, _flat(config.to_dict()))
     _log_data_input(tracker, parent, prepared)
@@ -190,7 +145,7 @@ def run_study(
         promote(study, context, progress=progress)
     tracker.reconcile(parent, study)
     tracker.update_parent(parent, study)
-    summary = _summary(study, config, tracker, parent)
+    summary = summarize(study, config, tracker, parent)
     finished = len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
     summary.search = keeper.report(keeper.ended_by(finished, config.n_trials))
     search_budget.record_spent(tracker, parent, summary.search)
@@ -259,7 +214,7 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
         How many trials were promoted now.
     """
     config = context.config
-    if config.promote <= 0:
+    if config.trial.promote <= 0:
         return 0
     trials = study.get_trials(deepcopy=False)
     done = {t.user_attrs.get(PROMOTED_FROM_ATTR) for t in trials} - {None}
@@ -270,7 +225,7 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
         and PROMOTED_FROM_ATTR not in t.user_attrs
         and (loss := trial_loss(t)) is not None
     ]
-    best = [t for _, _, t in sorted(firsts, key=lambda item: item[:2])[: config.promote]]
+    best = [t for _, _, t in sorted(firsts, key=lambda item: item[:2])[: config.trial.promote]]
     chosen = [t for t in best if t.number not in done]
     for trial in chosen:
         study.enqueue_trial(trial.params, user_attrs={PROMOTED_FROM_ATTR: trial.number})
@@ -278,7 +233,7 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
         log.info(
             "promoting trials %s to %.0f %% of their full runs",
             ", ".join(str(t.number) for t in chosen),
-            100 * config.promote_fraction,
+            100 * config.trial.promote_fraction,
         )
         bar = StudyProgress(len(chosen), 0, enabled=progress)
         try:
@@ -314,7 +269,7 @@ def _report(
     try:
         report = write_report(
             study,
-            Path(config.work_dir) / "reports" / config.study_name,
+            WorkDir(config.work_dir).report(config.study_name),
             tracking_uri=tracker.tracking_uri,
         )
         tracker.log_artifact(parent, report.folder, "report")
@@ -322,25 +277,6 @@ def _report(
         log.warning("the study's report could not be written: %s", redact(str(exc)))
         return
     summary.report_path = str(report.markdown)
-
-
-def parent_note(summary: StudySummary) -> str:
-    """One sentence for the study's parent run: what was tried and what came out."""
-    states = summary.states
-    tried = f"{states['complete']} complete, {states['pruned']} pruned, {states['failed']} failed"
-    if summary.best_trial is None:
-        return f"Study '{summary.study_name}': {tried}; nothing to export."
-    estimate = summary.best_estimate
-    loss = estimate.get("final_val_loss") or {}
-    hours = estimate.get("duration_hours") or {}
-    parts = [f"Study '{summary.study_name}': {tried}; best trial {summary.best_trial}"]
-    if loss:
-        parts.append(
-            f"predicted final loss {loss['p50']:.3g} ({loss['p10']:.3g}-{loss['p90']:.3g})"
-        )
-    if hours:
-        parts.append(f"full run {format_duration(hours['p50'] * 3600)}")
-    return ", ".join(parts) + f"; preset {summary.preset_path}."
 
 
 def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator) -> None:
@@ -357,68 +293,6 @@ def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator) -> None:
     losses, timed = estimator.absorb_full_runs(runs)
     if losses or timed:
         log.info("learnt from full runs: %d final losses, %d timed runs", losses, timed)
-
-
-def _summary(
-    study: optuna.Study, config: StudyConfig, tracker: Tracker, parent: str
-) -> StudySummary:
-    """The study's outcome; the best complete trial exported as the preset."""
-    summary = StudySummary(
-        study_name=config.study_name,
-        states=state_counts(study),
-        best_value=None,
-        best_params={},
-        best_trial=None,
-        best_estimate={},
-        preset_path=None,
-        mlflow_experiment_id=str(tracker.experiment_id),
-        mlflow_parent_run_id=str(study.user_attrs.get(PARENT_ATTR, parent)),
-        elapsed_seconds=0.0,  # set when the study is closed
-        tracking_uri=tracker.tracking_uri,
-        objective=config.objective,
-        objectives=list(config.objectives),
-    )
-    if summary.states["complete"] and config.multi_objective:
-        summary.pareto_front = pareto_points(study, config.objectives[1])
-    if summary.states["complete"]:
-        best = best_complete_trial(study)
-        summary.best_value, summary.best_trial = trial_loss(best), best.number
-        summary.best_scored_by = best.user_attrs.get(SCORED_BY_ATTR)
-        summary.best_estimate = estimate_section(
-            study, best, correction=current_correction(study, best)
-        )
-        summary.best_params = {k: best.user_attrs[k] for k in _BEST_KEYS if k in best.user_attrs}
-        out = Path(config.work_dir) / "presets" / f"{config.study_name}.yaml"
-        summary.preset_path = str(
-            export_study(
-                study,
-                out,
-                storage_url=config.storage_url,
-                tracking_uri=tracker.tracking_uri,
-                tracker=tracker,
-            )
-        )
-    return summary
-
-
-_BEST_KEYS = (*PARAM_KEYS, "effective_batch_size")
-
-
-def pareto_points(study: optuna.Study, second: str) -> list[dict[str, Any]]:
-    """The Pareto front of a loss-and-hours (or cost) study, cheapest first.
-
-    Taken over the standing trials (a promoted trial stands for its configuration), from
-    the values Optuna minimised.
-    """
-    from analysis.report.pareto import pareto_front
-
-    standing = [t for t in standing_trials(study) if t.values and len(t.values) == 2]
-    front = pareto_front((t.values[0], t.values[1], t.number) for t in standing)
-    return [{"trial": number, "loss": loss, second: other} for loss, other, number in front]
-
-
-def _tracking_uri(config: StudyConfig) -> str:
-    return config.tracking_uri or f"sqlite:///{Path(config.work_dir).resolve() / 'mlflow.db'}"
 
 
 def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

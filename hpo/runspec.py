@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.errors import BadInputError
+from common.config import from_mapping
 from hpo.config import StudyConfig
 from trainers.data.packing import pack_lengths
 from trainers.spec import LoraSpec, TrainSpec, optimizer_steps
@@ -107,8 +107,8 @@ def train_spec(
             `train_lengths`; a packed trial needs `train_lengths`.
         train_lengths: Token lengths of the training samples at the configuration's
             `max_length`: a packed trial's full run counts packed sequences.
-        fraction: The trial's share of the full run; default `config.trial_fraction`
-            (a promoted trial trains `config.promote_fraction`).
+        fraction: The trial's share of the full run; default `config.trial.fraction`
+            (a promoted trial trains `config.trial.promote_fraction`).
         output_dir: Where the run writes. The default is `TrainSpec`'s, which is also what a
             preset's full run gets: the preset does not carry an output folder.
 
@@ -135,11 +135,11 @@ def train_spec(
         gradient_checkpointing=bool(params["gradient_checkpointing"]),
         packing=str(params.get("packing", "none")),
         quantization=str(params.get("quantization", "none")),
-        epochs=config.epochs,
-        eval_interval=config.full_eval_interval,
+        epochs=config.full_run.epochs,
+        eval_interval=config.full_run.eval_interval,
         eval_samples=config.eval_samples,
         eval_max_length=config.eval_max_length,
-        checkpoint_interval=config.full_checkpoint_interval,
+        checkpoint_interval=config.full_run.checkpoint_interval,
         validation_fraction=config.validation_fraction,
         device=config.device,
         precision=config.precision,
@@ -157,12 +157,12 @@ def train_spec(
         )
     else:
         full_steps = optimizer_steps(spec, train_samples)
-    share = config.trial_fraction if fraction is None else fraction
+    share = config.trial.fraction if fraction is None else fraction
     schedule = trial_schedule(
         full_steps,
         fraction=share,
         # A longer (promoted) trial keeps the first trial's density of points.
-        evals=max(config.trial_evals, round(config.trial_evals * share / config.trial_fraction)),
+        evals=max(config.trial.evals, round(config.trial.evals * share / config.trial.fraction)),
     )
     return dataclasses.replace(
         spec,
@@ -183,8 +183,7 @@ def stored_config(values: Mapping[str, Any]) -> StudyConfig:
     Raises:
         BadInputError: A stored value the configuration no longer accepts.
     """
-    known = {f.name for f in dataclasses.fields(StudyConfig)} - set(_PATH_FIELDS)
-    try:
-        return StudyConfig(**{k: v for k, v in values.items() if k in known})
-    except TypeError as exc:
-        raise BadInputError(f"the study's stored configuration: {exc}") from exc
+    kept = {key: value for key, value in values.items() if key not in _PATH_FIELDS}
+    return from_mapping(
+        StudyConfig, kept, "the study's stored configuration", ignore_unknown=True
+    )

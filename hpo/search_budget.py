@@ -65,13 +65,13 @@ def make_plan(
         full_run_hours_p50=hours,
     )
     return plan_search(
-        trial_cost(full, evals=config.trial_evals),
+        trial_cost(full, evals=config.trial.evals),
         budget_hours=budget,
         source=source,
         n_trials=config.n_trials,
-        max_fidelity=config.trial_fraction,
+        max_fidelity=config.trial.fraction,
         full_run_steps=full.optimizer_steps,
-        evals=config.trial_evals,
+        evals=config.trial.evals,
         full_run_hours_p50=hours,
         price_per_hour=config.budget.price_per_hour,
         before_trials_hours=before_trials_seconds / 3600,
@@ -239,8 +239,9 @@ def start(
         study.set_user_attr(PLAN_ATTR, plan.to_dict())
     keeper = BudgetKeeper(study, plan)
     keeper.first_session = not stored
-    if plan.fidelity != config.trial_fraction:
-        config = dataclasses.replace(config, trial_fraction=plan.fidelity)
+    if plan.fidelity != config.trial.fraction:
+        trial = dataclasses.replace(config.trial, fraction=plan.fidelity)
+        config = dataclasses.replace(config, trial=trial)
         estimator.config = config
     for line in plan.lines():
         print(line, flush=True)

@@ -70,13 +70,13 @@ def main(argv: list[str] | None = None) -> int:
 def _check_tracking_server(config: StudyConfig) -> None:
     """A tracking server that must answer (`--tracking-outage fail`): asked before any store
     is written, so a refused start leaves no study behind."""
-    uri = config.tracking_uri or ""
-    if config.tracking_outage != "fail":
+    uri = config.tracking.uri or ""
+    if config.tracking.outage != "fail":
         return
     if uri.startswith(("http://", "https://")):
         from hpo.tracking import Tracker
 
-        Tracker(uri, config.experiment_name or "hpo-lora")  # raises when it does not answer
+        Tracker(uri, config.tracking.experiment_name or "hpo-lora")  # raises when it does not answer
 
 
 def run_workers(config: StudyConfig, n_workers: int, argv: list[str]) -> int:
@@ -112,17 +112,17 @@ def run_workers(config: StudyConfig, n_workers: int, argv: list[str]) -> int:
     prepare(config)  # bad model or data: one message, before any worker; tokenized once for all
     # Both stores' tables (and the experiment) are created here once, not raced for.
     make_storage(url, heartbeat_seconds=config.heartbeat_seconds)
-    if config.tracking_uri:
+    if config.tracking.uri:
         from common.mlflow_writer import TrackingUnreachable
         from hpo.tracking import Tracker
 
         artifacts = str(Path(config.work_dir) / "mlartifacts")
         try:
             Tracker(
-                config.tracking_uri, config.experiment_name or "hpo-lora", artifact_dir=artifacts
+                config.tracking.uri, config.tracking.experiment_name or "hpo-lora", artifact_dir=artifacts
             )
         except TrackingUnreachable:
-            if config.tracking_outage != "spool":
+            if config.tracking.outage != "spool":
                 raise
             # Each worker starts offline and keeps its records in its own spool.
     logs = Path(config.work_dir) / "workers"

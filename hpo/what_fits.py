@@ -137,7 +137,7 @@ def _fastest(
 
 def _most_epochs(estimator: StudyEstimator, profiles: Sequence[str]) -> float | None:
     """The largest epoch count (2 significant digits, rounded down) that fits, if any."""
-    low, high = estimator.config.epochs * 1e-4, estimator.config.epochs
+    low, high = estimator.config.full_run.epochs * 1e-4, estimator.config.full_run.epochs
     if not _fastest(estimator, profiles, epochs=low)[0].feasible:
         return None
     for _ in range(30):  # bisection in log space: low fits, high does not

@@ -30,8 +30,9 @@ from hpo.final_loss import (
     curve_points,
 )
 from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial
-from hpo.runner import StudySummary, run_study
+from hpo.runner import run_study
 from hpo.runspec import trial_schedule
+from hpo.summary import StudySummary
 from tests.spaces import unpacked_default_space
 from trainers.train import main as train_main
 
@@ -87,7 +88,7 @@ def studied(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> S
         [
             "--preset", summary.preset_path, "--output-dir", str(work / "full"),
             "--eval-interval", str(interval), "--json", str(report), "--quiet",
-            "--tracking-uri", config.tracking_uri or "",
+            "--tracking-uri", config.tracking.uri or "",
         ],
     )  # fmt: skip
     assert code == 0

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from analysis.machine import model_profile, this_machine
-from analysis.plans import plan_for
+from analysis.planning import plan_of_spec
 from analysis.timemodel import Plan
 from common.cli import run_cli
 from hpo.config import StudyConfig, load_config
@@ -131,7 +131,7 @@ def preset_plan(exported: Exported) -> Plan:
     spec, prepared = exported.preset.spec, exported.prepared
     lengths = prepared.dataset_stats[spec.max_length].lengths
     n_train = prepared.train_samples
-    return plan_for(
+    return plan_of_spec(
         spec,
         model_profile(spec.model),
         lengths[:n_train],
@@ -172,9 +172,9 @@ def test_the_preset_states_what_its_full_run_runs_with(exported: Exported, tmp_p
 def test_the_full_run_follows_the_study_config(exported: Exported) -> None:
     spec, config = exported.preset.spec, exported.config
     assert spec.max_steps is None
-    assert spec.epochs == config.epochs
-    assert spec.eval_interval == config.full_eval_interval
-    assert spec.checkpoint_interval == config.full_checkpoint_interval
+    assert spec.epochs == config.full_run.epochs
+    assert spec.eval_interval == config.full_run.eval_interval
+    assert spec.checkpoint_interval == config.full_run.checkpoint_interval
     assert spec.eval_samples == config.eval_samples
     assert (spec.validation_fraction, spec.seed) == (config.validation_fraction, config.seed)
     assert (spec.device, spec.precision) == (config.device, config.precision)
@@ -209,7 +209,7 @@ def test_the_trial_is_the_start_of_the_same_configuration(exported: Exported) ->
     )
     # What the trial trained, as it recorded it.
     assert trial.user_attrs["trained_steps"] == spec.stop_after_steps
-    assert trial.user_attrs["trial_fraction"] == config.trial_fraction
+    assert trial.user_attrs["trial_fraction"] == config.trial.fraction
     # Every run of the study is scored at one validation length.
     assert spec.eval_max_length == exported.preset.spec.eval_max_length is not None
     assert trial.user_attrs["time_model_run"]["run"]["eval_samples"] == config.eval_samples
@@ -220,7 +220,7 @@ def test_the_time_model_plans_the_presets_run(exported: Exported) -> None:
     trial = exported.trial
     n_train = exported.prepared.train_samples
     # Counted by hand: micro-batches of 2, groups of 3, 0.37 of an epoch (the Trainer's ceil).
-    by_hand = math.ceil(math.ceil(math.ceil(n_train / 2) / 3) * config.epochs)
+    by_hand = math.ceil(math.ceil(math.ceil(n_train / 2) / 3) * config.full_run.epochs)
     assert optimizer_steps(plan, len(plan.token_lengths)) == by_hand
     assert trial.user_attrs["full_run_steps"] == by_hand
     assert exported.preset.estimate["optimizer_steps"] == by_hand  # the time model's estimate
@@ -230,10 +230,10 @@ def test_the_time_model_plans_the_presets_run(exported: Exported) -> None:
     assert plan.max_length == trial.user_attrs["max_length"] == 96
     assert plan.lora_r == trial.user_attrs["lora_r"] == 4
     assert plan.gradient_checkpointing is trial.user_attrs["gradient_checkpointing"] is True
-    assert plan.eval_interval_steps == config.full_eval_interval
+    assert plan.eval_interval_steps == config.full_run.eval_interval
     assert plan.eval_samples == config.eval_samples
-    assert plan.checkpoint_interval_steps == config.full_checkpoint_interval
-    assert (plan.epochs, plan.max_steps) == (config.epochs, None)
+    assert plan.checkpoint_interval_steps == config.full_run.checkpoint_interval
+    assert (plan.epochs, plan.max_steps) == (config.full_run.epochs, None)
     assert len(plan.token_lengths) == n_train
     assert (plan.precision, plan.device_kind) == ("fp32", "cpu")
     assert spec.max_length == plan.max_length
@@ -327,7 +327,7 @@ def test_a_packed_trial_counts_the_packers_sequences(chat: Any, packing: str) ->
         assert len(items) == len(data.train)
     # The time model's plan counts the same steps (the same packer, on the same lengths).
     hardware = this_machine("cpu", "fp32")
-    plan = plan_for(full, model_profile(str(config.model)), lengths, n_validation=1,
+    plan = plan_of_spec(full, model_profile(str(config.model)), lengths, n_validation=1,
                     hardware=hardware)  # fmt: skip
     estimate = predict(plan, prior_coefficients(hardware, cpu_probe=lambda: 1e10))
     assert estimate.optimizer_steps == steps

@@ -1,0 +1,143 @@
+"""Config dataclasses from mappings: one `require` and one `from_mapping` for every config class.
+
+A config class is a frozen dataclass whose fields carry ``metadata={"help": ...}`` (and a
+default), checked in ``__post_init__`` with `require`. A field whose type is a dataclass is
+a *part* of the tree:
+
+- a *section* (the default) is read from a nested mapping under the field's name
+  (``budget: {window_hours: 12}``);
+- a *flat* part (``metadata={"flat": True, "prefix": "trial_"}``) is read from the enclosing
+  mapping's own keys, each ``prefix + name`` unless the field's metadata says ``key``
+  (``promote``): a study's YAML keys, stored configs and flags stay flat while the object
+  is nested.
+
+`common.flags` generates flags from the same tree, and `to_mapping` writes it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
+
+from common.errors import BadInputError
+
+T = TypeVar("T")
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise `BadInputError(message)` unless `condition` holds: the check of every config field."""
+    if not condition:
+        raise BadInputError(message)
+
+
+def require_int(name: str, value: Any, low: int, *, optional: bool = False) -> None:
+    """`value` is an integer (not a bool) >= `low`; None passes when `optional`."""
+    require(
+        (optional and value is None)
+        or (isinstance(value, int) and not isinstance(value, bool) and value >= low),
+        f"{name} must be an integer >= {low}, but got {name}={value!r}",
+    )
+
+
+def require_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    """`value` is one of `allowed`."""
+    require(
+        value in allowed, f"{name} must be one of {', '.join(allowed)}, but got {name}={value!r}"
+    )
+
+
+def part_type(cls: type, field: dataclasses.Field[Any]) -> type | None:
+    """The dataclass a field of `cls` holds (a part of the tree), else None."""
+    kind = typing.get_type_hints(cls)[field.name]
+    return kind if isinstance(kind, type) and dataclasses.is_dataclass(kind) else None
+
+
+def flat_key(part: dataclasses.Field[Any], field: dataclasses.Field[Any]) -> str:
+    """The key of a flat part's field in the enclosing mapping (``trial_fraction``)."""
+    return str(field.metadata.get("key", part.metadata.get("prefix", "") + field.name))
+
+
+def flat_fields(
+    cls: type,
+) -> Iterator[tuple[str, dataclasses.Field[Any] | None, dataclasses.Field[Any]]]:
+    """(key, the flat part or None, field) for each key a mapping of `cls` may hold at its top."""
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        part = part_type(cls, field)
+        if part is not None and field.metadata.get("flat"):
+            for inner in dataclasses.fields(part):  # type: ignore[arg-type]
+                yield flat_key(field, inner), field, inner
+        else:
+            yield field.name, None, field
+
+
+def from_mapping(
+    cls: type[T],
+    values: Any,
+    where: str,
+    *,
+    ignore_unknown: bool = False,
+    renamed: Mapping[str, str] | None = None,
+) -> T:
+    """Build the config dataclass `cls` (parts included) from a plain mapping (YAML, JSON, flags).
+
+    Args:
+        cls: The dataclass.
+        values: Its values; a section's value may be a mapping or the part itself.
+        where: What the mapping is, for messages (``config``, ``budget``, ``training spec``).
+        ignore_unknown: Skip keys `cls` does not know (a config stored by another version).
+        renamed: Keys of earlier versions -> what replaced them, named in the message.
+
+    Raises:
+        BadInputError: Not a mapping, an unknown or renamed key, a missing required field,
+            or a value the class refuses.
+    """
+    require(
+        isinstance(values, Mapping), f"{where} must be a mapping, but got {type(values).__name__}"
+    )
+    keyed = list(flat_fields(cls))
+    unknown = sorted(set(values) - {key for key, _, _ in keyed})
+    old = [f"{key} (now {renamed[key]})" for key in unknown if renamed and key in renamed]
+    require(not old, f"{where}: field(s) replaced: {', '.join(old)}")
+    require(ignore_unknown or not unknown, f"{where}: unknown field(s): {', '.join(unknown)}")
+    given: dict[str, Any] = {}
+    flat: dict[str, dict[str, Any]] = {}
+    for key, part, field in keyed:
+        if key not in values:
+            continue
+        if part is not None:
+            flat.setdefault(part.name, {})[field.name] = values[key]
+            continue
+        kind = part_type(cls, field)
+        value = values[key]
+        if kind is not None and not isinstance(value, kind):
+            value = from_mapping(kind, value, field.name, ignore_unknown=ignore_unknown)
+        given[field.name] = value
+    for name, inner in flat.items():
+        kind = part_type(cls, next(f for f in dataclasses.fields(cls) if f.name == name))  # type: ignore[arg-type]
+        given[name] = from_mapping(kind, inner, where)  # type: ignore[arg-type]
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.name not in given
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    require(not missing, f"{where}: missing field(s): {', '.join(missing)}")
+    try:
+        return cls(**given)
+    except TypeError as exc:  # a value of a type the dataclass cannot take
+        raise BadInputError(f"{where}: {exc}") from exc
+
+
+def to_mapping(config: Any) -> dict[str, Any]:
+    """The plain values of a config dataclass, shaped as `from_mapping` reads them."""
+    out: dict[str, Any] = {}
+    for key, part, field in flat_fields(type(config)):
+        owner = getattr(config, part.name) if part is not None else config
+        value = getattr(owner, field.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = to_mapping(value)
+        out[key] = value
+    return out
