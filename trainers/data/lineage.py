@@ -15,37 +15,21 @@ from trainers.data.sources import fingerprint, open_source
 
 # MLflow's store keeps at most 36 characters of a dataset digest.
 DIGEST_LENGTH = 32
-_MESSAGES = {
-    "type": "array",
-    "items": {
-        "type": "object",
-        "properties": {
-            "content": {"type": "string", "required": True},
-            "role": {"type": "string", "required": True},
-        },
-    },
-}
 _ALPACA = ("instruction", "input", "output")
+
+
+def _turns(*keys: str) -> dict[str, Any]:
+    """A column of chat turns: a list of objects, each with these string fields (in order)."""
+    properties = {key: {"type": "string", "required": True} for key in keys}
+    return {"type": "array", "items": {"type": "object", "properties": properties}}
+
+
 _COLUMNS: dict[str, list[tuple[str, Any]]] = {
     "text": [("text", "string")],
     "prompt_completion": [("prompt", "string"), ("completion", "string")],
-    "messages": [("messages", _MESSAGES)],
+    "messages": [("messages", _turns("content", "role"))],
     "alpaca": [(name, "string") for name in _ALPACA],
-    "sharegpt": [
-        (
-            "conversations",
-            {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "from": {"type": "string", "required": True},
-                        "value": {"type": "string", "required": True},
-                    },
-                },
-            },
-        )
-    ],
+    "sharegpt": [("conversations", _turns("from", "value"))],
 }
 
 

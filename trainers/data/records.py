@@ -21,7 +21,7 @@ carries loss too).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -187,41 +187,39 @@ def _validate(record: Any) -> str:
 
 
 def _validate_sharegpt(record: dict[str, Any]) -> None:
-    turns = record["conversations"]
-    if not isinstance(turns, list) or not turns:
-        raise _BadLine(f"field 'conversations' must be a non-empty list, got {_json_type(turns)}")
-    for index, turn in enumerate(turns):
-        where = f"conversations[{index}]"
-        if not isinstance(turn, dict):
-            raise _BadLine(f"{where} must be an object, got {_json_type(turn)}")
-        speaker = turn.get("from")
-        if speaker not in SHAREGPT_ROLES:
-            raise _BadLine(
-                f"{where} has unknown role {speaker!r} (expected human, gpt or system)"
-            )
-        if not isinstance(turn.get("value"), str):
-            got = _json_type(turn.get("value")) if "value" in turn else "nothing"
-            raise _BadLine(f"{where}.value must be a string, got {got}")
+    _validate_turns(
+        record["conversations"], "conversations", ("from", "value"), SHAREGPT_ROLES,
+        "human, gpt or system",
+    )  # fmt: skip
     if record.get("system") is not None:
         _require_str(record, "system")
     _validate_messages(to_native("sharegpt", record)["messages"], field="conversations")
 
 
-def _validate_messages(messages: Any, field: str = "messages") -> None:
-    if not isinstance(messages, list) or not messages:
-        raise _BadLine(f"field 'messages' must be a non-empty list, got {_json_type(messages)}")
-    for index, message in enumerate(messages):
+def _validate_turns(
+    turns: Any, field: str, keys: tuple[str, str], roles: Collection[str], expected: str
+) -> None:
+    """A non-empty list of objects, each with a known role and a string text.
+
+    `keys` names the role and the text of a turn, `expected` the roles in the message.
+    """
+    if not isinstance(turns, list) or not turns:
+        raise _BadLine(f"field '{field}' must be a non-empty list, got {_json_type(turns)}")
+    role_key, text_key = keys
+    for index, turn in enumerate(turns):
         where = f"{field}[{index}]"
-        if not isinstance(message, dict):
-            raise _BadLine(f"{where} must be an object, got {_json_type(message)}")
-        role = message.get("role")
-        if role not in ROLES:
-            raise _BadLine(
-                f"{where} has unknown role {role!r} (expected system, user or assistant)"
-            )
-        if not isinstance(message.get("content"), str):
-            got = _json_type(message.get("content")) if "content" in message else "nothing"
-            raise _BadLine(f"{where}.content must be a string, got {got}")
+        if not isinstance(turn, dict):
+            raise _BadLine(f"{where} must be an object, got {_json_type(turn)}")
+        role = turn.get(role_key)
+        if role not in roles:
+            raise _BadLine(f"{where} has unknown role {role!r} (expected {expected})")
+        if not isinstance(turn.get(text_key), str):
+            got = _json_type(turn.get(text_key)) if text_key in turn else "nothing"
+            raise _BadLine(f"{where}.{text_key} must be a string, got {got}")
+
+
+def _validate_messages(messages: Any, field: str = "messages") -> None:
+    _validate_turns(messages, field, ("role", "content"), ROLES, "system, user or assistant")
     if messages[0]["role"] == "assistant":
         raise _BadLine(
             f"{field}[0] is an assistant message; start with a system or user message"

@@ -8,6 +8,7 @@ recovery is on, restarts it after out-of-memory errors or a diverging loss
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import json
@@ -104,30 +105,9 @@ def _train_attached(
     log.info("data loader: %s", loading.reason)
     early_stopping = _early_stopping(spec, saved)
     previous_wall = float(saved.get("cumulative_wall_seconds", 0.0))
-    recorder = Recorder(result, clock)
-    bridge = Bridge(
-        recorder,
-        callbacks,
-        window or WindowGuard(),
-        wall_start=wall_start,
-        run_info=functools.partial(_run_info, spec, result),
-        checkpointing=spec.checkpointing,
-        checkpoint_minutes=spec.checkpoint_minutes,
-        report_forecasts=window is not None,
-        stop_after_steps=spec.stop_after_steps,
-    )
-    hooks = TrainerHooks(
-        recorder=recorder,
-        bridge=bridge,
-        keep_checkpoints=spec.keep_checkpoints,
-        run_state=RunStateWriter(
-            result, recovery, clock, wall_start, previous_wall, early_stopping
-        ),
-        divergence=DivergenceMonitor(spec.recovery.divergence_ratio, spec.recovery.divergence_evals)
-        if spec.recovery.enabled
-        else None,
-        early_stopping=early_stopping,
-    )
+    run_state = RunStateWriter(result, recovery, clock, wall_start, previous_wall, early_stopping)
+    hooks = _trainer_hooks(spec, callbacks, window, run_state)
+    recorder, bridge = hooks.recorder, hooks.bridge
     initial_adapter = _trainable_state(loaded.model) if spec.recovery.enabled else {}
     saved_lr_scale = float(saved.get("lr_scale", 1.0))
 
@@ -178,18 +158,13 @@ def _new_result(
     saved: dict[str, Any],
     resume_dir: Path | None,
 ) -> TrainResult:
-    info = loaded.info
+    model = dataclasses.asdict(loaded.info)  # parameters, layers, LoRA targets
+    model["lora_targets"] = list(model["lora_targets"])
     return TrainResult(
         device=runtime.device,
         precision=runtime.precision,
         runtime_reason=runtime.reason,
-        trainable_parameters=info.trainable_parameters,
-        total_parameters=info.total_parameters,
-        lora_targets=list(info.lora_targets),
-        lora_parameters_per_rank=info.lora_parameters_per_rank,
-        n_layers=info.n_layers,
-        hidden_size=info.hidden_size,
-        vocab_size=info.vocab_size,
+        **model,
         micro_batch_size=recovery.micro_batch_size,
         gradient_accumulation_steps=recovery.gradient_accumulation_steps,
         max_length=spec.max_length,
@@ -203,24 +178,16 @@ def _new_result(
     )
 
 
+@dataclasses.dataclass
 class RunStateWriter:
     """The `run_state.json` of a checkpoint saved at some step: what a resume needs."""
 
-    def __init__(
-        self,
-        result: TrainResult,
-        recovery: RecoveryState,
-        clock: Clock,
-        wall_start: float,
-        previous_wall: float,
-        early_stopping: EarlyStopping | None = None,
-    ) -> None:
-        self.result = result
-        self.early_stopping = early_stopping
-        self.recovery = recovery
-        self.clock = clock
-        self.wall_start = wall_start
-        self.previous_wall = previous_wall
+    result: TrainResult
+    recovery: RecoveryState
+    clock: Clock
+    wall_start: float
+    previous_wall: float  # the wall time of the runs this one resumed from
+    early_stopping: EarlyStopping | None = None
 
     def __call__(self, step: int) -> dict[str, Any]:
         result = self.result
@@ -235,6 +202,39 @@ class RunStateWriter:
             "saved_at": now_iso(),
             "early_stopping": self.early_stopping.to_dict() if self.early_stopping else None,
         }
+
+
+def _trainer_hooks(
+    spec: TrainSpec,
+    callbacks: Sequence[TrainingCallback],
+    window: WindowGuard | None,
+    run_state: RunStateWriter,
+) -> TrainerHooks:
+    """What every attempt's Trainer shares: the measurements, the callbacks, the saved state."""
+    result = run_state.result
+    recorder = Recorder(result, run_state.clock)
+    bridge = Bridge(
+        recorder,
+        callbacks,
+        window or WindowGuard(),
+        wall_start=run_state.wall_start,
+        run_info=functools.partial(_run_info, spec, result),
+        checkpointing=spec.checkpointing,
+        checkpoint_minutes=spec.checkpoint_minutes,
+        report_forecasts=window is not None,
+        stop_after_steps=spec.stop_after_steps,
+    )
+    recovery = spec.recovery
+    return TrainerHooks(
+        recorder=recorder,
+        bridge=bridge,
+        keep_checkpoints=spec.keep_checkpoints,
+        run_state=run_state,
+        divergence=DivergenceMonitor(recovery.divergence_ratio, recovery.divergence_evals)
+        if recovery.enabled
+        else None,
+        early_stopping=run_state.early_stopping,
+    )
 
 
 def _early_stopping(spec: TrainSpec, saved: dict[str, Any]) -> EarlyStopping | None:
