@@ -24,24 +24,27 @@ always gets a finite, ordered p10 <= p50 <= p90.
 
 What the trial's curve cannot show is the end of the full run's schedule: the learning
 rate's decay in the last part of a run lowers the loss below any extrapolation of its
-start. That systematic gap is not modelled here; `LossCorrection`, fitted from full runs'
-measured final losses against their trials' predictions, absorbs it (and any other bias of
-the extrapolation) as one multiplicative factor with its own spread.
+start. That systematic gap is not modelled here; `analysis.loss_correction`, fitted from
+full runs' measured final losses against their trials' predictions, absorbs it (and any
+other bias of the extrapolation) as one multiplicative factor with its own spread.
 
-Pure numpy/scipy: imports nothing from the project.
+Pure numpy/scipy: imports nothing from the project but its fit (`analysis.power_law_fit`) and
+noise estimate (`analysis.curve_noise`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import least_squares
 from scipy.stats import t as student_t
+
+from analysis.curve_noise import MAD_TO_SD, Z90, chord_deviations
+from analysis.power_law_fit import N_PARAMETERS, best_fit, bootstrap_spread
 
 FloatArray = NDArray[np.float64]
 
@@ -50,12 +53,6 @@ POWER_LAW = "power_law"
 LAW_METHODS = ("joint", "own")
 FITTED = (POWER_LAW, *LAW_METHODS)
 FALLBACKS = ("too_few_points", "flat", "rising", "poor_fit", "fallback")
-CORRECTION_VERSION = 1
-Z90 = 1.2815515655446004  # standard normal quantile of 0.9
-_MAD_TO_SD = 1.482602218505602  # robust sd = this x median absolute deviation (normal data)
-_N_PARAMETERS = 3
-_C_BOUNDS = (0.02, 3.0)
-_START_EXPONENTS = (0.1, 0.3, 0.7, 1.5)
 _F_SCALE_NOISE = 2.0  # soft_l1 turns linear beyond this many noise sds
 _FLAT_NOISE = 2.0  # improvement below this many noise sds: flat
 _RISING_NOISE = 2.0  # last loss above the minimum by this many noise sds ...
@@ -66,9 +63,6 @@ _FLAT_TAIL = 3  # points averaged for the flat level
 _TOO_FEW_BAND = 0.05  # half-width floors of the fallback bands, as fractions of p50
 _FLAT_BAND = 0.01
 _POOR_FIT_BAND = 0.05
-# Refits of an ill-identified curve (asymptote and exponent trading off) crawl along a
-# flat valley; the cap bounds their time, and a capped refit still counts where it got to.
-_BOOTSTRAP_MAX_NFEV = 50
 
 
 def power_law(x: ArrayLike, a: float, b: float, c: float, x0: float) -> FloatArray:
@@ -88,11 +82,15 @@ def power_law(x: ArrayLike, a: float, b: float, c: float, x0: float) -> FloatArr
     return np.asarray(a + b * t ** (-c), dtype=float)
 
 
-def _sig6(value: float) -> float:
-    return float(f"{value:.6g}")
+def rounded_dict(record: Any) -> dict[str, Any]:
+    """A dataclass record as a JSON-ready dict, its floats rounded to 6 significant digits."""
+    return {
+        name: float(f"{value:.6g}") if isinstance(value, float) else value
+        for name, value in asdict(record).items()
+    }
 
 
-def _check_keys(cls: type, data: Mapping[str, object]) -> None:
+def check_keys(cls: type, data: Mapping[str, object]) -> None:
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
@@ -102,13 +100,13 @@ def _check_keys(cls: type, data: Mapping[str, object]) -> None:
         raise ValueError(f"{cls.__name__} is missing fields {missing}")
 
 
-def _number(name: str, value: object) -> float:
+def number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number but got {value=}")
     return float(value)
 
 
-def _integer(name: str, value: object) -> int:
+def integer(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer but got {value=}")
     return value
@@ -203,10 +201,7 @@ class CurveFit:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict; floats rounded to 6 significant digits."""
-        return {
-            name: _sig6(value) if isinstance(value, float) else value
-            for name, value in asdict(self).items()
-        }
+        return rounded_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> CurveFit:
@@ -216,19 +211,19 @@ class CurveFit:
             ValueError: A field is unknown, missing or of the wrong type, or the values
                 are inconsistent.
         """
-        _check_keys(cls, data)
+        check_keys(cls, data)
         for name in ("method", "reason"):
             if not isinstance(data[name], str):
                 raise ValueError(f"{name} must be a string but got {data[name]=}")
         floats = {
-            f.name: _number(f.name, data[f.name])
+            f.name: number(f.name, data[f.name])
             for f in fields(cls)
             if f.name not in ("method", "reason", "n_points")
         }
         return cls(
             method=str(data["method"]),
             reason=str(data["reason"]),
-            n_points=_integer("n_points", data["n_points"]),
+            n_points=integer("n_points", data["n_points"]),
             **floats,
         )
 
@@ -252,43 +247,34 @@ def _check_inputs(x: FloatArray, losses: FloatArray, target: float) -> None:
         raise ValueError(f"target must be a positive number but got {target=}")
 
 
-def _chord_deviations(x: FloatArray, losses: FloatArray) -> FloatArray:
-    """How far each inner point sits from the chord through its two neighbours.
-
-    The chord is drawn in log x, where a power law is nearly straight, so the curve's own
-    bend adds little; each deviation is scaled to the sd of one evaluation.
-    """
-    u = np.log(x)
-    w = (u[2:] - u[1:-1]) / (u[2:] - u[:-2])
-    chord = w * losses[:-2] + (1.0 - w) * losses[2:]
-    return np.asarray((losses[1:-1] - chord) / np.sqrt(1.0 + w**2 + (1.0 - w) ** 2), dtype=float)
-
-
 @dataclass(frozen=True)
 class _Curve:
-    """The validated observations and what every fallback records of them."""
+    """The validated observations and what every prediction records of them."""
 
     x: FloatArray
     losses: FloatArray
     target: float
     noise: float
 
-    def fallback(self, method: str, reason: str, p10: float, p50: float, p90: float) -> CurveFit:
+    def result(
+        self,
+        method: str,
+        reason: str,
+        abc: tuple[float, float, float],
+        band: tuple[float, float, float],
+        residual_sd: float,
+    ) -> CurveFit:
+        """The fit of curve parameters `abc` with the p10, p50, p90 `band` at the target."""
+        (a, b, c), (p10, p50, p90) = abc, band
         return CurveFit(
-            method=method,
-            reason=reason,
-            a=p50,
-            b=0.0,
-            c=0.0,
-            x0=float(self.x[0]),
-            target=self.target,
-            p10=max(p10, 0.0),
-            p50=p50,
-            p90=p90,
-            n_points=int(self.losses.size),
-            residual_sd=self.noise,
+            method=method, reason=reason, a=a, b=b, c=c, x0=float(self.x[0]), target=self.target,
+            p10=p10, p50=p50, p90=p90, n_points=int(self.losses.size), residual_sd=residual_sd,
             last_loss=float(self.losses[-1]),
-        )
+        )  # fmt: skip
+
+    def fallback(self, method: str, reason: str, p10: float, p50: float, p90: float) -> CurveFit:
+        """A constant level `p50` with its band (p10 clipped at 0) and the curve's noise."""
+        return self.result(method, reason, (p50, 0.0, 0.0), (max(p10, 0.0), p50, p90), self.noise)
 
 
 def _too_few(curve: _Curve, min_points: int) -> CurveFit:
@@ -310,110 +296,6 @@ def _poor_fit(curve: _Curve, reason: str, residual_sd: float) -> CurveFit:
     last = float(curve.losses[-1])
     half_width = max(2 * Z90 * max(residual_sd, curve.noise), _POOR_FIT_BAND * last)
     return curve.fallback("poor_fit", reason, last - half_width, last, last + half_width)
-
-
-def _residuals(theta: FloatArray, t: FloatArray, y: FloatArray) -> FloatArray:
-    a, b, c = theta
-    return np.asarray(a + b * t ** (-c) - y, dtype=float)
-
-
-def _jacobian(theta: FloatArray, t: FloatArray, y: FloatArray) -> FloatArray:
-    _, b, c = theta
-    decay = t ** (-c)
-    return np.column_stack([np.ones_like(t), decay, -b * decay * np.log(t)])
-
-
-def _fit_once(
-    start: FloatArray, t: FloatArray, y: FloatArray, f_scale: float, max_nfev: int | None
-) -> Any:
-    """One bounded robust fit of (a, b, c) to losses `y` at relative progress `t`."""
-    # The asymptote cannot lie above the lowest loss already observed.
-    lower = [0.0, 0.0, _C_BOUNDS[0]]
-    upper = [max(float(np.min(y)), 1e-12), np.inf, _C_BOUNDS[1]]
-    return least_squares(
-        _residuals, np.clip(start, lower, upper), jac=_jacobian, bounds=(lower, upper),
-        loss="soft_l1", f_scale=f_scale, args=(t, y), max_nfev=max_nfev, method="trf",
-    )  # fmt: skip
-
-
-def _best_fit(t: FloatArray, y: FloatArray, f_scale: float) -> Any:
-    """Multi-start fit: for each start exponent, `a` and `b` by linear least squares."""
-    results = []
-    for c in _START_EXPONENTS:
-        design = np.column_stack([np.ones_like(t), t ** (-c)])
-        (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
-        start = np.array([a, max(b, 1e-6), c], dtype=float)
-        results.append(_fit_once(start, t, y, f_scale, None))
-    return min(results, key=lambda result: float(result.cost))
-
-
-def _bootstrap_spread(
-    theta: FloatArray,
-    t: FloatArray,
-    residuals: FloatArray,
-    y: FloatArray,
-    t_target: float,
-    *,
-    f_scale: float,
-    resamples: int,
-    seed: int,
-) -> tuple[float, float]:
-    """10th and 90th percentiles of refitted predictions at `t_target`, residuals resampled.
-
-    Residuals are centred and scaled up for the parameters the fit spent; every refit starts
-    at the point fit (no multi-start), and all of them run at once (`_refit_all`).
-    """
-    rng = np.random.default_rng(seed)
-    fitted = y - residuals
-    centred = (residuals - np.median(residuals)) * math.sqrt(y.size / (y.size - _N_PARAMETERS))
-    y_star = fitted + rng.choice(centred, size=(resamples, y.size), replace=True)
-    a, b, c = _refit_all(theta, t, y_star, f_scale, _BOOTSTRAP_MAX_NFEV).T
-    q10, q90 = np.quantile(a + b * t_target ** (-c), [0.1, 0.9])
-    return float(q10), float(q90)
-
-
-def _refit_all(
-    start: FloatArray, t: FloatArray, y: FloatArray, f_scale: float, iterations: int
-) -> FloatArray:
-    """The fit of `_fit_once` for every row of `y` at once: (a, b, c) per row.
-
-    The same objective (soft-L1 loss, the same bounds, the asymptote below each row's lowest
-    loss), minimised by Levenberg-Marquardt steps projected onto the bounds, with the soft-L1
-    loss as iteratively reweighted least squares. One refit at a time through scipy took
-    ~5 ms each, 1 s per trial for 200 refits; together they take ~10 ms and agree with it to
-    the fourth decimal on the predictions.
-    """
-    rows = y.shape[0]
-    lower = np.array([0.0, 0.0, _C_BOUNDS[0]])
-    upper = np.column_stack(
-        [np.maximum(y.min(axis=1), 1e-12), np.full(rows, np.inf), np.full(rows, _C_BOUNDS[1])]
-    )
-    theta = np.clip(np.tile(start, (rows, 1)), lower, upper)
-    log_t = np.log(t)
-
-    def residuals_and_cost(th: FloatArray) -> tuple[FloatArray, FloatArray]:
-        r = th[:, :1] + th[:, 1:2] * t ** (-th[:, 2:3]) - y
-        return r, (2.0 * (np.sqrt(1.0 + (r / f_scale) ** 2) - 1.0)).sum(axis=1)
-
-    r, cost = residuals_and_cost(theta)
-    damping = np.full(rows, 1e-3)
-    eye = np.eye(_N_PARAMETERS)
-    for _ in range(iterations):
-        decay = t ** (-theta[:, 2:3])
-        jac = np.stack([np.ones_like(decay), decay, -theta[:, 1:2] * decay * log_t], axis=2)
-        weighted = jac * (1.0 / np.sqrt(1.0 + (r / f_scale) ** 2))[:, :, None]
-        normal = np.einsum("rni,rnj->rij", weighted, jac)
-        gradient = np.einsum("rni,rn->ri", weighted, r)
-        scale = np.maximum(np.einsum("rii->ri", normal), 1e-12) * damping[:, None]
-        step = np.linalg.solve(normal + scale[:, :, None] * eye, -gradient[:, :, None])[:, :, 0]
-        candidate = np.clip(theta + step, lower, upper)
-        r_new, cost_new = residuals_and_cost(candidate)
-        better = cost_new < cost
-        theta = np.where(better[:, None], candidate, theta)
-        r = np.where(better[:, None], r_new, r)
-        cost = np.where(better, cost_new, cost)
-        damping = np.where(better, damping / 3.0, damping * 4.0)
-    return np.asarray(theta, dtype=float)
 
 
 def fit_curve(
@@ -465,6 +347,21 @@ def fit_curve(
     Raises:
         ValueError: An argument is malformed (the message names it and its value).
     """
+    x_arr, y, target = _checked(x, losses, target, min_points=min_points, bootstrap=bootstrap)
+    if y.size < min_points:
+        return _too_few(_Curve(x_arr, y, target, float(np.std(y[-2:]))), min_points)
+    deviations = chord_deviations(x_arr, y)
+    noise = max(float(MAD_TO_SD * np.median(np.abs(deviations))), 1e-9 * float(np.max(y)), 1e-12)
+    curve = _Curve(x_arr, y, target, noise)
+    return (
+        _rising(curve) or _not_improving(curve) or _extrapolate(curve, deviations, bootstrap, seed)
+    )
+
+
+def _checked(
+    x: ArrayLike, losses: ArrayLike, target: float, *, min_points: int, bootstrap: int
+) -> tuple[FloatArray, FloatArray, float]:
+    """`fit_curve`'s arguments as arrays and a float, or a ValueError naming the bad one."""
     x_arr = np.asarray(x, dtype=float)
     y = np.asarray(losses, dtype=float)
     target = float(target)
@@ -473,180 +370,89 @@ def fit_curve(
         raise ValueError(f"min_points must be an integer >= 4 but got {min_points=}")
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
         raise ValueError(f"bootstrap must be an integer >= 0 but got {bootstrap=}")
-    if y.size < min_points:
-        return _too_few(_Curve(x_arr, y, target, float(np.std(y[-2:]))), min_points)
+    return x_arr, y, target
 
-    deviations = _chord_deviations(x_arr, y)
-    noise = max(float(_MAD_TO_SD * np.median(np.abs(deviations))), 1e-9 * float(np.max(y)), 1e-12)
-    curve = _Curve(x_arr, y, target, noise)
+
+def _rising(curve: _Curve) -> CurveFit | None:
+    """The rising fallback when the curve climbed back above its minimum, else None."""
+    y = curve.losses
     last, lowest = float(y[-1]), float(np.min(y))
     # Both of the last two points must have risen: one high point is too often just noise.
     risen = float(np.min(y[-2:]))
-    if risen > lowest + _RISING_NOISE * noise and risen > _RISING_RATIO * lowest:
+    if risen > lowest + _RISING_NOISE * curve.noise and risen > _RISING_RATIO * lowest:
         reason = f"loss rose from its minimum {lowest:.4g} to {last:.4g}: no decay to extrapolate"
         return curve.fallback("rising", reason, lowest, last, 2 * last - lowest)
+    return None
+
+
+def _not_improving(curve: _Curve) -> CurveFit | None:
+    """The flat fallback when the curve's start and end differ within the noise, else None."""
+    y, noise = curve.losses, curve.noise
     improvement = float(np.mean(y[:2]) - np.mean(y[-2:]))
     if improvement < _FLAT_NOISE * noise:
         return _flat(curve, f"loss improved by {improvement:.3g}, within its noise {noise:.3g}")
+    return None
 
+
+def _extrapolate(curve: _Curve, deviations: FloatArray, bootstrap: int, seed: int) -> CurveFit:
+    """The power law's prediction at the target, or the fallback its fit calls for."""
+    x_arr, y, noise = curve.x, curve.losses, curve.noise
     x0 = float(x_arr[0])
-    t = x_arr / x0
     f_scale = _F_SCALE_NOISE * noise
-    best = _best_fit(t, y, f_scale)
+    best = best_fit(x_arr / x0, y, f_scale)
     theta = np.asarray(best.x, dtype=float)
     a, b, c = (float(v) for v in theta)
     residuals = y - power_law(x_arr, a, b, c, x0)
-    dof_factor = math.sqrt(y.size / (y.size - _N_PARAMETERS))
-    residual_sd = float(_MAD_TO_SD * np.median(np.abs(residuals))) * dof_factor
-    fitted_drop = b * (1.0 - float(t[-1]) ** (-c))
+    dof_factor = math.sqrt(y.size / (y.size - N_PARAMETERS))
+    residual_sd = float(MAD_TO_SD * np.median(np.abs(residuals))) * dof_factor
+    fitted_drop = b * (1.0 - float(x_arr[-1] / x0) ** (-c))
     if fitted_drop < _FLAT_NOISE * noise:
         return _flat(curve, f"the fitted decay {fitted_drop:.3g} is within the noise {noise:.3g}")
     # A ratio of two noisy sd estimates: the efficient (root-mean-square) ones keep chance
     # ratios above 3 rare with ~10 points, while a curve the law cannot bend to exceeds it.
     misfit_rms = float(np.sqrt(np.mean(residuals**2))) * dof_factor
     noise_rms = float(np.sqrt(np.mean(deviations**2)))
-    if not best.success or misfit_rms > max(_POOR_FIT_NOISE * noise_rms, _POOR_FIT_RELATIVE * last):
+    if not best.success or misfit_rms > max(
+        _POOR_FIT_NOISE * noise_rms, _POOR_FIT_RELATIVE * float(y[-1])
+    ):
         reason = (
             f"the power law misses the curve: residual rms {misfit_rms:.3g}, noise {noise_rms:.3g}"
         )
         return _poor_fit(curve, reason, residual_sd)
+    p10, p50, p90 = _band(
+        curve, theta, residuals, residual_sd, f_scale=f_scale, bootstrap=bootstrap, seed=seed
+    )
+    if not all(math.isfinite(v) for v in (p10, p50, p90)):
+        reason = f"the power law overflows at target {curve.target:.4g}"
+        return _poor_fit(curve, reason, residual_sd)
+    return curve.result(POWER_LAW, "", (a, b, c), (p10, p50, p90), residual_sd)
 
-    p50 = float(power_law(target, a, b, c, x0))
+
+def _band(
+    curve: _Curve,
+    theta: FloatArray,
+    residuals: FloatArray,
+    residual_sd: float,
+    *,
+    f_scale: float,
+    bootstrap: int,
+    seed: int,
+) -> tuple[float, float, float]:
+    """p10, p50, p90 at the target: the law's value, with the spread of `bootstrap` refits and
+    one evaluation's noise added in quadrature."""
+    x0 = float(curve.x[0])
+    a, b, c = (float(v) for v in theta)
+    p50 = float(power_law(curve.target, a, b, c, x0))
     low = high = 0.0
     if bootstrap > 0:
-        q10, q90 = _bootstrap_spread(
-            theta, t, residuals, y, target / x0, f_scale=f_scale, resamples=bootstrap, seed=seed
-        )
+        q10, q90 = bootstrap_spread(
+            theta, curve.x / x0, residuals, curve.losses, curve.target / x0,
+            f_scale=f_scale, resamples=bootstrap, seed=seed,
+        )  # fmt: skip
         low, high = max(p50 - q10, 0.0), max(q90 - p50, 0.0)
     # Both spreads come from n residuals standing in for the noise's unknown sd: widen them
     # by Student's t over the normal quantile, as a t interval would (x1.10 at 10 points).
-    widen = float(student_t.ppf(0.9, y.size - _N_PARAMETERS)) / Z90
+    widen = float(student_t.ppf(0.9, curve.losses.size - N_PARAMETERS)) / Z90
     noise_term = Z90 * residual_sd
     p10 = max(p50 - widen * math.hypot(low, noise_term), 0.0)
-    p90 = p50 + widen * math.hypot(high, noise_term)
-    if not all(math.isfinite(v) for v in (p10, p50, p90)):
-        return _poor_fit(curve, f"the power law overflows at target {target:.4g}", residual_sd)
-    return CurveFit(
-        method=POWER_LAW,
-        reason="",
-        a=a,
-        b=b,
-        c=c,
-        x0=x0,
-        target=target,
-        p10=p10,
-        p50=p50,
-        p90=p90,
-        n_points=int(y.size),
-        residual_sd=residual_sd,
-        last_loss=last,
-    )
-
-
-@dataclass(frozen=True)
-class LossCorrection:
-    """Accuracy calibration of predicted final losses, fitted from full runs.
-
-    Extrapolating a trial's curve misses what happens late in the full run (the learning
-    rate's decay lowers the loss; a longer run may start to overfit). Full runs report their
-    measured final loss; the ratio measured / predicted p50 over those runs gives one
-    multiplicative correction and its spread.
-
-    Attributes:
-        scale: Factor on predicted losses: the median ratio measured / predicted, shrunk
-            toward 1 (see `fit_loss_correction`).
-        log_sd: Robust sd of log(measured / predicted) over the runs (0 with fewer than 2).
-        n_runs: Full runs the correction was fitted from.
-        version: Format version of the stored correction.
-    """
-
-    scale: float = 1.0
-    log_sd: float = 0.0
-    n_runs: int = 0
-    version: int = CORRECTION_VERSION
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.scale) and self.scale > 0):
-            raise ValueError(f"scale must be a positive number but got {self.scale=}")
-        if not (math.isfinite(self.log_sd) and self.log_sd >= 0):
-            raise ValueError(f"log_sd must be a number >= 0 but got {self.log_sd=}")
-        if self.n_runs < 0:
-            raise ValueError(f"n_runs must be >= 0 but got {self.n_runs=}")
-        if self.version != CORRECTION_VERSION:
-            raise ValueError(f"version must be {CORRECTION_VERSION} but got {self.version=}")
-
-    def apply(self, fit: CurveFit) -> CurveFit:
-        """Return `fit` with its prediction corrected; method, reason and curve unchanged.
-
-        p10/p50/p90 are multiplied by `scale`; each half of the band, in log space, gets
-        1.28 x `log_sd` added in quadrature. `a`, `b`, `c` still describe the trial's
-        observed losses (so `predict` matches them), not the corrected prediction. Apply a
-        correction once: a corrected fit does not record that it was corrected.
-        """
-        p50 = self.scale * fit.p50
-        extra = Z90 * self.log_sd
-        p10 = (
-            p50 * math.exp(-math.hypot(math.log(fit.p50 / fit.p10), extra)) if fit.p10 > 0 else 0.0
-        )
-        if fit.p50 > 0:
-            p90 = p50 * math.exp(math.hypot(math.log(fit.p90 / fit.p50), extra))
-        else:
-            p90 = self.scale * fit.p90
-        return replace(fit, p10=min(p10, p50), p50=p50, p90=max(p90, p50))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict; floats rounded to 6 significant digits."""
-        return {
-            name: _sig6(value) if isinstance(value, float) else value
-            for name, value in asdict(self).items()
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> LossCorrection:
-        """Build from `to_dict` output.
-
-        Raises:
-            ValueError: A field is unknown, missing or of the wrong type, or a value is bad.
-        """
-        _check_keys(cls, data)
-        return cls(
-            scale=_number("scale", data["scale"]),
-            log_sd=_number("log_sd", data["log_sd"]),
-            n_runs=_integer("n_runs", data["n_runs"]),
-            version=_integer("version", data["version"]),
-        )
-
-
-def fit_loss_correction(pairs: Sequence[tuple[float, float]]) -> LossCorrection:
-    """Fit the loss correction from full runs.
-
-    Rule: with r_i = log(measured_i / predicted_i) over n runs,
-    scale = exp(n / (n + 1) x median(r)): the median ratio, shrunk geometrically toward 1
-    as if one more run had measured exactly its prediction. One run moves predictions
-    half-way (in log space) to what it measured; ten runs 91 %.
-    log_sd = 1.4826 x median(|r - median(r)|) (0 with fewer than two runs).
-
-    Args:
-        pairs: (predicted p50, measured final loss) of each full run; both finite and > 0.
-
-    Returns:
-        The correction; the identity (scale 1, log_sd 0) when `pairs` is empty.
-
-    Raises:
-        ValueError: A pair is malformed or holds a non-positive or non-finite loss.
-    """
-    ratios = []
-    for i, pair in enumerate(pairs):
-        if len(pair) != 2:
-            raise ValueError(f"pairs[{i}] must be (predicted, measured) but got {pair=}")
-        predicted, measured = float(pair[0]), float(pair[1])
-        if not all(math.isfinite(v) and v > 0 for v in (predicted, measured)):
-            raise ValueError(f"pairs[{i}] must hold finite losses > 0 but got {pair=}")
-        ratios.append(math.log(measured / predicted))
-    n = len(ratios)
-    if n == 0:
-        return LossCorrection()
-    log_ratios = np.asarray(ratios)
-    centre = float(np.median(log_ratios))
-    log_sd = float(_MAD_TO_SD * np.median(np.abs(log_ratios - centre))) if n >= 2 else 0.0
-    return LossCorrection(scale=math.exp(n / (n + 1) * centre), log_sd=log_sd, n_runs=n)
+    return p10, p50, p50 + widen * math.hypot(high, noise_term)

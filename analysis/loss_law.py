@@ -20,7 +20,7 @@ keeping its own amplitude A. A 6-point curve then borrows the shape the other tr
 show. The band of a prediction comes from refits on resampled trials (their disagreement)
 and resampled residuals (one evaluation's noise).
 
-Pure numpy/scipy: imports nothing from the project.
+Pure numpy/scipy: imports nothing from the project but `analysis.curve_noise`.
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import least_squares
 
+from analysis.curve_noise import MAD_TO_SD, Z90, chord_deviations
+
 FloatArray = NDArray[np.float64]
 
 ANNEALING_DECAY = 0.999  # the paper's momentum of the annealing area
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 _ALPHA_BOUNDS = (0.05, 3.0)
-_MAD_TO_SD = 1.482602218505602
 
 
 def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
@@ -276,7 +277,7 @@ def fit_joint(
     return JointFit(
         shared=(float(theta[0]), float(theta[1]), float(theta[2]), float(theta[3]), float(theta[4])),
         log_tau=tuple(float(v) for v in theta[_SHARED:]),
-        residual_sd=float(_MAD_TO_SD * np.median(np.abs(fun(theta)))),
+        residual_sd=float(MAD_TO_SD * np.median(np.abs(fun(theta)))),
         n_points=int(y.size),
     )  # fmt: skip
 
@@ -297,23 +298,14 @@ def _start(curves: Sequence[CurveData], alpha: float, beta: float) -> FloatArray
 def noise_sd(curves: Sequence[CurveData]) -> float:
     """One evaluation's noise, model-free: the robust sd of each inner point's distance from
     the chord through its neighbours (in log S1), pooled over the curves."""
-    deviations = []
-    for c in curves:
-        if c.losses.size < 3:
-            continue
-        u = np.log(c.s1)
-        w = (u[2:] - u[1:-1]) / np.maximum(u[2:] - u[:-2], 1e-12)
-        chord = w * c.losses[:-2] + (1.0 - w) * c.losses[2:]
-        scale = np.sqrt(1.0 + w**2 + (1.0 - w) ** 2)
-        deviations.append((c.losses[1:-1] - chord) / scale)
+    deviations = [chord_deviations(c.s1, c.losses) for c in curves if c.losses.size >= 3]
     if not deviations:
         return 0.0
-    return float(_MAD_TO_SD * np.median(np.abs(np.concatenate(deviations))))
+    return float(MAD_TO_SD * np.median(np.abs(np.concatenate(deviations))))
 
 
 JOINT, OWN, FALLBACK = "joint", "own", "fallback"
 METHODS = (JOINT, OWN, FALLBACK)
-Z90 = 1.2815515655446004
 _OWN_MIN_POINTS = 6  # a curve alone must carry the five shared parameters and its tau
 _RISING_RATIO = 1.02
 _NOISE_FLOOR = 1e-3  # of the loss: evaluations are never more exact than this

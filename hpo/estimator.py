@@ -25,7 +25,7 @@ from analysis.calibration.file import Calibration
 from analysis.calibration.fit import fit, update
 from analysis.calibration.measurements import RunMeasurements
 from analysis.full_runs import FullRun, absorb
-from analysis.learning_curve import LossCorrection
+from analysis.loss_correction import LossCorrection
 from analysis.machine import model_profile, this_machine
 from analysis.plans import plan_for
 from analysis.records import TRIAL_ATTR, trial_record

@@ -15,7 +15,8 @@ import optuna
 import yaml
 
 from analysis.calibration.file import load_for
-from analysis.learning_curve import CurveFit, LossCorrection
+from analysis.learning_curve import CurveFit
+from analysis.loss_correction import LossCorrection
 from analysis.records import CALIBRATION_FILE
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from analysis.learning_curve import CurveFit, LossCorrection
+from analysis.learning_curve import CurveFit
+from analysis.loss_correction import LossCorrection
 from analysis.loss_law import (
     Z90,
     CurveData,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.learning_curve import CurveFit, LossCorrection
+from analysis.learning_curve import CurveFit
+from analysis.loss_correction import LossCorrection
 from analysis.loss_law import JointFit, learning_rates, schedule_areas
 from hpo.final_loss import (
     LAW_CURVE_ATTR,

@@ -6,13 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis.learning_curve import (
-    CurveFit,
-    LossCorrection,
-    fit_curve,
-    fit_loss_correction,
-    power_law,
-)
+from analysis.learning_curve import CurveFit, fit_curve, power_law
+from analysis.loss_correction import LossCorrection, fit_loss_correction
 
 LINEAR_X = np.arange(1, 13) * 2e5  # an evaluation every 200k tokens
 PARAMETER_SETS = [

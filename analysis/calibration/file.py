@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.calibration.measurements import RunMeasurements
-from analysis.learning_curve import LossCorrection, fit_loss_correction
+from analysis.loss_correction import LossCorrection, fit_loss_correction
 from analysis.timemodel import Coefficients, HardwareInfo, ModelProfile
 from common.errors import BadInputError
 from common.files import write_atomic
