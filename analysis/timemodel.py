@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from common.config import require
 from common.errors import BadInputError
 from trainers.data.packing import pack_lengths
 from trainers.spec import PACKING_MODES, QUANTIZATION_MODES, eval_batch_size, optimizer_steps
@@ -62,11 +63,6 @@ _PRIOR_LOG_P90 = math.log(1.8)
 _PRIOR_MEMORY_LOG_P90 = math.log(1.10)
 
 
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise BadInputError(message)
-
-
 @dataclass(frozen=True)
 class ModelProfile:
     """What the model looks like, filled from the real module tree by the trainer side.
@@ -94,12 +90,12 @@ class ModelProfile:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "active_parameters":
-                _check(
+                require(
                     0 <= value <= self.total_parameters,
                     f"ModelProfile.active_parameters must be in [0, total_parameters] but got {value=}",
                 )
             else:
-                _check(value > 0, f"ModelProfile.{f.name} must be > 0 but got {value=}")
+                require(value > 0, f"ModelProfile.{f.name} must be > 0 but got {value=}")
 
     @property
     def compute_parameters(self) -> int:
@@ -127,8 +123,8 @@ class HardwareInfo:
 
     def __post_init__(self) -> None:
         kind, precision = self.device_kind, self.precision
-        _check(kind in DEVICE_KINDS, f"device_kind must be one of {DEVICE_KINDS} but got {kind=}")
-        _check(
+        require(kind in DEVICE_KINDS, f"device_kind must be one of {DEVICE_KINDS} but got {kind=}")
+        require(
             precision in PRECISION_BYTES,
             f"precision must be one of {tuple(PRECISION_BYTES)} but got {precision=}",
         )
@@ -216,34 +212,34 @@ class Plan:
     quantization: str = "none"
 
     def __post_init__(self) -> None:
-        _check(
+        require(
             self.quantization in QUANTIZATION_MODES,
             f"quantization must be one of {QUANTIZATION_MODES} "
             f"but got quantization={self.quantization!r}",
         )
-        _check(
+        require(
             self.packing in PACKING_MODES,
             f"packing must be one of {PACKING_MODES} but got packing={self.packing!r}",
         )
-        _check(len(self.token_lengths) > 0, "token_lengths must not be empty")
+        require(len(self.token_lengths) > 0, "token_lengths must not be empty")
         shortest = min(self.token_lengths)
-        _check(shortest > 0, f"token_lengths must all be > 0 but got {shortest=}")
+        require(shortest > 0, f"token_lengths must all be > 0 but got {shortest=}")
         for name in ("micro_batch_size", "gradient_accumulation_steps", "max_length", "lora_r"):
             value = getattr(self, name)
-            _check(value >= 1, f"{name} must be >= 1 but got {value=}")
+            require(value >= 1, f"{name} must be >= 1 but got {value=}")
         for name in ("eval_interval_steps", "eval_samples", "checkpoint_interval_steps"):
             value = getattr(self, name)
-            _check(value >= 0, f"{name} must be >= 0 but got {value=}")
+            require(value >= 0, f"{name} must be >= 0 but got {value=}")
         epochs, max_steps = self.epochs, self.max_steps
         if max_steps is None:
-            _check(epochs > 0, f"epochs must be > 0 but got {epochs=}")
+            require(epochs > 0, f"epochs must be > 0 but got {epochs=}")
         else:
-            _check(max_steps >= 1, f"max_steps must be >= 1 but got {max_steps=}")
+            require(max_steps >= 1, f"max_steps must be >= 1 but got {max_steps=}")
         precision, kind = self.precision, self.device_kind
-        _check(
+        require(
             precision in PRECISION_BYTES, f"precision must be fp32/bf16/fp16 but got {precision=}"
         )
-        _check(kind in DEVICE_KINDS, f"device_kind must be one of {DEVICE_KINDS} but got {kind=}")
+        require(kind in DEVICE_KINDS, f"device_kind must be one of {DEVICE_KINDS} but got {kind=}")
 
     @property
     def trainable_parameters(self) -> int:

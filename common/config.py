@@ -85,7 +85,8 @@ def from_mapping(
     Args:
         cls: The dataclass.
         values: Its values; a section's value may be a mapping or the part itself.
-        where: What the mapping is, for messages (``config``, ``budget``, ``training spec``).
+        where: What the mapping is, for messages (``config``, ``budget``, ``training``:
+            "unknown training field(s): micro_batch").
         ignore_unknown: Skip keys `cls` does not know (a config stored by another version).
         renamed: Keys of earlier versions -> what replaced them, named in the message.
 
@@ -99,8 +100,8 @@ def from_mapping(
     keyed = list(flat_fields(cls))
     unknown = sorted(set(values) - {key for key, _, _ in keyed})
     old = [f"{key} (now {renamed[key]})" for key in unknown if renamed and key in renamed]
-    require(not old, f"{where}: field(s) replaced: {', '.join(old)}")
-    require(ignore_unknown or not unknown, f"{where}: unknown field(s): {', '.join(unknown)}")
+    require(not old, f"{where} field(s) replaced: {', '.join(old)}")
+    require(ignore_unknown or not unknown, f"unknown {where} field(s): {', '.join(unknown)}")
     given: dict[str, Any] = {}
     flat: dict[str, dict[str, Any]] = {}
     for key, part, field in keyed:
@@ -124,11 +125,20 @@ def from_mapping(
         and f.default is dataclasses.MISSING
         and f.default_factory is dataclasses.MISSING
     ]
-    require(not missing, f"{where}: missing field(s): {', '.join(missing)}")
+    require(not missing, f"missing {where} field(s): {', '.join(missing)}")
     try:
         return cls(**given)
     except TypeError as exc:  # a value of a type the dataclass cannot take
         raise BadInputError(f"{where}: {exc}") from exc
+
+
+def parts_from_mappings(config: Any) -> None:
+    """In `__post_init__`: build each section given as a plain mapping (``lora={"r": 4}``)."""
+    for field in dataclasses.fields(config):
+        kind = part_type(type(config), field)
+        value = getattr(config, field.name)
+        if kind is not None and isinstance(value, Mapping):
+            object.__setattr__(config, field.name, from_mapping(kind, value, field.name))
 
 
 def to_mapping(config: Any) -> dict[str, Any]:

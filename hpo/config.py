@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.config import from_mapping, require, require_choice, require_int, to_mapping
+from common.config import (
+    from_mapping,
+    parts_from_mappings,
+    require,
+    require_choice,
+    require_int,
+    to_mapping,
+)
 from common.errors import BadInputError
 from common.files import read_yaml
 from common.redact import redact_values
@@ -359,6 +366,7 @@ class StudyConfig:
     )
 
     def __post_init__(self) -> None:
+        parts_from_mappings(self)
         for name in ("objectives", "profiles"):
             value = getattr(self, name)
             if isinstance(value, (list, str)):

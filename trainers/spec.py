@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from common.errors import BadInputError
+from common.config import from_mapping, parts_from_mappings, require, require_choice, require_int
 
 if TYPE_CHECKING:
     from trainers.data.dataset import DataSpec
@@ -23,11 +23,6 @@ STUDY_FULL_CHECKPOINT_INTERVAL = 500
 OVERFLOW_MODES = ("truncate", "pack")
 PACKING_MODES = ("none", "padding_free")  # trainers.data.packing
 QUANTIZATION_MODES = ("none", "nf4")  # trainers.model.quantization
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise BadInputError(message)
 
 
 @dataclass(frozen=True)
@@ -47,20 +42,20 @@ class LoraSpec:
     )
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.r, int) and self.r >= 1, f"lora.r must be >= 1, but got {self.r=}")
-        _require(self.alpha > 0, f"lora.alpha must be > 0, but got {self.alpha=}")
-        _require(
+        require_int("lora.r", self.r, 1)
+        require(self.alpha > 0, f"lora.alpha must be > 0, but got {self.alpha=}")
+        require(
             0.0 <= self.dropout < 1.0, f"lora.dropout must be in [0, 1), but got {self.dropout=}"
         )
         if isinstance(self.target_modules, list):
             object.__setattr__(self, "target_modules", tuple(self.target_modules))
         if isinstance(self.target_modules, str):
-            _require(
+            require(
                 bool(self.target_modules),
                 f"lora.target_modules must be 'auto' or names, but got {self.target_modules=}",
             )
         else:
-            _require(
+            require(
                 len(self.target_modules) > 0
                 and all(isinstance(t, str) for t in self.target_modules),
                 f"lora.target_modules must be a non-empty list of names, but got {self.target_modules=}",
@@ -97,22 +92,16 @@ class RecoverySpec:
     )
 
     def __post_init__(self) -> None:
-        _require(
-            isinstance(self.max_rollbacks, int) and self.max_rollbacks >= 0,
-            f"recovery.max_rollbacks must be an integer >= 0, but got {self.max_rollbacks=}",
-        )
-        _require(
+        require_int("recovery.max_rollbacks", self.max_rollbacks, 0)
+        require(
             0.0 < self.lr_factor < 1.0,
             f"recovery.lr_factor must be in (0, 1), but got {self.lr_factor=}",
         )
-        _require(
+        require(
             self.divergence_ratio > 1.0,
             f"recovery.divergence_ratio must be > 1, but got {self.divergence_ratio=}",
         )
-        _require(
-            isinstance(self.divergence_evals, int) and self.divergence_evals >= 1,
-            f"recovery.divergence_evals must be an integer >= 1, but got {self.divergence_evals=}",
-        )
+        require_int("recovery.divergence_evals", self.divergence_evals, 1)
 
 
 @dataclass(frozen=True)
@@ -243,77 +232,52 @@ class TrainSpec:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.lora, dict):
-            object.__setattr__(self, "lora", lora_from_dict(self.lora))
-        if isinstance(self.recovery, dict):
-            object.__setattr__(self, "recovery", recovery_from_dict(self.recovery))
-        positive = (
+        parts_from_mappings(self)
+        for name in (
             "micro_batch_size",
             "gradient_accumulation_steps",
             "max_length",
             "eval_samples",
             "keep_checkpoints",
-        )
-        for name in positive:
-            value = getattr(self, name)
-            _require(
-                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                f"{name} must be an integer >= 1, but got {name}={value!r}",
-            )
+        ):
+            require_int(name, getattr(self, name), 1)
         for name in ("eval_interval", "checkpoint_interval", "early_stopping_patience"):
-            value = getattr(self, name)
-            _require(
-                isinstance(value, int) and value >= 0,
-                f"{name} must be an integer >= 0, but got {name}={value!r}",
-            )
-        _require(
+            require_int(name, getattr(self, name), 0)
+        for name in ("eval_max_length", "stop_after_steps", "max_steps"):
+            require_int(name, getattr(self, name), 1, optional=True)
+        require_int("dataloader_workers", self.dataloader_workers, 0, optional=True)
+        require(
             self.checkpoint_minutes >= 0,
             f"checkpoint_minutes must be >= 0, but got {self.checkpoint_minutes=}",
         )
-        for name in ("eval_max_length", "stop_after_steps"):
-            value = getattr(self, name)
-            _require(
-                value is None
-                or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
-                f"{name} must be an integer >= 1, but got {name}={value!r}",
-            )
-        _require(
-            self.max_steps is None or (isinstance(self.max_steps, int) and self.max_steps >= 1),
-            f"max_steps must be >= 1, but got {self.max_steps=}",
-        )
-        _require(self.epochs > 0, f"epochs must be > 0, but got {self.epochs=}")
-        _require(
+        require(self.epochs > 0, f"epochs must be > 0, but got {self.epochs=}")
+        require(
             self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, but got {self.max_grad_norm=}"
         )
-        _require(
+        require(
             self.early_stopping_min_delta >= 0,
             f"early_stopping_min_delta must be >= 0, but got {self.early_stopping_min_delta=}",
         )
-        _require(
-            self.dataloader_workers is None
-            or (isinstance(self.dataloader_workers, int) and self.dataloader_workers >= 0),
-            f"dataloader_workers must be an integer >= 0, but got {self.dataloader_workers=}",
-        )
-        _require(
+        require(
             0.0 < self.learning_rate < 1.0,
             f"learning_rate must be in (0, 1), but got {self.learning_rate=}",
         )
-        _require(self.weight_decay >= 0, f"weight_decay must be >= 0, but got {self.weight_decay=}")
-        _require(
+        require(self.weight_decay >= 0, f"weight_decay must be >= 0, but got {self.weight_decay=}")
+        require(
             0.0 <= self.warmup_ratio < 1.0,
             f"warmup_ratio must be in [0, 1), but got {self.warmup_ratio=}",
         )
-        _require(
+        require(
             0.0 < self.validation_fraction < 1.0,
             f"validation_fraction must be in (0, 1), but got {self.validation_fraction=}",
         )
-        _choice("scheduler", self.scheduler, SCHEDULERS)
-        _choice("precision", self.precision, PRECISIONS)
-        _choice("device", self.device, DEVICES)
-        _choice("overflow", self.overflow, OVERFLOW_MODES)
-        _choice("packing", self.packing, PACKING_MODES)
-        _choice("quantization", self.quantization, QUANTIZATION_MODES)
-        _require(
+        require_choice("scheduler", self.scheduler, SCHEDULERS)
+        require_choice("precision", self.precision, PRECISIONS)
+        require_choice("device", self.device, DEVICES)
+        require_choice("overflow", self.overflow, OVERFLOW_MODES)
+        require_choice("packing", self.packing, PACKING_MODES)
+        require_choice("quantization", self.quantization, QUANTIZATION_MODES)
+        require(
             self.packing == "none" or self.overflow == "truncate",
             f"packing={self.packing!r} keeps samples apart, but overflow={self.overflow!r} "
             "joins them into blocks: use overflow=truncate",
@@ -354,35 +318,7 @@ class TrainSpec:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainSpec:
         """Build from a plain mapping (YAML, JSON); unknown keys are an error."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        _require(not unknown, f"unknown training field(s): {', '.join(unknown)}")
-        missing = [name for name in ("model", "data") if name not in values]
-        _require(not missing, f"missing training field(s): {', '.join(missing)}")
-        try:
-            return cls(**values)
-        except TypeError as exc:  # wrong value types that dataclasses cannot take
-            raise BadInputError(f"invalid training spec: {exc}") from exc
-
-
-def lora_from_dict(values: dict[str, Any]) -> LoraSpec:
-    known = {f.name for f in dataclasses.fields(LoraSpec)}
-    unknown = sorted(set(values) - known)
-    _require(not unknown, f"unknown lora field(s): {', '.join(unknown)}")
-    return LoraSpec(**values)
-
-
-def recovery_from_dict(values: dict[str, Any]) -> RecoverySpec:
-    known = {f.name for f in dataclasses.fields(RecoverySpec)}
-    unknown = sorted(set(values) - known)
-    _require(not unknown, f"unknown recovery field(s): {', '.join(unknown)}")
-    return RecoverySpec(**values)
-
-
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    _require(
-        value in allowed, f"{name} must be one of {', '.join(allowed)}, but got {name}={value!r}"
-    )
+        return from_mapping(cls, values, "training")
 
 
 class Schedule(Protocol):
