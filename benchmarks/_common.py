@@ -41,6 +41,11 @@ def write_json(path: str | None, payload: dict[str, Any]) -> None:
         print(f"wrote {path}")
 
 
+def write_results(path: str | None, payload: dict[str, Any]) -> None:
+    """`payload` and, as its last key, the machine it was measured on (`write_json`)."""
+    write_json(path, {**payload, "machine": machine()})
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.0f}"

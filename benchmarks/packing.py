@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import machine, median, table, write_json  # noqa: E402
+from benchmarks._common import median, table, write_results  # noqa: E402
 from trainers.data.dataset import load_tokenized  # noqa: E402
 from trainers.data.packing import padding_share  # noqa: E402
 from trainers.data.paths import demo_data_path  # noqa: E402
@@ -178,16 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['shape']}: packed/padded epoch time, median of {args.repeats}: "
             f"{r['median_ratio']:.2f} (packed sequences of {r['packed_capacity']} tokens)"
         )
-    write_json(
-        args.json,
-        {
-            "results": results,
-            "padded_batch": args.padded_batch,
-            "samples": args.samples,
-            "model_size": args.size,
-            "machine": machine(),
-        },
-    )
+    settings = {"padded_batch": args.padded_batch, "samples": args.samples, "model_size": args.size}
+    write_results(args.json, {"results": results, **settings})
     return 0
 
 

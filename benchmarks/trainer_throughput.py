@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import machine, median, table, write_json  # noqa: E402
+from benchmarks._common import median, table, write_results  # noqa: E402
 from trainers.data.dataset import load_tokenized  # noqa: E402
 from trainers.data.paths import demo_data_path  # noqa: E402
 from trainers.loop.run import train  # noqa: E402
@@ -154,21 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["repeat", "trainers.train tok/s", "bare loop tok/s", "ratio"], rows))
     ratio = median(ratios)
     print(f"ratio (framework / bare, median of per-repeat ratios): {ratio:.3f}  target >= 0.90")
-    write_json(
-        args.json,
-        {
-            "ratio": ratio,
-            "ratios": ratios,
-            "framework_tokens_per_second": framework,
-            "bare_tokens_per_second": bare,
-            "steps": args.steps,
-            "warmup_steps_discarded": WARMUP_STEPS,
-            "model_size": args.size,
-            "micro_batch_size": args.micro_batch_size,
-            "gradient_accumulation_steps": args.accumulation,
-            "machine": machine(),
-        },
-    )
+    write_results(args.json, {
+        "ratio": ratio, "ratios": ratios, "framework_tokens_per_second": framework,
+        "bare_tokens_per_second": bare, "steps": args.steps, "warmup_steps_discarded": WARMUP_STEPS,
+        "model_size": args.size, "micro_batch_size": args.micro_batch_size,
+        "gradient_accumulation_steps": args.accumulation,
+    })  # fmt: skip
     return 0
 
 
