@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +15,8 @@ from analysis.records import CALIBRATION_FILE, TRIAL_ATTR
 from common.cli import run_cli
 from hpo.config import load_config
 from hpo.runner import run_study
+from tests.cli import run_module
 from trainers.data.paths import demo_data_path
-
-
-def calibrate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "analysis.calibrate", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +44,8 @@ def recorded_study(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
 def test_fits_from_the_trials_a_study_recorded(recorded_study: Any, tmp_path: Path) -> None:
     config, work = recorded_study
     out = tmp_path / "cal.json"
-    proc = calibrate("--study-name", "recorded", "--storage", config.storage_url,
-                     "--out", str(out), cwd=tmp_path)  # fmt: skip
+    proc = run_module("analysis.calibrate", "--study-name", "recorded",
+                      "--storage", config.storage_url, "--out", str(out), cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert str(out) in proc.stdout
     calibration = load(out)
@@ -71,7 +60,8 @@ def test_fits_from_the_trials_a_study_recorded(recorded_study: Any, tmp_path: Pa
 def test_default_out_is_the_study_work_dir(recorded_study: Any, tmp_path: Path) -> None:
     config, work = recorded_study
     before = load(work / CALIBRATION_FILE)
-    proc = calibrate("--study-name", "recorded", "--storage", config.storage_url, cwd=tmp_path)
+    proc = run_module("analysis.calibrate", "--study-name", "recorded",
+                      "--storage", config.storage_url, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert str(work / CALIBRATION_FILE) in proc.stdout
     after = load(work / CALIBRATION_FILE)

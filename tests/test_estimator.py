@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from hpo.estimator import StudyEstimator
 from hpo.prepare import Prepared, prepare
 from hpo.runner import run_study
 from hpo.what_fits import PROBE_BEFORE_REFUSING_SECONDS, TIME_NEUTRAL_PARAMS, check_space
+from tests.cli import run_module
 
 HARDWARE = this_machine()
 # Known rates: 10 ms a micro-step, 1 ms an optimizer step, a 1 s start-up, +-10 % band.
@@ -199,10 +198,10 @@ def test_nothing_fits_exits_2_before_anything_is_written(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     work = tmp_path / "work"
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpo.study", "--model", str(tiny_model_dir), "--work-dir", str(work),
-         "--profiles", "fast", "--epochs", "1000000", "--window-hours", "1", "--no-progress"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    proc = run_module(
+        "hpo.study", "--model", str(tiny_model_dir), "--work-dir", str(work),
+        "--profiles", "fast", "--epochs", "1000000", "--window-hours", "1", "--no-progress",
+        cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()

@@ -13,8 +13,6 @@ import json
 import logging
 import math
 import shutil
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
@@ -38,6 +36,7 @@ from search_spaces.families import (
     lora_targets,
     space_for_model_type,
 )
+from tests.cli import run_module
 from trainers.data.paths import demo_data_path
 from trainers.model.lora import apply_lora, load_base_model
 from trainers.spec import LoraSpec, TrainSpec
@@ -66,18 +65,13 @@ def train_cli(family: str, root: Path) -> dict[str, Any]:
     work = root / family
     model = build_tiny(work / "model", arch=family)
     spec = spec_of(model, work)
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "trainers.train", "--model", spec.model, "--data", spec.data,
-            "--max-steps", str(STEPS), "--micro-batch-size", str(MICRO_BATCH),
-            "--max-length", str(MAX_LENGTH), "--lora-r", str(RANK), "--lora-alpha", str(2 * RANK),
-            "--eval-samples", str(EVAL_SAMPLES), "--output-dir", spec.output_dir,
-            "--cache-dir", str(spec.cache_dir), "--json", str(work / "result.json"), "--quiet",
-        ],
-        capture_output=True,
-        text=True,
+    proc = run_module(
+        "trainers.train", "--model", spec.model, "--data", spec.data,
+        "--max-steps", str(STEPS), "--micro-batch-size", str(MICRO_BATCH),
+        "--max-length", str(MAX_LENGTH), "--lora-r", str(RANK), "--lora-alpha", str(2 * RANK),
+        "--eval-samples", str(EVAL_SAMPLES), "--output-dir", spec.output_dir,
+        "--cache-dir", str(spec.cache_dir), "--json", str(work / "result.json"), "--quiet",
         timeout=600,
-        check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((work / "result.json").read_text())

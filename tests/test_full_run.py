@@ -16,6 +16,7 @@ import yaml
 
 from common.cli import run_cli
 from common.errors import BadInputError, GaveUp, TrainingFailed
+from tests.cli import start_module
 from trainers.data.paths import demo_data_path
 from trainers.events import StepInfo, TrainingCallback
 from trainers.loop import checkpoint
@@ -337,22 +338,17 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_exit_3(
     tiny_model_dir: Path, cache_dir: Path, tmp_path: Path
 ) -> None:
     import signal
-    import subprocess
     import time
 
     out, report = tmp_path / "run", tmp_path / "r.json"
-    argv = [
-        sys.executable, "-m", "trainers.train",
+    proc = start_module(
+        "trainers.train",
         "--model", str(tiny_model_dir),
         "--data", str(demo_data_path("prompt_completion")),
         "--output-dir", str(out), "--cache-dir", str(cache_dir),
         "--max-steps", "100000", "--checkpoint-interval", "2", "--eval-interval", "0",
         "--json", str(report), "--quiet",
-    ]  # fmt: skip
-    repo = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen(
-        argv, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
         while not list(out.glob("checkpoint-*")):  # the first checkpoint: training is under way

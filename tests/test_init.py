@@ -20,22 +20,14 @@ import yaml
 
 from hpo.config import load_config
 from search_spaces import load_space
+from tests.cli import ROOT, run_module
 from trainers.data.paths import demo_data_path
 
-ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def _init(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpo.init", *args],
-        cwd=ROOT,
-        env=ENV,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_module("hpo.init", *args, env=ENV, stdin=subprocess.DEVNULL, timeout=120)
 
 
 def test_a_terminal_session_asks_again_after_bad_answers(
@@ -112,13 +104,11 @@ def test_yes_writes_a_config_that_hpo_study_runs(tiny_model_dir: Path, tmp_path:
     assert f"python -m hpo.study --config {out}" in made.stdout
     assert yaml.safe_load(out.read_text(encoding="utf-8"))["budget"]["window_hours"] == 12.0
     work, result = tmp_path / "work", tmp_path / "result.json"
-    study = subprocess.run(
-        [
-            sys.executable, "-m", "hpo.study", "--config", str(out), "--work-dir", str(work),
-            "--n-trials", "1", "--trial-fraction", "0.03", "--trial-evals", "2",
-            "--eval-samples", "16", "--sampler", "random", "--json", str(result),
-        ],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300,
+    study = run_module(
+        "hpo.study", "--config", str(out), "--work-dir", str(work),
+        "--n-trials", "1", "--trial-fraction", "0.03", "--trial-evals", "2",
+        "--eval-samples", "16", "--sampler", "random", "--json", str(result),
+        env=ENV,
     )  # fmt: skip
     assert study.returncode == 0, study.stderr[-2000:]
     summary = json.loads(result.read_text(encoding="utf-8"))

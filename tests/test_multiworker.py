@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import psycopg
 import pytest
 from mlflow import MlflowClient
 
+from tests.cli import start_module
 from tests.servers import postgres_server
 
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
@@ -34,12 +34,12 @@ def _database(server_url: str, name: str) -> str:
 
 def _worker(tiny_model_dir: Path, work: Path, storage: str, tracking: str, *extra: str) -> subprocess.Popen[str]:
     work.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [sys.executable, "-m", "hpo.study", "--no-progress", "--model", str(tiny_model_dir),
-         "--work-dir", str(work), "--storage", storage, "--tracking-uri", tracking,
-         "--trial-fraction", "0.015", "--trial-evals", "2", "--eval-samples", "8",
-         "--profiles", "fast", "--pruner", "none", "--json", str(work / "summary.json"), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work,
+    return start_module(
+        "hpo.study", "--no-progress", "--model", str(tiny_model_dir),
+        "--work-dir", str(work), "--storage", storage, "--tracking-uri", tracking,
+        "--trial-fraction", "0.015", "--trial-evals", "2", "--eval-samples", "8",
+        "--profiles", "fast", "--pruner", "none", "--json", str(work / "summary.json"), *extra,
+        cwd=work,
     )  # fmt: skip
 
 

@@ -8,8 +8,6 @@ import os
 import signal
 import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -33,11 +31,10 @@ from common.spool import REJECTED, Spool, spool_folders
 from hpo.config import load_config
 from hpo.runner import run_study
 from hpo.states import STATE_NAMES
+from tests.cli import run_module
 from tests.servers import MlflowServer, free_port
 from trainers.events import EvalInfo, StepInfo
 from trainers.tracking import MlflowRun
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -145,11 +142,11 @@ def test_replay_sends_a_left_spool_once_even_when_a_create_had_reached_the_serve
     assert "hunter2" not in (folder / "meta.json").read_text()
 
     server.start()
-    command = [sys.executable, "-m", "hpo.tracking", "--replay", str(tmp_path / "spool")]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    command = ["hpo.tracking", "--replay", str(tmp_path / "spool")]
+    done = run_module(*command, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "sent 3 MLflow records; 0 still waiting" in done.stdout
-    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    again = run_module(*command, timeout=120)
     assert again.returncode == 2 and "no MLflow spool here" in again.stderr  # removed once sent
 
     client = MlflowClient(server.url)

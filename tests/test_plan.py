@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from analysis.planning import (
 )
 from analysis.timemodel import ModelProfile, fingerprint, gpu_peak_flops, memory_breakdown, predict
 from common.cli import run_cli
+from tests.cli import run_module
 from trainers.data.paths import demo_data_path
 
 # Parameter counts the model cards publish (safetensors metadata): the meta-device profile of
@@ -233,10 +232,9 @@ def test_bad_config_exits_2_with_one_line(
 
 
 def test_unknown_gpu_exits_2_listing_the_known(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "analysis.plan", "--model-config", "tinyllama-1.1b",
-         "--gpu", "B300", "--samples", "100", "--json", str(tmp_path / "plan.json")],
-        capture_output=True, text=True, check=False, timeout=300,
+    proc = run_module(
+        "analysis.plan", "--model-config", "tinyllama-1.1b",
+        "--gpu", "B300", "--samples", "100", "--json", str(tmp_path / "plan.json"),
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +30,8 @@ from analysis.report.rows import TrialRow
 from common.cli import run_cli
 from common.errors import BadInputError
 from common.files import write_json
+from tests.cli import run_module
 from tests.report_study import LAYOUT, build_study
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -228,16 +226,6 @@ def test_write_report_skips_what_a_bare_study_lacks_and_replaces_the_old_report(
     assert all(png_size(p) == (WIDTH_PX, HEIGHT_PX) for p in report.images)
 
 
-def run_report(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "analysis.report", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-
-
 @pytest.fixture(scope="module")
 def cli_report(storage: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The full study's report, written by the real command line with two full runs."""
@@ -249,9 +237,9 @@ def cli_report(storage: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
         write_json(tmp / "run2.json", {"wall_seconds": 3000.0}),
     ]  # fmt: skip
     out = tmp / "report"
-    proc = run_report("--study-name", "full", "--storage", storage, "--out", str(out),
-                      "--tracking-uri", "http://127.0.0.1:5000",
-                      *(a for run in runs for a in ("--full-run", str(run))))  # fmt: skip
+    proc = run_module("analysis.report", "--study-name", "full", "--storage", storage,
+                      "--out", str(out), "--tracking-uri", "http://127.0.0.1:5000",
+                      *(a for run in runs for a in ("--full-run", str(run))), timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "report:" in proc.stdout and proc.stderr.count("Traceback") == 0
     return out
@@ -285,8 +273,8 @@ def test_cli_writes_every_plot_and_a_report_that_embeds_them(cli_report: Path) -
 def test_cli_refuses_a_study_without_complete_trials_with_one_line(
     storage: str, tmp_path: Path
 ) -> None:
-    proc = run_report("--study-name", "none-complete", "--storage", storage,
-                      "--out", str(tmp_path / "out"))  # fmt: skip
+    proc = run_module("analysis.report", "--study-name", "none-complete", "--storage", storage,
+                      "--out", str(tmp_path / "out"), timeout=120)  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
         "error: study 'none-complete' has no complete trial to report on "

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +25,13 @@ from hpo.estimator import StudyEstimator
 from hpo.prepare import prepare
 from hpo.runner import run_study
 from hpo.search_budget import BudgetStop, make_plan, spent_seconds
+from tests.cli import run_module
 from trainers.data.paths import demo_data_path
 from trainers.events import EvalInfo
 from trainers.loop.run import train
 from trainers.spec import LoraSpec, TrainSpec
 
 FAST_PRIOR = lambda: 1e10  # noqa: E731  (the priors' CPU probe: no timing in tests)
-REPO = Path(__file__).resolve().parent.parent
 
 
 # -- the plan (pure) --------------------------------------------------------------------------
@@ -279,13 +277,7 @@ def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(
 def test_a_bad_search_budget_exits_2_naming_the_field(
     flag: str, value: str, field: str, tmp_path: Path
 ) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "hpo.study", "--work-dir", str(tmp_path), flag, value],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    out = run_module("hpo.study", "--work-dir", str(tmp_path), flag, value, timeout=120)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0]
@@ -330,10 +322,9 @@ def test_hpo_init_writes_the_search_budget_the_study_reads(
     budget = load_config(str(default)).budget
     assert (budget.search_hours, budget.search_budget_pct) == (None, None)
     assert "search_budget_pct" in default.read_text()  # the default, said in a comment
-    bad = subprocess.run(
-        [sys.executable, "-m", "hpo.init", "--yes", "--out", str(tmp_path / "x.yaml"),
-         "--search-budget-pct", "-5"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+    bad = run_module(
+        "hpo.init", "--yes", "--out", str(tmp_path / "x.yaml"), "--search-budget-pct", "-5",
+        timeout=120,
     )  # fmt: skip
     assert bad.returncode == 2 and "search_budget_pct" in bad.stderr
     assert not (tmp_path / "x.yaml").exists()

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
 import psycopg
 import pytest
 
+from tests.cli import run_module
 from tests.servers import mlflow_server, postgres_server
 
 PG_PASSWORD = "pg-Pa55word-zq"
@@ -55,12 +54,6 @@ def _files_text(*folders: Path) -> dict[str, str]:
     }
 
 
-def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, timeout=600
-    )
-
-
 @pytest.mark.timeout(900)
 def test_no_password_in_stores_files_or_output(tiny_model_dir: Path, tmp_path: Path) -> None:
     server_root = tmp_path / "mlflow"
@@ -73,21 +66,21 @@ def test_no_password_in_stores_files_or_output(tiny_model_dir: Path, tmp_path: P
         port = pg.rsplit(":", 1)[1].split("/")[0]
         storage = f"postgresql://alice:{PG_PASSWORD}@127.0.0.1:{port}/optuna_secret"
         tracking = mlflow_url.replace("http://", f"http://alice:{MLFLOW_PASSWORD}@")
-        study = _run(
+        study = run_module(
             "hpo.study", "--no-progress", "--model", str(tiny_model_dir), "--work-dir", str(work),
             "--storage", storage, "--tracking-uri", tracking, "--study-name", "secret",
             "--n-trials", "2", "--trial-fraction", "0.015", "--trial-evals", "2",
             "--eval-samples", "8", "--profiles", "fast", "--pruner", "none",
             "--json", str(tmp_path / "study.json"),
-            cwd=tmp_path,
+            cwd=tmp_path, timeout=600,
         )  # fmt: skip
         assert study.returncode == 0, study.stderr[-3000:]
         preset = json.loads((tmp_path / "study.json").read_text())["preset_path"]
-        full = _run(
+        full = run_module(
             "trainers.train", "--preset", preset, "--output-dir", str(tmp_path / "full"),
             "--max-steps", "2", "--quiet", "--tracking-uri", tracking,
             "--json", str(tmp_path / "full.json"),
-            cwd=tmp_path,
+            cwd=tmp_path, timeout=600,
         )  # fmt: skip
         assert full.returncode == 0, full.stderr[-3000:]
         stored = optuna.load_study(study_name="secret", storage=storage).user_attrs["hpo_config"]

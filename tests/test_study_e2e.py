@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -14,6 +12,7 @@ from mlflow import MlflowClient
 
 from hpo.config import load_config
 from hpo.runner import run_study
+from tests.cli import run_module
 from trainers.preset import PRESET_VERSION
 
 STATE_NAMES = {
@@ -162,9 +161,8 @@ def test_resume_adds_no_duplicates(study_run, tiny_model_dir: Path) -> None:
 def test_export_preset_round_trip(study_run, tmp_path: Path) -> None:
     config, summary = study_run
     out = tmp_path / "best.yaml"
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpo.export", "--study-name", "e2e", "--storage", config.storage_url, "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+    proc = run_module(
+        "hpo.export", "--study-name", "e2e", "--storage", config.storage_url, "--out", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     preset = yaml.safe_load(out.read_text())
@@ -177,10 +175,10 @@ def test_export_preset_round_trip(study_run, tmp_path: Path) -> None:
     assert preset["lora"]["r"] == summary.best_params["lora_r"]
 
     result_json = tmp_path / "train.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainers.train", "--preset", str(out), "--max-steps", "5",
-         "--output-dir", str(tmp_path / "run"), "--json", str(result_json), "--quiet"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    proc = run_module(
+        "trainers.train", "--preset", str(out), "--max-steps", "5",
+        "--output-dir", str(tmp_path / "run"), "--json", str(result_json), "--quiet",
+        timeout=600, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(result_json.read_text())
@@ -191,11 +189,11 @@ def test_export_preset_round_trip(study_run, tmp_path: Path) -> None:
 
 def test_study_cli_json(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpo.study", "--model", str(tiny_model_dir), "--work-dir", str(tmp_path / "w"),
-         "--n-trials", "2", "--trial-fraction", "0.015", "--trial-evals", "2", "--eval-samples", "8",
-         "--profiles", "fast", "--study-name", "cli", "--json", str(out), "--no-progress"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    proc = run_module(
+        "hpo.study", "--model", str(tiny_model_dir), "--work-dir", str(tmp_path / "w"),
+        "--n-trials", "2", "--trial-fraction", "0.015", "--trial-evals", "2", "--eval-samples", "8",
+        "--profiles", "fast", "--study-name", "cli", "--json", str(out), "--no-progress",
+        timeout=600, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     payload = json.loads(out.read_text())

@@ -6,18 +6,18 @@ the command lines themselves map it to exit code 2 the same way.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.cli import run_module
 
 
 def test_study_command_exits_2_with_one_line(tmp_path: Path, tiny_model_dir: Path) -> None:
     work = tmp_path / "work"
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpo.study", "--no-progress", "--model", str(tiny_model_dir),
-         "--work-dir", str(work), "--json", str(tmp_path / "s.json"),
-         "--storage", "postgresql://u:topsecret@127.0.0.1:1/db"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    proc = run_module(
+        "hpo.study", "--no-progress", "--model", str(tiny_model_dir),
+        "--work-dir", str(work), "--json", str(tmp_path / "s.json"),
+        "--storage", "postgresql://u:topsecret@127.0.0.1:1/db",
+        cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
@@ -29,9 +29,9 @@ def test_study_command_exits_2_with_one_line(tmp_path: Path, tiny_model_dir: Pat
 
 def test_export_unknown_study(tmp_path: Path) -> None:
     out = tmp_path / "p.yaml"
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpo.export", "--study-name", "nope", "--storage", f"sqlite:///{tmp_path / 'x.db'}", "--out", str(out)],
-        capture_output=True, text=True, timeout=120,
+    proc = run_module(
+        "hpo.export", "--study-name", "nope", "--storage", f"sqlite:///{tmp_path / 'x.db'}",
+        "--out", str(out), timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and "nope" in proc.stderr
     assert not out.exists()

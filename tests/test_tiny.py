@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.errors import BadInputError
+from tests.cli import run_module
 from trainers.data.paths import demo_data_path
 from trainers.tiny import (
     ARCHS,
@@ -114,12 +113,7 @@ def test_bad_choice_is_bad_input(arch: str, size: str, tmp_path: Path) -> None:
 
 
 def test_cli_bad_arch_exits_2(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainers.tiny", "--out", str(tmp_path / "m"), "--arch", "bert"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_module("trainers.tiny", "--out", str(tmp_path / "m"), "--arch", "bert")
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "arch='bert'" in proc.stderr

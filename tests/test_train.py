@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli import run_module
 from trainers.data.paths import demo_data_path
 from trainers.events import EvalInfo, StepInfo, TrainingCallback
 from trainers.loop.run import train
@@ -105,25 +104,15 @@ def test_a_callback_can_stop_the_run(tiny_model_dir: Path, tmp_path: Path) -> No
     assert result.stop_reason == "Recorder.on_step"
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainers.train", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-    )
-
-
 def test_cli_writes_json(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "result.json"
-    proc = _cli(
-        "--model", str(tiny_model_dir),
+    proc = run_module(
+        "trainers.train", "--model", str(tiny_model_dir),
         "--data", str(demo_data_path("text")),
         "--max-steps", "6", "--eval-interval", "3", "--micro-batch-size", "4",
         "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(tmp_path / "o"),
         "--json", str(out), "--quiet",
-        cwd=tmp_path,
+        cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     payload = json.loads(out.read_text())
@@ -152,7 +141,9 @@ def test_cli_bad_input_exits_2_with_one_line(
 ) -> None:
     base = ["--model", str(tiny_model_dir), "--data", str(demo_data_path("text"))]
     out = tmp_path / "r.json"
-    proc = _cli(*base, *args, "--json", str(out), "--quiet", cwd=tmp_path)
+    proc = run_module(
+        "trainers.train", *base, *args, "--json", str(out), "--quiet", cwd=tmp_path, timeout=600
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], proc.stderr

@@ -25,6 +25,7 @@ from hpo.workers import (
     fail_dead_workers_trials,
     gpu_assignment,
 )
+from tests.cli import run_module, start_module
 
 RUNNING = optuna.trial.TrialState.RUNNING
 FAIL = optuna.trial.TrialState.FAIL
@@ -110,9 +111,10 @@ def test_only_provably_dead_workers_trials_are_failed(tmp_path: Path, kind: str)
         alive.wait()
 
 
-def _study_cmd(tiny_model_dir: Path, work: Path, *extra: str) -> list[str]:
+def _study_args(tiny_model_dir: Path, work: Path, *extra: str) -> list[str]:
+    """The arguments of `python -m hpo.study` for these tests' study `w`."""
     return [
-        sys.executable, "-m", "hpo.study", "--no-progress", "--model", str(tiny_model_dir),
+        "--no-progress", "--model", str(tiny_model_dir),
         "--work-dir", str(work), "--trial-evals", "2", "--eval-samples", "8",
         "--profiles", "fast", "--pruner", "none", "--study-name", "w", *extra,
     ]  # fmt: skip
@@ -120,8 +122,8 @@ def _study_cmd(tiny_model_dir: Path, work: Path, *extra: str) -> list[str]:
 
 def test_sqlite_refuses_several_workers(tiny_model_dir: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"
-    cmd = _study_cmd(tiny_model_dir, work, "--workers", "2", "--json", str(tmp_path / "s.json"))
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    args = _study_args(tiny_model_dir, work, "--workers", "2", "--json", str(tmp_path / "s.json"))
+    proc = run_module("hpo.study", *args, cwd=tmp_path, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "postgresql://" in lines[0] and "journal:" in lines[0], lines
@@ -135,9 +137,10 @@ def test_a_killed_workers_trial_on_sqlite_is_failed_and_retried(
     work = tmp_path / "work"
     storage, tracking = f"sqlite:///{work / 'optuna.db'}", f"sqlite:///{work / 'mlflow.db'}"
     # Three epochs at fraction 1.0: a trial of many seconds, surely mid-training when killed.
-    doomed = subprocess.Popen(
-        _study_cmd(tiny_model_dir, work, "--n-trials", "2", "--trial-fraction", "1.0", "--epochs", "3"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    doomed = start_module(
+        "hpo.study",
+        *_study_args(tiny_model_dir, work, "--n-trials", "2", "--trial-fraction", "1.0", "--epochs", "3"),
+        stdout=subprocess.DEVNULL, cwd=tmp_path,
     )  # fmt: skip
     deadline = time.monotonic() + 300
     while True:  # until a trial runs and its MLflow run exists; then kill at once
@@ -162,10 +165,11 @@ def test_a_killed_workers_trial_on_sqlite_is_failed_and_retried(
     study = optuna.load_study(study_name="w", storage=storage)
     assert study.trials[dead].state == RUNNING  # no heartbeat: nothing else would fail it
 
-    survivor = subprocess.run(
-        _study_cmd(tiny_model_dir, work, "--n-trials", "2", "--trial-fraction", "0.015",
-                   "--json", str(tmp_path / "s.json")),
-        capture_output=True, text=True, cwd=tmp_path, timeout=500,
+    survivor = run_module(
+        "hpo.study",
+        *_study_args(tiny_model_dir, work, "--n-trials", "2", "--trial-fraction", "0.015",
+                     "--json", str(tmp_path / "s.json")),
+        cwd=tmp_path, timeout=500,
     )  # fmt: skip
     assert survivor.returncode == 0, survivor.stderr[-3000:]
     study = optuna.load_study(study_name="w", storage=storage)
@@ -186,11 +190,11 @@ def test_a_killed_workers_trial_on_sqlite_is_failed_and_retried(
 def test_two_local_workers_share_a_journal_study(tiny_model_dir: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"
     storage = f"journal:{work / 'optuna.journal'}"
-    cmd = _study_cmd(
+    args = _study_args(
         tiny_model_dir, work, "--workers", "2", "--n-trials", "3", "--trial-fraction", "0.015",
         "--storage", storage, "--json", str(tmp_path / "s.json"),
     )  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=500)
+    proc = run_module("hpo.study", *args, cwd=tmp_path, timeout=500)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     pids = [int(line.split("pid ")[1].split(",")[0]) for line in proc.stdout.splitlines()
             if line.startswith("worker ")]  # fmt: skip
