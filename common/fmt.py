@@ -20,3 +20,17 @@ def format_duration(seconds: float) -> str:
     if 0 < milliseconds < 999.5:
         return f"{milliseconds:.3g} ms"
     return f"{seconds:.0f} s"
+
+
+def format_hours(hours: float, *, minute_decimals: int = 1) -> str:
+    """A duration given in hours, for a summary line: `42 s`, `12.5 min`, `14.2 h`.
+
+    Minutes up to an hour and a half (`85.0 min` reads better than `1.4 h`); seconds below
+    one minute. `minute_decimals`: digits after the point for minutes.
+    """
+    minutes = hours * 60
+    if minutes < 1:
+        return f"{minutes * 60:.0f} s"
+    if minutes < 90:
+        return f"{minutes:.{minute_decimals}f} min"
+    return f"{hours:.1f} h"

@@ -1,4 +1,5 @@
-"""Workers of one study: who runs a trial, which GPU a local worker gets, and dead workers.
+"""Workers of one study: the local ones `--workers` starts, who runs a trial, which GPU a
+local worker gets, and dead workers.
 
 `--workers N` starts N local worker processes of one study (the same command on several
 machines is the real scale-out). Each trial records the worker that runs it (host, process
@@ -12,15 +13,22 @@ import contextlib
 import logging
 import os
 import socket
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import psutil
 
-from common.errors import BadInputError
+from common.errors import BadInputError, HpoError
+from common.redact import redact
+from common.workdir import WorkDir
+
+if TYPE_CHECKING:
+    from hpo.config import StudyConfig
 
 log = logging.getLogger(__name__)
 
@@ -171,3 +179,107 @@ def visible_gpus(device: str) -> list[str]:
     if listed is not None:
         return [part.strip() for part in listed.split(",") if part.strip()]
     return [str(index) for index in range(torch.cuda.device_count())]
+
+
+def run_workers(config: StudyConfig, n_workers: int, argv: list[str]) -> int:
+    """Run `n_workers` local worker processes of the study until all have ended.
+
+    Each runs `python -m hpo.study` with `argv` (without `--workers` and `--json`, seed + its
+    index), with its own GPU on a multi-GPU host; its output goes to
+    `<work_dir>/workers/worker-<i>.log`.
+
+    Returns:
+        The study's finished trials.
+
+    Raises:
+        BadInputError: A storage workers cannot share (SQLite), more workers than GPUs, bad
+            input found before they start, or the first worker's bad-input message.
+        HpoError: A worker failed.
+    """
+    from hpo.prepare import prepare
+    from hpo.states import FINISHED_STATES
+    from hpo.storage import make_storage, shared_by_processes
+
+    url, work = config.storage_url, WorkDir(config.work_dir)
+    if not shared_by_processes(url):
+        raise BadInputError(
+            f"--workers {n_workers} needs a storage several processes can share, not SQLite "
+            f"({redact(url)}): use --storage postgresql://USER:PASSWORD@HOST/DB or "
+            f"--storage journal:{work.journal}"
+        )
+    gpus = gpu_assignment(n_workers, visible_gpus(config.device))
+    prepare(config)  # bad model or data: one message, before any worker; tokenized once for all
+    # Both stores' tables (and the experiment) are created here once, not raced for.
+    make_storage(url, heartbeat_seconds=config.heartbeat_seconds)
+    _create_experiment(config, work)
+    work.workers.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for index, gpu in enumerate(gpus):
+        env = {**os.environ, "HPO_WORKER_INDEX": str(index)}
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        log_path = work.worker_log(index)
+        with open(log_path, "w", encoding="utf-8") as log_file:
+            command = [sys.executable, "-m", "hpo.study", *_worker_argv(argv, config.seed + index)]
+            procs.append(
+                subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+            )
+        where = f" on GPU {gpu}" if gpu is not None else ""
+        print(f"worker {index}: pid {procs[-1].pid}{where}, output in {log_path}", flush=True)
+    _wait_for(procs, work)
+    study = optuna.load_study(study_name=config.study_name, storage=make_storage(url))
+    return len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
+
+
+def _create_experiment(config: StudyConfig, work: WorkDir) -> None:
+    """The study's MLflow experiment, created once before the workers start."""
+    if not config.tracking.uri:
+        return
+    from common.mlflow_writer import TrackingUnreachable
+    from hpo.tracking import Tracker
+
+    try:
+        Tracker(
+            config.tracking.uri,
+            config.tracking.experiment_name or "hpo-lora",
+            artifact_dir=str(work.artifacts),
+        )
+    except TrackingUnreachable:
+        if config.tracking.outage != "spool":
+            raise
+        # Each worker starts offline and keeps its records in its own spool.
+
+
+def _worker_argv(argv: list[str], seed: int) -> list[str]:
+    """This command's arguments for one worker: no --workers, no --json, its own seed."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--workers", "--json"):
+            skip = True
+        elif not arg.startswith(("--workers=", "--json=")):
+            out.append(arg)
+    # Workers with one seed would sample the same configurations.
+    return [*out, "--no-progress", "--seed", str(seed)]
+
+
+def _wait_for(procs: list[subprocess.Popen[bytes]], work: WorkDir) -> None:
+    """Wait for every worker; on Ctrl-C stop them all. Raise the first worker's failure."""
+    try:
+        codes = [proc.wait() for proc in procs]
+    except KeyboardInterrupt:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait()
+        raise
+    for index, code in enumerate(codes):
+        if code == 0:
+            continue
+        lines = work.worker_log(index).read_text(encoding="utf-8").strip().splitlines()
+        last = lines[-1] if lines else f"exit code {code}"
+        if code == 2:
+            raise BadInputError(f"worker {index}: {last.removeprefix('error: ')}")
+        raise HpoError(f"worker {index} exited with code {code}: {last} (see its log)")

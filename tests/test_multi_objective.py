@@ -18,9 +18,10 @@ from common.cli import run_cli
 from common.errors import BadInputError
 from hpo.config import StudyConfig, load_config
 from hpo.export import main as export_main
-from hpo.runner import StudySummary, run_study
+from hpo.runner import run_study
 from hpo.samplers import make_sampler
 from hpo.study import main as study_main
+from hpo.summary import StudySummary
 
 
 def _config(work: Path, model: Path, **overrides: Any) -> StudyConfig:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpo.runner import StudySummary
-from hpo.study import _print_summary
+from hpo.summary import StudySummary, print_summary
 
 
 def _summary(scored_by: str | None) -> StudySummary:
@@ -28,7 +27,7 @@ def _summary(scored_by: str | None) -> StudySummary:
 def test_the_best_score_is_named_for_what_it_is(
     scored_by: str | None, says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _print_summary(_summary(scored_by), {})
+    print_summary(_summary(scored_by), {})
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("best trial"))
     assert line == f"best trial 3: score 4.5000 ({says}" + (
         ", before correction)" if "predicted" in says else ")"

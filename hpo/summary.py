@@ -1,0 +1,243 @@
+"""What a study ends with: the summary, the best trial exported, and the lines it prints."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from common.fmt import format_duration, format_hours
+from common.redact import redact
+from common.workdir import WorkDir
+from hpo.config import StudyConfig
+from hpo.export import PARAM_KEYS, current_correction, estimate_section, export_study
+from hpo.final_loss import SCORED_BY_ATTR
+from hpo.pick import best_complete_trial, standing_trials
+from hpo.states import state_counts, trial_loss
+from hpo.tracking import PARENT_ATTR, Tracker
+
+_BEST_KEYS = (*PARAM_KEYS, "effective_batch_size")
+
+
+@dataclass
+class StudySummary:
+    study_name: str
+    states: dict[str, int]
+    best_value: float | None
+    best_params: dict[str, Any]
+    best_trial: int | None
+    best_estimate: dict[str, Any]
+    preset_path: str | None
+    mlflow_experiment_id: str
+    mlflow_parent_run_id: str
+    elapsed_seconds: float
+    tracking_uri: str
+    objective: str = "predicted_full_run_loss"
+    report_path: str | None = None
+    objectives: list[str] = dataclasses.field(default_factory=lambda: ["loss"])
+    # Several objectives: the standing trials no other beats on both, cheapest first, each
+    # {"trial", "loss", "hours" or "cost"}.
+    pareto_front: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # MLflow records the tracking server did not take: they wait in `tracking_spool`.
+    tracking_records_waiting: int = 0
+    tracking_spool: str | None = None
+    # The search's plan against what it spent (hours, cost) and which limit ended it.
+    search: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # What the best trial's score is: "prediction" (the full run's predicted final loss) or
+    # "loss_at_fidelity" (its loss at the trials' share of the data, where the prediction
+    # was less sure than the study's promise).
+    best_scored_by: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def summarize(
+    study: optuna.Study, config: StudyConfig, tracker: Tracker, parent: str
+) -> StudySummary:
+    """The study's outcome; the best complete trial exported as the preset."""
+    summary = StudySummary(
+        study_name=config.study_name,
+        states=state_counts(study),
+        best_value=None,
+        best_params={},
+        best_trial=None,
+        best_estimate={},
+        preset_path=None,
+        mlflow_experiment_id=str(tracker.experiment_id),
+        mlflow_parent_run_id=str(study.user_attrs.get(PARENT_ATTR, parent)),
+        elapsed_seconds=0.0,  # set when the study is closed
+        tracking_uri=tracker.tracking_uri,
+        objective=config.objective,
+        objectives=list(config.objectives),
+    )
+    if not summary.states["complete"]:
+        return summary
+    if config.multi_objective:
+        summary.pareto_front = pareto_points(study, config.objectives[1])
+    best = best_complete_trial(study)
+    summary.best_value, summary.best_trial = trial_loss(best), best.number
+    summary.best_scored_by = best.user_attrs.get(SCORED_BY_ATTR)
+    summary.best_estimate = estimate_section(
+        study, best, correction=current_correction(study, best)
+    )
+    summary.best_params = {k: best.user_attrs[k] for k in _BEST_KEYS if k in best.user_attrs}
+    preset = export_study(
+        study,
+        WorkDir(config.work_dir).preset(config.study_name),
+        storage_url=config.storage_url,
+        tracking_uri=tracker.tracking_uri,
+        tracker=tracker,
+    )
+    summary.preset_path = str(preset)
+    return summary
+
+
+def pareto_points(study: optuna.Study, second: str) -> list[dict[str, Any]]:
+    """The Pareto front of a loss-and-hours (or cost) study, cheapest first.
+
+    Taken over the standing trials (a promoted trial stands for its configuration), from
+    the values Optuna minimised.
+    """
+    from analysis.report.pareto import pareto_front
+
+    standing = [t for t in standing_trials(study) if t.values and len(t.values) == 2]
+    front = pareto_front((t.values[0], t.values[1], t.number) for t in standing)
+    return [{"trial": number, "loss": loss, second: other} for loss, other, number in front]
+
+
+def parent_note(summary: StudySummary) -> str:
+    """One sentence for the study's parent run: what was tried and what came out."""
+    states = summary.states
+    tried = f"{states['complete']} complete, {states['pruned']} pruned, {states['failed']} failed"
+    if summary.best_trial is None:
+        return f"Study '{summary.study_name}': {tried}; nothing to export."
+    estimate = summary.best_estimate
+    loss = estimate.get("final_val_loss") or {}
+    hours = estimate.get("duration_hours") or {}
+    parts = [f"Study '{summary.study_name}': {tried}; best trial {summary.best_trial}"]
+    if loss:
+        parts.append(
+            f"predicted final loss {loss['p50']:.3g} ({loss['p10']:.3g}-{loss['p90']:.3g})"
+        )
+    if hours:
+        parts.append(f"full run {format_duration(hours['p50'] * 3600)}")
+    return ", ".join(parts) + f"; preset {summary.preset_path}."
+
+
+def print_summary(summary: StudySummary, server: dict[str, Any]) -> None:
+    """The lines `python -m hpo.study` ends with; `server`: mlflow.yaml's UI host and port."""
+    states = summary.states
+    print(
+        f"study '{summary.study_name}': {states['complete']} complete, {states['pruned']} pruned, "
+        f"{states['failed']} failed in {summary.elapsed_seconds:.0f} s"
+    )
+    _print_search(summary.search or {})
+    if summary.best_value is None:
+        print("no trial completed: nothing to export")
+    else:
+        _print_best(summary)
+    _print_ui(summary, server)
+    waiting = summary.tracking_records_waiting
+    if waiting:
+        print(
+            f"{waiting} MLflow records wait for the tracking server in {summary.tracking_spool}; "
+            f"send them with: python -m hpo.tracking --replay {summary.tracking_spool}"
+        )
+
+
+def _print_best(summary: StudySummary) -> None:
+    by_prediction = summary.objective == "predicted_full_run_loss" and (
+        summary.best_scored_by in (None, "prediction")
+    )
+    what = (
+        "its full run's predicted final validation loss, before correction"
+        if by_prediction
+        else "its validation loss at the trials' share of the data"
+    )
+    print(f"best trial {summary.best_trial}: score {summary.best_value:.4f} ({what})")
+    for key, value in summary.best_params.items():
+        shown = f"{value:.3g}" if isinstance(value, float) else value
+        print(f"  {key:<28} {shown}")
+    _print_estimate(summary.best_estimate)
+    _print_pareto(summary)
+    print(f"preset: {summary.preset_path}")
+    print(f"train it: python -m trainers.train --preset {summary.preset_path}")
+    if summary.report_path:
+        print(f"report: {summary.report_path} (also on the study's MLflow run, under report/)")
+
+
+def _print_ui(summary: StudySummary, server: dict[str, Any]) -> None:
+    """Where to see the study in MLflow's UI (and how to start one for a local store)."""
+    host, port = server.get("host", "127.0.0.1"), server.get("port", 5000)
+    uri = redact(summary.tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        base = uri.rstrip("/")
+    else:
+        print("open the MLflow UI:")
+        print(
+            f"  {Path(sys.executable)} -m mlflow server --backend-store-uri {uri} --host {host} --port {port}"
+        )
+        base = f"http://{host}:{port}"
+    print(
+        f"  {base}/#/experiments/{summary.mlflow_experiment_id}/runs?workflowType=machine_learning"
+    )
+
+
+def _print_pareto(summary: StudySummary) -> None:
+    """Loss against hours or cost: the configurations no other one beats on both."""
+    if not summary.pareto_front:
+        return
+    second = summary.objectives[1]
+    print(f"Pareto front (predicted loss against full-run {second}), cheapest first:")
+    for point in summary.pareto_front:
+        amount = f"{point[second]:.3g} h" if second == "hours" else f"{point[second]:.2f}"
+        print(f"  trial {point['trial']:<4} loss {point['loss']:.4f}  {second} {amount}")
+    print("export another: python -m hpo.export --trial N, or --pick cheapest-within PCT")
+
+
+def _print_search(search: dict[str, Any]) -> None:
+    """The search's plan against what it spent, and which limit ended it."""
+    if not search:
+        return
+    line = (
+        f"search: planned {format_hours(search['planned_hours'])} GPU time "
+        f"({search['trials']} trials at {search['fidelity']:.3g} of their full run), "
+        f"spent {format_hours(search['spent_hours'])}"
+    )
+    if search.get("budget_hours"):
+        line += f" of a {format_hours(search['budget_hours'])} budget ({search['source']})"
+    if search.get("price_per_hour"):
+        line += f"; cost {search['spent_cost']:.2f} spent, {search['planned_cost']:.2f} planned"
+    print(f"{line}; ended by {search['ended_by']}")
+
+
+def _print_estimate(estimate: dict[str, Any]) -> None:
+    loss = estimate.get("final_val_loss") or {}
+    if {"p10", "p50", "p90"} <= set(loss):
+        corrected = (estimate.get("loss_correction") or {}).get("runs", 0)
+        source = f"corrected by {corrected} full runs" if corrected else "no full run reported yet"
+        method = estimate.get("final_val_loss_method")
+        if method:  # joint / own / fallback, and from how many of the trial's points
+            source = f"{method}, {estimate.get('final_val_loss_points', '?')} points; {source}"
+        print(
+            f"full run's final validation loss: {loss['p50']:.4f} predicted "
+            f"(p10-p90 {loss['p10']:.4f} to {loss['p90']:.4f}; {source})"
+        )
+    hours = estimate.get("duration_hours") or {}
+    if "p50" not in hours:
+        return
+    line = f"full run: {format_hours(hours['p50'])} predicted"
+    if "p10" in hours and "p90" in hours:
+        line += f" (p10-p90 {format_hours(hours['p10'])} to {format_hours(hours['p90'])})"
+    if "available_hours" in estimate:
+        verdict = "fits" if estimate.get("fits_window") else "does NOT fit"
+        line += f"; {verdict} the {format_hours(estimate['available_hours'])} available"
+    cost = estimate.get("cost") or {}
+    if isinstance(cost, dict) and cost.get("p50"):
+        line += f"; cost about {cost['p50']:.2f}"
+    print(line)
