@@ -4,10 +4,5 @@ set -euo pipefail
 if command -v chromium >/dev/null 2>&1; then
   exit 0
 fi
-if [ "$(id -u)" != "0" ]; then
-  echo "Chromium is not installed and this is not root: install the 'chromium' package" >&2
-  exit 1
-fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends chromium >/dev/null
+source "$(dirname "$0")/apt-install.sh"
+apt_install Chromium chromium

@@ -5,12 +5,7 @@ set -euo pipefail
 if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then
   exit 0
 fi
-if [ "$(id -u)" != "0" ]; then
-  echo "PostgreSQL is not installed and this is not root: install the 'postgresql' package" >&2
-  exit 1
-fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+source "$(dirname "$0")/apt-install.sh"
+apt_install PostgreSQL postgresql
 # Debian's package starts a cluster of its own; the tests do not use it.
 (service postgresql stop || pg_ctlcluster --force "$(ls /etc/postgresql | head -1)" main stop) >/dev/null 2>&1 || true
