@@ -37,15 +37,9 @@ _FIXED_GRID = tuple(i * 0.005 for i in range(61))  # 0 .. 0.3 s per micro-step
 
 
 def setup_of(run: PublishedRun) -> RunSetup:
-    """The plan fields a published run's setup sets."""
-    return RunSetup(
-        attention=run.attention,
-        lora_targets=run.lora_targets,
-        logits_fp32=run.logits_fp32,
-        memory_measure=run.memory_measure,
-        longest_sample=run.longest_sample,
-        packing=run.packing,
-    )
+    """The plan fields a published run's setup sets: those of `RunSetup` it records."""
+    names = [f.name for f in dataclasses.fields(RunSetup) if hasattr(run, f.name)]
+    return RunSetup(**{name: getattr(run, name) for name in names})
 
 
 @dataclass(frozen=True)
