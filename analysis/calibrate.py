@@ -34,7 +34,7 @@ from analysis.calibration.file import Calibration, load, load_for
 from analysis.calibration.fit import fit
 from analysis.calibration.measurements import RunMeasurements
 from analysis.full_runs import FullRun, absorb, from_mlflow, read_report
-from analysis.plans import probe_spec
+from analysis.planning import probe_spec
 from analysis.records import CALIBRATION_FILE, TRIAL_ATTR, read_trial_record
 from analysis.studies import load_study
 from analysis.timemodel import HardwareInfo, ModelProfile, fingerprint, prior_coefficients

@@ -22,17 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from analysis.gpus import KNOWN_GPUS, GpuSpec, custom_gpu, find_gpu
+from analysis.plan_inputs import (
+    lengths_from_count,
+    lengths_from_data,
+    load_model_config,
+    shipped_configs,
+)
 from analysis.planning import (
     Fit,
     RunShape,
     best_of_profile,
     coefficients_for,
     evaluate,
-    lengths_from_count,
-    lengths_from_data,
-    load_model_config,
-    plan_of,
-    shipped_configs,
+    plan_of_shape,
     toggled_checkpointing,
     with_setup,
 )
@@ -400,7 +402,7 @@ def _report(
     memory = {
         key: value / GIB
         for key, value in memory_parts(
-            with_setup(plan_of(chosen.shape, model, lengths, gpu), setup), setup, terms
+            with_setup(plan_of_shape(chosen.shape, model, lengths, gpu), setup), setup, terms
         ).items()
     }
     with_gc, without_gc = (other, chosen) if other.shape.gradient_checkpointing else (chosen, other)
@@ -432,7 +434,7 @@ def _activations(
     gpu: GpuSpec,
     setup_terms: tuple[RunSetup, MemoryTerms],
 ) -> float:
-    parts = memory_parts(plan_of(fit.shape, model, lengths, gpu), *setup_terms)
+    parts = memory_parts(plan_of_shape(fit.shape, model, lengths, gpu), *setup_terms)
     return (parts["activations"] + parts["logits"]) / GIB
 
 

@@ -1,142 +1,54 @@
-"""Plan a full LoRA run before any download: a model's `config.json`, a GPU, a data size.
+"""A run -> the time model's plan of it, and whether that run fits a GPU and a window.
 
-The model is profiled on PyTorch's meta device (`analysis.machine.config_profile`, the same
-profile a study computes from a downloaded model), the run is translated by
-`analysis.plans.plan_for` and predicted by `analysis.timemodel.predict`: a plan is what the
-study would predict for that run on that GPU, with the priors a study there starts from, or
-with a calibration measured on that GPU.
+`plan_of_spec` is the one translation of a `TrainSpec` into the time model's `Plan`: the
+study's estimator, `python -m analysis.calibrate` and the time-model benchmarks all predict
+through it, so a prediction is always of the run that trains. `plan_of_shape` plans the
+full run of a `RunShape` (the choices that set a run's duration and memory) with a study's
+defaults, for `python -m analysis.plan`; `probe_spec` is a short measured run of one
+shape. Runs are built by `trainers.run_spec.run_spec`, the one translation of a choice into
+a `TrainSpec`. The model's profile comes from `analysis.machine`, the data's token lengths
+from `analysis.plan_inputs`, the prediction from `analysis.timemodel.predict`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analysis import fitted_priors
 from analysis.calibration.file import Calibration, load
 from analysis.gpus import GpuSpec, peak_of
-from analysis.plans import plan_for
 from analysis.run_setup import ATTENTION_RATE, MemoryTerms, RunSetup, peak_memory
 from analysis.timemodel import (
     Coefficients,
     Estimate,
+    HardwareInfo,
     ModelProfile,
     Plan,
     predict,
     prior_coefficients,
 )
-from common.errors import BadInputError
+from trainers.run_spec import Settings, run_spec
 from trainers.spec import (
     STUDY_EVAL_SAMPLES,
     STUDY_FULL_CHECKPOINT_INTERVAL,
     STUDY_FULL_EVAL_INTERVAL,
-    LoraSpec,
     TrainSpec,
 )
 
-CHARS_PER_TOKEN = 4.0  # English text under a BPE tokenizer, when no tokenizer is given
-VALIDATION_FRACTION = 0.1  # as a study holds out by default
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
-
-def shipped_configs() -> dict[str, Path]:
-    """The published model configurations shipped with the package, by file stem."""
-    folder = Path(str(resources.files("analysis").joinpath("model_configs")))
-    return {path.stem: path for path in sorted(folder.glob("*.json"))}
-
-
-def load_model_config(path: str | Path) -> Any:
-    """Read a causal LM's `config.json` (or the folder holding one) without any weights.
-
-    Raises:
-        BadInputError: Missing, not JSON, or not a configuration transformers knows; one line.
-    """
-    from transformers import AutoConfig
-
-    source = Path(path)
-    if source.is_dir():
-        source = source / "config.json"
-    if not source.is_file():
-        raise BadInputError(f"--model-config: no such file: {path}")
-    try:
-        raw = json.loads(source.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadInputError(f"--model-config: {source} is not JSON: {exc}") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
-        raise BadInputError(f"--model-config: {source} has no model_type (not a config.json)")
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    if raw["model_type"] not in CONFIG_MAPPING:
-        raise BadInputError(
-            f"--model-config: {source}: model_type {raw['model_type']!r} is not one this "
-            "transformers knows"
-        )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return AutoConfig.for_model(**raw)
-        except (ValueError, KeyError, TypeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise BadInputError(f"--model-config: {source}: {first}") from None
-
-
-# ----------------------------------------------------------------------------- data
-
-
-def lengths_from_count(samples: int, tokens_per_sample: int) -> tuple[int, ...]:
-    """Train token lengths of `samples` samples of `tokens_per_sample` tokens each."""
-    if samples < 2:
-        raise BadInputError(f"--samples must be >= 2, but got {samples}")
-    if tokens_per_sample < 1:
-        raise BadInputError(f"--tokens-per-sample must be >= 1, but got {tokens_per_sample}")
-    n_validation = max(1, round(samples * VALIDATION_FRACTION))
-    return (tokens_per_sample,) * (samples - n_validation)
-
-
-def lengths_from_data(
-    data: str, *, max_length: int, tokenizer_dir: str | None, cache_dir: str | None = None
-) -> tuple[tuple[int, ...], str]:
-    """Train token lengths of a data set (see `trainers.data.sources`), and how they were measured.
-
-    With a tokenizer folder the file goes through the trainer's own tokenization (exact);
-    without one, each record's characters / `CHARS_PER_TOKEN` stand for its tokens.
-    """
-    from trainers.data.dataset import DataSpec, load_tokenized, split_indices
-
-    if tokenizer_dir:
-        from trainers.model.lora import load_tokenizer
-
-        spec = DataSpec(path=data, max_length=max_length, cache_dir=cache_dir)
-        loaded = load_tokenized(spec, load_tokenizer(tokenizer_dir))
-        return tuple(loaded.stats.lengths[: len(loaded.train)]), f"tokenized ({tokenizer_dir})"
-    chars = _record_characters(Path(data))
-    train, _ = split_indices(len(chars), VALIDATION_FRACTION, 0)
-    lengths = tuple(max(1, math.ceil(chars[i] / CHARS_PER_TOKEN)) for i in train)
-    return lengths, f"estimated at {CHARS_PER_TOKEN:g} characters per token (no --tokenizer)"
-
-
-def _record_characters(path: Path) -> list[int]:
-    """Characters of text in each record of a data set, in any format and shape it can have."""
-    from trainers.data.records import read_native
-
-    try:
-        _, records, _ = read_native(path)
-    except BadInputError as error:
-        raise BadInputError(f"--data: {error}") from None
-    counts = []
-    for record in records:
-        texts = [record.get("text"), record.get("prompt"), record.get("completion")]
-        texts += [m["content"] for m in record.get("messages") or []]
-        counts.append(sum(len(t) for t in texts if isinstance(t, str)))
-    if len(counts) < 2:
-        raise BadInputError(f"--data: {path} has {len(counts)} record(s); a run needs 2")
-    return counts
+# What a planned full run evaluates and saves: a study's defaults.
+STUDY_SETTINGS = Settings(
+    eval_interval=STUDY_FULL_EVAL_INTERVAL,
+    checkpoint_interval=STUDY_FULL_CHECKPOINT_INTERVAL,
+    eval_samples=STUDY_EVAL_SAMPLES,
+)
 
 
 # ----------------------------------------------------------------------------- runs
@@ -144,7 +56,7 @@ def _record_characters(path: Path) -> list[int]:
 
 @dataclass(frozen=True)
 class RunShape:
-    """The choices that set a run's duration and memory."""
+    """The choices that set a run's duration and memory (the keys of a sampled configuration)."""
 
     micro_batch_size: int
     gradient_accumulation_steps: int
@@ -154,23 +66,106 @@ class RunShape:
     epochs: float = 1.0
 
 
-def plan_of(shape: RunShape, model: ModelProfile, lengths: Sequence[int], gpu: GpuSpec) -> Plan:
+def plan_of_spec(
+    spec: TrainSpec,
+    model: ModelProfile,
+    token_lengths: Sequence[int],
+    *,
+    n_validation: int,
+    hardware: HardwareInfo,
+) -> Plan:
+    """The time model's view of the run `spec` describes.
+
+    Args:
+        spec: The run.
+        model: The profile of `spec.model`.
+        token_lengths: Token lengths of the training samples at `spec.max_length`.
+        n_validation: Validation samples there are; an evaluation reads at most that many.
+        hardware: The machine; its precision (with "auto" resolved) and device kind count.
+    """
+    return Plan(
+        model=model,
+        token_lengths=tuple(token_lengths),
+        epochs=spec.epochs,
+        micro_batch_size=spec.micro_batch_size,
+        gradient_accumulation_steps=spec.gradient_accumulation_steps,
+        max_length=spec.max_length,
+        lora_r=spec.lora.r,
+        eval_interval_steps=spec.eval_interval,
+        eval_samples=min(spec.eval_samples, n_validation),
+        checkpoint_interval_steps=spec.checkpoint_interval,
+        gradient_checkpointing=spec.gradient_checkpointing,
+        precision=hardware.precision,
+        device_kind=hardware.device_kind,
+        # A trial stops early in its full run's schedule: it takes only those steps.
+        max_steps=spec.stop_after_steps or spec.max_steps,
+        packing=spec.packing,
+        quantization=spec.quantization,
+    )
+
+
+def plan_of_shape(
+    shape: RunShape, model: ModelProfile, lengths: Sequence[int], gpu: GpuSpec
+) -> Plan:
     """The time model's plan of a full run of `shape` (the study's intervals and evaluation)."""
-    spec = TrainSpec(
+    spec = run_spec(
+        dataclasses.asdict(shape),
+        dataclasses.replace(STUDY_SETTINGS, epochs=shape.epochs),
         model="config.json",
         data="data.jsonl",
-        lora=LoraSpec(r=shape.lora_r, alpha=2.0 * shape.lora_r),
-        micro_batch_size=shape.micro_batch_size,
-        gradient_accumulation_steps=shape.gradient_accumulation_steps,
-        max_length=shape.max_length,
-        epochs=shape.epochs,
-        eval_interval=STUDY_FULL_EVAL_INTERVAL,
-        eval_samples=STUDY_EVAL_SAMPLES,
-        checkpoint_interval=STUDY_FULL_CHECKPOINT_INTERVAL,
-        gradient_checkpointing=shape.gradient_checkpointing,
     )
     clipped = [min(n, shape.max_length) for n in lengths]
-    return plan_for(spec, model, clipped, n_validation=STUDY_EVAL_SAMPLES, hardware=gpu.hardware())
+    return plan_of_spec(
+        spec, model, clipped, n_validation=STUDY_EVAL_SAMPLES, hardware=gpu.hardware()
+    )
+
+
+def probe_spec(
+    shape: DataclassInstance,
+    *,
+    model: str,
+    data: str,
+    work_dir: str | Path,
+    name: str,
+    max_steps: int,
+    eval_interval: int,
+    checkpoint_interval: int,
+    eval_samples: int,
+    device: str = "auto",
+    precision: str = "auto",
+) -> TrainSpec:
+    """A short measured run of one configuration (lora_alpha = 2 x rank, default dropout).
+
+    Args:
+        shape: A run shape's values (micro-batch, accumulation, max_length, rank), as a
+            dataclass: a `RunShape` or a probe point.
+        model: Local model folder.
+        data: JSONL data.
+        work_dir: Holds the run's output folder `name` and the shared tokenized cache.
+        name: The run's output folder.
+        max_steps: Optimizer steps.
+        eval_interval: Steps between evaluations (0: only at the end).
+        checkpoint_interval: Steps between checkpoint saves (0: none).
+        eval_samples: Validation samples per evaluation.
+        device: auto | cpu | cuda | mps.
+        precision: auto | fp32 | bf16 | fp16.
+    """
+    settings = Settings(
+        work_dir=work_dir,
+        eval_interval=eval_interval,
+        checkpoint_interval=checkpoint_interval,
+        eval_samples=eval_samples,
+        device=device,
+        precision=precision,
+    )
+    return run_spec(
+        dataclasses.asdict(shape),
+        settings,
+        model=model,
+        data=data,
+        output_dir=Path(work_dir) / name,
+        max_steps=max_steps,
+    )
 
 
 def coefficients_for(
@@ -261,7 +256,7 @@ def evaluate(
     peak memory is `analysis.run_setup.peak_memory` with `memory` terms, and the attention
     kernel sets the attention FLOPs' rate; without one, the time model's own memory estimate.
     """
-    plan = plan_of(shape, model, lengths, gpu)
+    plan = plan_of_shape(shape, model, lengths, gpu)
     if setup is not None:
         plan = with_setup(plan, setup)
     if setup is not None:

@@ -77,7 +77,8 @@ def replay(
         log_p90: Band's upper end.
         memory: Memory terms.
     """
-    from analysis.planning import RunShape, lengths_from_count, plan_of
+    from analysis.plan_inputs import lengths_from_count
+    from analysis.planning import RunShape, plan_of_shape
 
     gpu = find_gpu(run.gpu)
     setup = setup_of(run)
@@ -91,7 +92,7 @@ def replay(
     samples = REPLAY_STEPS * run.micro_batch_size * run.gradient_accumulation_steps
     lengths = lengths_from_count(samples * 2, max(1, round(run.tokens_per_sample)))
     plan = dataclasses.replace(
-        plan_of(shape, model, lengths, gpu),
+        plan_of_shape(shape, model, lengths, gpu),
         max_steps=REPLAY_STEPS, eval_interval_steps=0, checkpoint_interval_steps=0,
     )  # fmt: skip
     peak = peak_of(gpu)
@@ -124,7 +125,7 @@ def replay(
 def profile_for(run: PublishedRun, cache: dict[tuple[str, Any], ModelProfile]) -> ModelProfile:
     """The meta-device profile of the run's shipped config with its LoRA targets (cached)."""
     from analysis.machine import config_profile
-    from analysis.planning import load_model_config, shipped_configs
+    from analysis.plan_inputs import load_model_config, shipped_configs
 
     setup = setup_of(run)
     key = (run.model, setup.peft_targets)
@@ -277,14 +278,15 @@ def fit(
 
 
 def _memory_plan(run: PublishedRun, model: ModelProfile) -> Any:
-    from analysis.planning import RunShape, lengths_from_count, plan_of
+    from analysis.plan_inputs import lengths_from_count
+    from analysis.planning import RunShape, plan_of_shape
 
     shape = RunShape(
         run.micro_batch_size, run.gradient_accumulation_steps, run.max_length, run.lora_r,
         run.gradient_checkpointing,
     )  # fmt: skip
     lengths = lengths_from_count(8, max(1, round(run.tokens_per_sample)))
-    return plan_of(shape, model, lengths, find_gpu(run.gpu))
+    return plan_of_shape(shape, model, lengths, find_gpu(run.gpu))
 
 
 def replay_with(

@@ -18,7 +18,7 @@ from typing import Any
 
 from analysis.calibrate import PROBE_DESIGN, ProbeConfig, calibrate_from_results, run_probes
 from analysis.calibration.file import Calibration
-from analysis.plans import plan_for, probe_spec
+from analysis.planning import plan_of_spec, probe_spec
 from analysis.timemodel import Estimate, Plan, predict
 from benchmarks._common import median
 from trainers.spec import TrainSpec
@@ -128,7 +128,7 @@ def size_run(
     """
 
     def plan(steps: int) -> Plan:
-        return plan_for(
+        return plan_of_spec(
             spec_of(steps),
             calibration.model,
             lengths,

@@ -1,7 +1,7 @@
 """The plan against published LoRA runs: `python -m benchmarks.published_runs [--json FILE]`.
 
 Each published measurement (`analysis.published_runs`) is replayed through the plan's own
-code (`analysis.published_priors.replay`: `analysis.planning.plan_of`, the time model's
+code (`analysis.published_priors.replay`: `analysis.planning.plan_of_shape`, the time model's
 `predict`, `analysis.run_setup` memory) with the priors fitted to the rows not held out,
 and printed with the plan's p10/p50/p90 seconds per optimizer step, p50/p90 peak memory, the
 errors and whether the published value falls inside. Rows the plan cannot express are

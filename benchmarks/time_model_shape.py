@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analysis.calibration.file import Calibration  # noqa: E402
 from analysis.calibration.measurements import WARMUP_MICRO_STEPS  # noqa: E402
-from analysis.plans import plan_for  # noqa: E402
+from analysis.planning import plan_of_spec  # noqa: E402
 from analysis.timemodel import Plan, predict  # noqa: E402
 from benchmarks._common import machine, table, write_json  # noqa: E402
 from benchmarks._held_out import (  # noqa: E402
@@ -61,7 +61,7 @@ def short_run(model: str, data: str, config: HeldOut, work: Path) -> TrainSpec:
 
 def short_plan(calibration: Calibration, spec: TrainSpec, lengths: tuple[int, ...]) -> Plan:
     """The time model's view of a short run (no evaluation samples: it evaluates none)."""
-    return plan_for(spec, calibration.model, lengths, n_validation=0, hardware=calibration.hardware)
+    return plan_of_spec(spec, calibration.model, lengths, n_validation=0, hardware=calibration.hardware)
 
 
 def predicted_micro_seconds(calibration: Calibration, plan: Plan) -> float:

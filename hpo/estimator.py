@@ -27,7 +27,7 @@ from analysis.calibration.measurements import RunMeasurements
 from analysis.full_runs import FullRun, absorb
 from analysis.loss_correction import LossCorrection
 from analysis.machine import model_profile, this_machine
-from analysis.plans import plan_for
+from analysis.planning import plan_of_spec
 from analysis.records import TRIAL_ATTR, trial_record
 from analysis.timemodel import (
     BAND_PARTS,
@@ -45,8 +45,10 @@ from analysis.timemodel import (
 from common.fmt import format_duration
 from hpo.calibration_file import CalibrationFile
 from hpo.final_loss import correction_summary
-from hpo.runspec import train_spec
+from hpo.runspec import trial_spec
 from search_spaces.space import gate_quantization
+from trainers.run_spec import run_spec
+from trainers.spec import TrainSpec, full_run_steps
 
 if TYPE_CHECKING:
     import optuna
@@ -194,6 +196,32 @@ class StudyEstimator:
         """The calibrated coefficients when there is a calibration, else the priors."""
         return self.calibration.coefficients if self.calibration else self.prior
 
+    def specs(
+        self,
+        params: Mapping[str, Any],
+        *,
+        epochs: float | None = None,
+        max_length: int | None = None,
+    ) -> tuple[TrainSpec, TrainSpec]:
+        """The full run a configuration becomes, and the trial cut from it.
+
+        Args:
+            params: A complete configuration (`search_spaces.sample`).
+            epochs: Instead of the study's (the what-would-fit search tries fewer).
+            max_length: Instead of the configuration's (the search tries shorter ones).
+        """
+        if max_length is not None:  # before the trial's share: a packed run's steps follow it
+            params = {**params, "max_length": max_length}
+        full = run_spec(
+            params, self.config, model=self.prepared.model_path, data=self.prepared.data_path
+        )
+        own = trial_spec(
+            self.config, full, full_run_steps(full, self.train_lengths(full.max_length))
+        )
+        if epochs is None:
+            return full, own
+        return dataclasses.replace(full, epochs=epochs), dataclasses.replace(own, epochs=epochs)
+
     def plan(
         self,
         params: Mapping[str, Any],
@@ -207,23 +235,18 @@ class StudyEstimator:
         Args:
             params: A complete configuration (`search_spaces.sample`).
             full_run: The full run instead of the trial.
-            epochs: Instead of the study's (the what-would-fit search tries fewer).
-            max_length: Instead of the configuration's (the search tries shorter ones).
+            epochs: Instead of the study's (see `specs`).
+            max_length: Instead of the configuration's (see `specs`).
         """
-        if max_length is not None:  # before the trial's share: a packed run's steps follow it
-            params = {**params, "max_length": max_length}
-        train, n_validation = self._lengths(int(params["max_length"]))
-        spec = train_spec(
-            self.config,
-            params,
-            model=self.prepared.model_path,
-            data=self.prepared.data_path,
-            full_run=full_run,
-            train_lengths=train,
+        full, own = self.specs(params, epochs=epochs, max_length=max_length)
+        return self.plan_of(full if full_run else own)
+
+    def plan_of(self, spec: TrainSpec) -> Plan:
+        """The time model's plan of `spec` on this study's data and machine."""
+        train, n_validation = self._lengths(spec.max_length)
+        return plan_of_spec(
+            spec, self.model, train, n_validation=n_validation, hardware=self.hardware
         )
-        if epochs is not None:
-            spec = dataclasses.replace(spec, epochs=epochs)
-        return plan_for(spec, self.model, train, n_validation=n_validation, hardware=self.hardware)
 
     def base_fits(self) -> bool:
         """Whether the base's weights, unquantized in the run's precision, fit the memory limit."""
@@ -259,11 +282,15 @@ class StudyEstimator:
 
         Args:
             params: A complete configuration.
-            **plan_changes: `epochs` or `max_length` instead of the study's (see `plan`).
+            **plan_changes: `epochs` or `max_length` instead of the study's (see `specs`).
         """
+        return self.judge(*self.specs(params, **plan_changes))
+
+    def judge(self, full_run: TrainSpec, trial_run: TrainSpec) -> Verdict:
+        """Predict a full run and its trial's own run; does the full run fit the budget?"""
         coefficients = self.coefficients
-        full = predict(self.plan(params, full_run=True, **plan_changes), coefficients)
-        own = predict(self.plan(params, full_run=False, **plan_changes), coefficients)
+        full = predict(self.plan_of(full_run), coefficients)
+        own = predict(self.plan_of(trial_run), coefficients)
         constraints = {
             # Relative overshoot: unit-free, so TPE can add the two when it ranks violations.
             "duration": full.seconds_p90 / self.available_seconds - 1.0,
@@ -307,9 +334,9 @@ class StudyEstimator:
         return losses, timed
 
     # -- the objective's hooks ---------------------------------------------------------------
-    def check(self, trial: optuna.Trial, params: Mapping[str, Any]) -> Verdict:
+    def check(self, trial: optuna.Trial, full_run: TrainSpec, trial_run: TrainSpec) -> Verdict:
         """Predict the trial's full run and its own short run; tell Optuna if it fits."""
-        verdict = self.verdict(params)
+        verdict = self.judge(full_run, trial_run)
         for name, value in verdict.constraints.items():
             trial.set_constraint(name, value)
         trial.set_user_attr(ESTIMATE_ATTR, self.estimate_section(verdict.full_run))
@@ -321,7 +348,7 @@ class StudyEstimator:
     def observe(
         self,
         trial: optuna.Trial,
-        params: Mapping[str, Any],
+        runs: tuple[TrainSpec, TrainSpec],
         result: TrainResult,
         verdict: Verdict,
     ) -> dict[str, float]:
@@ -334,7 +361,8 @@ class StudyEstimator:
             (+ = over-predicted), `trial_inside_band` (1 when the measurement fell inside
             p10-p90) and the full run's refreshed `predicted_full_run_hours_p50/p90`.
         """
-        own_plan = self.plan(params, full_run=False)
+        full_run, trial_run = runs
+        own_plan = self.plan_of(trial_run)
         self._calibrate(trial, result, own_plan.eval_samples)
         own = verdict.trial_run
         if result.optimizer_steps and result.optimizer_steps != own.optimizer_steps:
@@ -343,7 +371,7 @@ class StudyEstimator:
                 dataclasses.replace(own_plan, max_steps=result.optimizer_steps),
                 verdict.coefficients,
             )
-        full = predict(self.plan(params, full_run=True), self.coefficients)
+        full = predict(self.plan_of(full_run), self.coefficients)
         trial.set_user_attr(ESTIMATE_ATTR, self.estimate_section(full))
         return _honesty_metrics(own, full, result.wall_seconds)
 

@@ -23,9 +23,10 @@ from common.errors import BadInputError
 from common.files import write_atomic
 from hpo.final_loss import FIT_ATTR, correction_summary, loss_band
 from hpo.pick import pick_trial
-from hpo.runspec import stored_config, train_spec
+from hpo.runspec import stored_config
 from hpo.storage import make_storage, redact
 from trainers.preset import preset_dict
+from trainers.run_spec import run_spec
 from trainers.spec import TrainSpec
 
 if TYPE_CHECKING:
@@ -60,12 +61,11 @@ def full_run_spec(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Train
             f"trial {trial.number} of '{study.study_name}' was not recorded by hpo.study "
             f"(missing {', '.join(missing) or MODEL_ATTR})"
         )
-    return train_spec(
-        stored_config(study.user_attrs.get(CONFIG_ATTR) or {}),
+    return run_spec(
         attrs,
+        stored_config(study.user_attrs.get(CONFIG_ATTR) or {}),
         model=study.user_attrs[MODEL_ATTR],
         data=study.user_attrs[DATA_ATTR],
-        full_run=True,
     )
 
 

@@ -23,12 +23,13 @@ from hpo.final_loss import (
     trial_curve,
 )
 from hpo.pick import PROMOTED_FROM_ATTR
-from hpo.runspec import full_run_steps, train_spec
+from hpo.runspec import trial_spec
 from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
 from search_spaces import SearchSpace, sample
 from trainers.events import EvalInfo, TrainingCallback
 from trainers.result import TrainResult
-from trainers.spec import TrainSpec
+from trainers.run_spec import run_spec
+from trainers.spec import TrainSpec, full_run_steps
 
 if TYPE_CHECKING:
     from hpo.search_budget import BudgetKeeper
@@ -112,17 +113,23 @@ class Objective:
         ctx = self.context
         config = ctx.config
         params = sample(trial, ctx.space, config.profiles)
-        full_run = train_spec(
-            config, params, model=ctx.model_path, data=ctx.data_path, full_run=True
-        )
+        full_run = run_spec(params, config, model=ctx.model_path, data=ctx.data_path)
+        steps = full_run_steps(full_run, ctx.estimator.train_lengths(full_run.max_length))
+        fraction = self._fraction(trial)
         derived = {
             "effective_batch_size": full_run.effective_batch_size,
-            "full_run_steps": full_run_steps(
-                full_run, ctx.estimator.train_lengths(full_run.max_length)
-            ),
+            "full_run_steps": steps,
             "full_run_samples": ctx.train_samples * config.full_run.epochs,
-            "trial_fraction": self._fraction(trial),
+            "trial_fraction": fraction,
         }
+        # The trial's one spec: the feasibility check, the time model and the trainer take it.
+        own = trial_spec(
+            config,
+            full_run,
+            steps,
+            fraction=fraction,
+            output_dir=Path(config.work_dir) / "trials" / f"trial-{trial.number:03d}",
+        )
         for key, value in {**params, **derived}.items():
             trial.set_user_attr(key, value)
         promoted_from = trial.user_attrs.get(PROMOTED_FROM_ATTR)
@@ -135,7 +142,7 @@ class Objective:
                 ctx.parent_run_id, config.study_name, trial.number, {**params, **derived}
             )
         try:
-            return self._run(trial, params, derived, run_id)
+            return self._run(trial, (full_run, own), derived, run_id)
         finally:
             # The run is created in the background; by now its id is there, unless the
             # writer waits for a silent server: then its client-side id (never a stall).
@@ -144,18 +151,19 @@ class Objective:
     def _run(
         self,
         trial: optuna.Trial,
-        params: dict[str, Any],
+        runs: tuple[TrainSpec, TrainSpec],
         derived: dict[str, Any],
         run_id: RunRef,
     ) -> float | tuple[float, float]:
+        """Check the trial's full run and train its own (`runs`: the full run, the trial)."""
         ctx = self.context
-        verdict = ctx.estimator.check(trial, params)
+        verdict = ctx.estimator.check(trial, *runs)
         if not verdict.feasible:
             reason = verdict.reason
             self._end(trial, run_id, "pruned", reason, verdict.metrics(), never_trained="true")
             raise optuna.TrialPruned(verdict.reason)
 
-        spec = self._spec(trial, params)
+        spec = runs[1]
         # A promoted trial was chosen by its prediction: the pruner does not judge it again.
         reporter = OptunaReporter(
             trial,
@@ -166,7 +174,7 @@ class Objective:
         )
         result, seconds = self._train(trial, spec, reporter, run_id)
         measured = self._measurements(result, derived["full_run_steps"], seconds)
-        measured.update(ctx.estimator.observe(trial, params, result, verdict))
+        measured.update(ctx.estimator.observe(trial, runs, result, verdict))
         for key, value in measured.items():
             trial.set_user_attr(key, value)
         final = self._final_loss(trial, spec, result, derived)
@@ -255,21 +263,6 @@ class Objective:
             return config.trial.promote_fraction
         return config.trial.fraction
 
-    def _spec(self, trial: optuna.Trial, params: dict[str, Any]) -> TrainSpec:
-        """The trial's own run: the start of its full run, cut at its fraction."""
-        ctx = self.context
-        output_dir = Path(ctx.config.work_dir) / "trials" / f"trial-{trial.number:03d}"
-        return train_spec(
-            ctx.config,
-            params,
-            model=ctx.model_path,
-            data=ctx.data_path,
-            full_run=False,
-            train_lengths=ctx.estimator.train_lengths(int(params["max_length"])),
-            fraction=self._fraction(trial),
-            output_dir=str(output_dir),
-        )
-
     def _train(
         self,
         trial: optuna.Trial,
@@ -313,7 +306,7 @@ class Objective:
         They wait in its spool with the trial's other records while the server is away.
         """
         ctx = self.context
-        seconds = ctx.config.system_metrics_seconds
+        seconds = ctx.config.tracking.system_metrics_seconds
         if seconds <= 0:
             return []
         from trainers.system_metrics import SystemMetrics

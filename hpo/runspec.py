@@ -1,23 +1,25 @@
-"""A study's configuration -> the training it becomes.
+"""A study's configuration -> the training it becomes: the full run, or a trial cut from it.
 
-`train_spec` is the one translation of a sampled configuration into a `TrainSpec`: the
-objective trains its trial with it, `hpo.export` writes the full run into the preset with
-it, and the estimator predicts through it (then `analysis.plans.plan_for`).
+`trainers.run_spec.run_spec` translates a sampled configuration and the study's settings
+into the full run's `TrainSpec`; `trial_spec` cuts a trial out of it, and `train_spec` does
+both for one configuration. The objective trains its trial with them, `hpo.export` writes
+the full run into the preset, and the estimator predicts through them (then
+`analysis.planning.plan_of_spec`).
 
 A trial is the start of its own full run: the same schedule (warm-up and decay horizon
-from the full run's step count), the same data order, cut short after `trial_fraction` of
+from the full run's step count), the same data order, cut short after `trial.fraction` of
 the full run's training samples (`TrainSpec.stop_after_steps`). Fidelity is therefore
 counted in data, not in optimizer steps: at a fixed step count a larger effective batch
-has seen more samples and wins by construction. The trial evaluates `trial_evals` times,
+has seen more samples and wins by construction. The trial evaluates `trial.evals` times,
 evenly spaced, and saves one checkpoint at its last step, so that the time model measures
 what a save costs on this machine (the objective deletes it afterwards); the full run
-evaluates every `full_eval_interval` and saves every `full_checkpoint_interval` steps. Both evaluate the same `eval_samples` at the
-study's one `eval_max_length`, so every loss of a study is on one scale.
+evaluates every `full_run.eval_interval` and saves every `full_run.checkpoint_interval`
+steps. Both evaluate the same `eval_samples` at the study's one `eval_max_length`, so
+every loss of a study is on one scale.
 
 A packed configuration (`packing: padding_free`) takes its micro-batches from packed
 sequences, not samples: its steps are counted over the sequences the trainer's own packer
-(`trainers.data.packing.pack_lengths`, which the time model's plan uses too) makes of the
-training samples' token lengths at its `max_length` (`full_run_steps`).
+makes of the training samples' token lengths (`trainers.spec.full_run_steps`).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from typing import Any
 
 from common.config import from_mapping
 from hpo.config import StudyConfig
-from trainers.data.packing import pack_lengths
-from trainers.spec import LoraSpec, TrainSpec, optimizer_steps
+from trainers.run_spec import run_spec
+from trainers.spec import TrainSpec, full_run_steps, optimizer_steps
 
 # Recorded elsewhere in the study (resolved paths), and checked only where they are read.
 _PATH_FIELDS = ("model", "data", "space")
@@ -64,21 +66,40 @@ def trial_schedule(full_run_steps: int, *, fraction: float, evals: int) -> Trial
     return TrialSchedule(stop_after_steps=stop, eval_interval=interval, evals=-(-stop // interval))
 
 
-def training_items(spec: TrainSpec, train_lengths: Sequence[int]) -> int:
-    """Micro-batch slots of one epoch: the samples, or the packed sequences made of them.
+def trial_spec(
+    config: StudyConfig,
+    full_run: TrainSpec,
+    full_steps: int,
+    *,
+    fraction: float | None = None,
+    output_dir: str | Path | None = None,
+) -> TrainSpec:
+    """The trial of `full_run`: its start, cut at `fraction` of its `full_steps` steps.
 
     Args:
-        spec: The run (its `packing` and `max_length`).
-        train_lengths: Token lengths of the training samples at `spec.max_length`.
+        config: The study's configuration (the trial's share and evaluations).
+        full_run: The full run the trial is the start of.
+        full_steps: The full run's optimizer steps (`trainers.spec.full_run_steps`).
+        fraction: The trial's share of the full run; default `config.trial.fraction`
+            (a promoted trial trains `config.trial.promote_fraction`).
+        output_dir: Where the trial writes; default: where the full run would.
     """
-    if spec.packing == "padding_free":
-        return len(pack_lengths([min(n, spec.max_length) for n in train_lengths], spec.max_length))
-    return len(train_lengths)
-
-
-def full_run_steps(spec: TrainSpec, train_lengths: Sequence[int]) -> int:
-    """Optimizer steps of `spec`'s schedule, over packed sequences where it packs."""
-    return optimizer_steps(spec, training_items(spec, train_lengths))
+    trial = config.trial
+    share = trial.fraction if fraction is None else fraction
+    schedule = trial_schedule(
+        full_steps,
+        fraction=share,
+        # A longer (promoted) trial keeps the first trial's density of points.
+        evals=max(trial.evals, round(trial.evals * share / trial.fraction)),
+    )
+    return dataclasses.replace(
+        full_run,
+        output_dir=full_run.output_dir if output_dir is None else str(output_dir),
+        stop_after_steps=schedule.stop_after_steps,
+        eval_interval=schedule.eval_interval,
+        # One save, at the end: its measured time calibrates the full run's saves.
+        checkpoint_interval=schedule.stop_after_steps,
+    )
 
 
 def train_spec(
@@ -107,45 +128,15 @@ def train_spec(
             `train_lengths`; a packed trial needs `train_lengths`.
         train_lengths: Token lengths of the training samples at the configuration's
             `max_length`: a packed trial's full run counts packed sequences.
-        fraction: The trial's share of the full run; default `config.trial.fraction`
-            (a promoted trial trains `config.trial.promote_fraction`).
-        output_dir: Where the run writes. The default is `TrainSpec`'s, which is also what a
-            preset's full run gets: the preset does not carry an output folder.
+        fraction: The trial's share of the full run (see `trial_spec`).
+        output_dir: Where the run writes (see `trainers.run_spec.run_spec`).
 
     Raises:
-        KeyError: `params` lacks a sampled key.
+        KeyError: `params` lacks `lora_r`.
         BadInputError: A value the trainer does not accept.
         ValueError: A trial without the training data's size (or lengths, when packed).
     """
-    spec = TrainSpec(
-        model=model,
-        data=data,
-        output_dir=output_dir,
-        lora=LoraSpec(
-            r=int(params["lora_r"]),
-            alpha=float(params["lora_alpha"]),
-            dropout=float(params["lora_dropout"]),
-        ),
-        micro_batch_size=int(params["micro_batch_size"]),
-        gradient_accumulation_steps=int(params["gradient_accumulation_steps"]),
-        learning_rate=float(params["learning_rate"]),
-        weight_decay=float(params.get("weight_decay", 0.0)),
-        warmup_ratio=float(params.get("warmup_ratio", 0.0)),
-        max_length=int(params["max_length"]),
-        gradient_checkpointing=bool(params["gradient_checkpointing"]),
-        packing=str(params.get("packing", "none")),
-        quantization=str(params.get("quantization", "none")),
-        epochs=config.full_run.epochs,
-        eval_interval=config.full_run.eval_interval,
-        eval_samples=config.eval_samples,
-        eval_max_length=config.eval_max_length,
-        checkpoint_interval=config.full_run.checkpoint_interval,
-        validation_fraction=config.validation_fraction,
-        device=config.device,
-        precision=config.precision,
-        seed=config.seed,
-        cache_dir=str(Path(config.work_dir).resolve() / "cache"),
-    )
+    spec = run_spec(params, config, model=model, data=data, output_dir=output_dir)
     if full_run:
         return spec
     if train_lengths is not None:
@@ -157,20 +148,7 @@ def train_spec(
         )
     else:
         full_steps = optimizer_steps(spec, train_samples)
-    share = config.trial.fraction if fraction is None else fraction
-    schedule = trial_schedule(
-        full_steps,
-        fraction=share,
-        # A longer (promoted) trial keeps the first trial's density of points.
-        evals=max(config.trial.evals, round(config.trial.evals * share / config.trial.fraction)),
-    )
-    return dataclasses.replace(
-        spec,
-        stop_after_steps=schedule.stop_after_steps,
-        eval_interval=schedule.eval_interval,
-        # One save, at the end: its measured time calibrates the full run's saves.
-        checkpoint_interval=schedule.stop_after_steps,
-    )
+    return trial_spec(config, spec, full_steps, fraction=fraction)
 
 
 def stored_config(values: Mapping[str, Any]) -> StudyConfig:
@@ -184,6 +162,4 @@ def stored_config(values: Mapping[str, Any]) -> StudyConfig:
         BadInputError: A stored value the configuration no longer accepts.
     """
     kept = {key: value for key, value in values.items() if key not in _PATH_FIELDS}
-    return from_mapping(
-        StudyConfig, kept, "the study's stored configuration", ignore_unknown=True
-    )
+    return from_mapping(StudyConfig, kept, "the study's stored configuration", ignore_unknown=True)

@@ -23,8 +23,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from analysis.machine import config_profile, model_profile, this_machine
-from analysis.planning import load_model_config
-from analysis.plans import plan_for
+from analysis.plan_inputs import load_model_config
+from analysis.planning import plan_of_spec
 from analysis.timemodel import predict, prior_coefficients
 from benchmarks._held_out import lengths_of
 from search_spaces import LogUniform, load_space
@@ -130,7 +130,7 @@ def test_measured_peak_memory_inside_the_prior_band(family: str, trained: dict[s
     spec = result["spec"]
     hardware = this_machine("cpu", "fp32")
     lengths, n_validation = lengths_of(spec)
-    plan = plan_for(
+    plan = plan_of_spec(
         spec, model_profile(result["model"]), lengths, n_validation=n_validation, hardware=hardware
     )
     estimate = predict(plan, prior_coefficients(hardware, cpu_probe=lambda: 1e10))

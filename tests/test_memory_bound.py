@@ -17,7 +17,7 @@ import pytest
 from analysis.calibrate import ProbeConfig, calibrate_from_results
 from analysis.calibration.file import Calibration
 from analysis.machine import this_machine
-from analysis.plans import plan_for, probe_spec
+from analysis.planning import plan_of_spec, probe_spec
 from analysis.timemodel import Estimate, predict
 from benchmarks._held_out import lengths_of, synthetic_data
 from trainers.loop.run import train
@@ -53,7 +53,7 @@ def measure(model: Path, data: str, work: Path, name: str, config: ProbeConfig) 
 def predicted(calibration: Calibration, result: dict[str, Any]) -> Estimate:
     spec = result["spec"]
     lengths, n_validation = lengths_of(spec)
-    plan = plan_for(
+    plan = plan_of_spec(
         spec,
         calibration.model,
         lengths,

@@ -14,15 +14,8 @@ from analysis.calibration.file import VERSION, Calibration
 from analysis.gpus import KNOWN_GPUS, find_gpu, peak_of
 from analysis.machine import config_profile
 from analysis.plan import main
-from analysis.planning import (
-    RunShape,
-    coefficients_for,
-    evaluate,
-    lengths_from_count,
-    load_model_config,
-    plan_of,
-    shipped_configs,
-)
+from analysis.plan_inputs import lengths_from_count, load_model_config, shipped_configs
+from analysis.planning import RunShape, coefficients_for, evaluate, plan_of_shape
 from analysis.timemodel import ModelProfile, fingerprint, gpu_peak_flops, memory_breakdown, predict
 from common.cli import run_cli
 from tests.cli import run_module
@@ -104,7 +97,7 @@ def test_memory_grows_with_batch_and_length_and_falls_with_checkpointing(
     assert peak(4, 256) < peak(4, 512) < peak(4, 2048)
     assert peak(4, 1024, True) < peak(4, 1024)
     # The parts `analysis.plan` shows add up to the predicted peak.
-    plan = plan_of(RunShape(4, 2, 1024, 16), profiles[name], lengths, gpu)
+    plan = plan_of_shape(RunShape(4, 2, 1024, 16), profiles[name], lengths, gpu)
     parts = memory_breakdown(plan, coefficients)
     assert sum(parts.values()) == pytest.approx(
         predict(plan, coefficients).peak_memory_bytes, abs=2

@@ -10,7 +10,7 @@ import pytest
 from analysis.fitted_priors import load, stored_profiles
 from analysis.gpus import find_gpu
 from analysis.machine import config_profile
-from analysis.planning import load_model_config, shipped_configs
+from analysis.plan_inputs import load_model_config, shipped_configs
 from analysis.published_priors import replay_with, setup_of
 from analysis.published_runs import PUBLISHED_RUNS, expressible_runs
 from analysis.run_setup import ATTENTION_KERNELS, MEMORY_MEASURES, RunSetup
@@ -75,7 +75,8 @@ def test_setup_fields_move_memory_the_way_published_tables_do() -> None:
     """Eager attention adds quadratic memory, fp32 logits and reserved memory add more."""
     import dataclasses
 
-    from analysis.planning import RunShape, lengths_from_count, plan_of
+    from analysis.plan_inputs import lengths_from_count
+    from analysis.planning import RunShape, plan_of_shape
     from analysis.run_setup import MemoryTerms, peak_memory
 
     model = stored_profiles()[("qwen-7b", "auto")]
@@ -84,7 +85,7 @@ def test_setup_fields_move_memory_the_way_published_tables_do() -> None:
 
     def peak(length: int, **setup: Any) -> float:
         shape = RunShape(1, 8, length, 64, True)
-        plan = plan_of(shape, model, lengths_from_count(16, length), gpu)
+        plan = plan_of_shape(shape, model, lengths_from_count(16, length), gpu)
         return peak_memory(plan, dataclasses.replace(RunSetup(), **setup), terms)[0]
 
     # Eager: the extra memory over a flash kernel grows 4x when the length doubles.

@@ -304,7 +304,7 @@ def chat(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.mark.parametrize("packing", ["padding_free", "none"])
 def test_a_packed_trial_counts_the_packers_sequences(chat: Any, packing: str) -> None:
     from analysis.timemodel import predict, prior_coefficients
-    from hpo.runspec import full_run_steps
+    from trainers.spec import full_run_steps
     from trainers.loop.trainer_setup import training_items
 
     config, data = chat

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -364,3 +365,32 @@ def optimizer_steps(run: Schedule, train_samples: int) -> int:
     micro_batches = math.ceil(train_samples / run.micro_batch_size)
     per_epoch = max(1, math.ceil(micro_batches / run.gradient_accumulation_steps))
     return max(1, math.ceil(per_epoch * run.epochs))
+
+
+class PackedSchedule(Schedule, Protocol):
+    """A schedule whose micro-batches may be packed sequences: a `TrainSpec`, a `Plan`."""
+
+    @property
+    def packing(self) -> str: ...
+
+    @property
+    def max_length(self) -> int: ...
+
+
+def training_items(run: PackedSchedule, train_lengths: Sequence[int]) -> int:
+    """Micro-batch slots of one epoch: the samples, or the packed sequences made of them.
+
+    Args:
+        run: The run (its `packing` and `max_length`).
+        train_lengths: Token lengths of the training samples at `run.max_length`.
+    """
+    if run.packing == "padding_free":
+        from trainers.data.packing import pack_lengths
+
+        return len(pack_lengths([min(n, run.max_length) for n in train_lengths], run.max_length))
+    return len(train_lengths)
+
+
+def full_run_steps(run: PackedSchedule, train_lengths: Sequence[int]) -> int:
+    """Optimizer steps of `run`'s schedule, over packed sequences where it packs."""
+    return optimizer_steps(run, training_items(run, train_lengths))
