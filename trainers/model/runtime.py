@@ -74,7 +74,8 @@ def choose_runtime(
     if device == "mps" and not mps_available:
         raise BadInputError("device=mps was requested but MPS is not available")
 
-    if device == "cuda":
+    cuda = device == "cuda"
+    if cuda:
         precision = requested_precision
         if precision == "auto":
             precision = "bf16" if bf16_supported else "fp16"
@@ -84,31 +85,25 @@ def choose_runtime(
             f"CUDA {device_name}: {precision} autocast"
             + (" with a grad scaler" if precision == "fp16" else "")
             + ", TF32 matmuls, fused AdamW, pinned memory"
+            + (", torch.compile" if compile else "")
         )
-        return RuntimeChoice(
-            device="cuda",
-            precision=precision,
-            tf32=True,
-            fused_adamw=True,
-            pin_memory=True,
-            compile=compile,
-            device_name=device_name,
-            reason=reason + (", torch.compile" if compile else ""),
-        )
-
-    # CPU and MPS: mixed precision brings no speed on CPU and is unreliable on MPS.
-    precision = "fp32" if requested_precision == "auto" else requested_precision
-    if precision != "fp32":
-        raise BadInputError(f"precision={precision} needs a CUDA device; {device} trains in fp32")
+    else:
+        # CPU and MPS: mixed precision brings no speed on CPU and is unreliable on MPS.
+        precision = "fp32" if requested_precision == "auto" else requested_precision
+        if precision != "fp32":
+            raise BadInputError(
+                f"precision={precision} needs a CUDA device; {device} trains in fp32"
+            )
+        reason = f"{device}: fp32" + (" (torch.compile ignored off CUDA)" if compile else "")
     return RuntimeChoice(
         device=device,
-        precision="fp32",
-        tf32=False,
-        fused_adamw=False,
-        pin_memory=False,
-        compile=False,  # compile pays off only on GPUs; on CPU it costs minutes of start-up
-        device_name=device_name or device,
-        reason=f"{device}: fp32" + (" (torch.compile ignored off CUDA)" if compile else ""),
+        precision=precision,
+        tf32=cuda,
+        fused_adamw=cuda,
+        pin_memory=cuda,
+        compile=compile and cuda,  # pays off only on GPUs; on CPU it costs minutes of start-up
+        device_name=device_name if cuda else device_name or device,
+        reason=reason,
     )
 
 
