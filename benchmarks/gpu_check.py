@@ -50,7 +50,8 @@ from benchmarks.trainer_throughput import (  # noqa: E402
 )
 from common.cli import run_cli  # noqa: E402
 from common.errors import BadInputError  # noqa: E402
-from trainers.spec import LoraSpec, TrainSpec  # noqa: E402
+from trainers.run_spec import Settings, run_spec  # noqa: E402
+from trainers.spec import TrainSpec  # noqa: E402
 
 # (hidden, layers, heads, intermediate, positions): a 270 M llama; the toy for --smoke.
 GPU_DIMS = (1024, 16, 16, 4096, 2048)
@@ -179,15 +180,13 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         model = str(build_model(work / "model", SMOKE_DIMS if args.smoke else GPU_DIMS))
         data = str(synthetic_data(work / "data.jsonl"))
-        spec = TrainSpec(
-            model=model, data=data, output_dir=str(work / "out"),
-            lora=LoraSpec(r=16, alpha=32, dropout=0.0),
-            micro_batch_size=2 if args.smoke else 8, gradient_accumulation_steps=1,
-            max_steps=6 if args.smoke else 30, eval_interval=0, eval_samples=1,
-            max_length=64 if args.smoke else 1024, overflow="pack",
-            device=device, precision="fp32" if args.smoke else "bf16",
-            cache_dir=str(work / "cache"),
-        )  # fmt: skip
+        spec = dataclasses.replace(run_spec(
+            {"lora_r": 16, "lora_dropout": 0.0, "micro_batch_size": 2 if args.smoke else 8,
+             "gradient_accumulation_steps": 1, "max_length": 64 if args.smoke else 1024},
+            Settings(work_dir=work, eval_interval=0, eval_samples=1, device=device,
+                     precision="fp32" if args.smoke else "bf16"),
+            model=model, data=data, output_dir=work / "out", max_steps=6 if args.smoke else 30,
+        ), overflow="pack")  # fmt: skip
         results: dict[str, Any] = {"device": name, "peak_flops": peak}
         results["throughput"] = speed = throughput(spec, 2)
         profile = model_profile(model)

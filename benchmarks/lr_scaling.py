@@ -38,7 +38,7 @@ from search_spaces import LogUniform, load_space  # noqa: E402
 from search_spaces.space import LR_SCALINGS  # noqa: E402
 from trainers.data.paths import demo_data_path  # noqa: E402
 from trainers.loop.run import train  # noqa: E402
-from trainers.spec import LoraSpec, TrainSpec  # noqa: E402
+from trainers.run_spec import Settings, run_spec  # noqa: E402
 from trainers.tiny import default_tiny_model  # noqa: E402
 
 EFFECTIVE_BATCHES = (4, 8, 16, 32)
@@ -63,20 +63,24 @@ def draws(seed: int, n: int) -> list[tuple[float, int]]:
 def final_loss(
     model: str, data: str, work: Path, *, lr: float, batch: int, seed: int, samples: int
 ) -> float:
-    spec = TrainSpec(
+    spec = run_spec(
+        {
+            "lora_r": 8,
+            "micro_batch_size": MICRO_BATCH,
+            "gradient_accumulation_steps": batch // MICRO_BATCH,
+            "learning_rate": min(lr, 0.5),
+            "max_length": 64,
+        },
+        Settings(
+            work_dir=work,
+            eval_interval=0,
+            eval_samples=64,
+            validation_fraction=64 / (samples + 64),
+            seed=seed,
+        ),
         model=model,
         data=data,
-        output_dir=str(work / f"run-{time.monotonic_ns()}"),
-        lora=LoraSpec(r=8, alpha=16),
-        micro_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=batch // MICRO_BATCH,
-        learning_rate=min(lr, 0.5),
-        max_length=64,
-        eval_interval=0,
-        eval_samples=64,
-        validation_fraction=64 / (samples + 64),
-        seed=seed,
-        cache_dir=str(work / "cache"),
+        output_dir=work / f"run-{time.monotonic_ns()}",
     )
     result = train(spec)
     assert result.final_eval_loss is not None

@@ -18,6 +18,7 @@ micro-step time per 1,000 slots, which says whether this machine's steps cost by
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import tempfile
@@ -32,7 +33,8 @@ from trainers.data.packing import padding_share  # noqa: E402
 from trainers.data.paths import demo_data_path  # noqa: E402
 from trainers.loop.run import train  # noqa: E402
 from trainers.model.lora import load_tokenizer  # noqa: E402
-from trainers.spec import LoraSpec, TrainSpec  # noqa: E402
+from trainers.run_spec import Settings, run_spec  # noqa: E402
+from trainers.spec import TrainSpec  # noqa: E402
 from trainers.tiny import default_tiny_model  # noqa: E402
 
 MAX_LENGTH = 512  # no bundled sample is longer: nothing is truncated on either side
@@ -70,19 +72,18 @@ def subset(shape: str, samples: int, work: Path) -> Path:
 
 def compare(args: argparse.Namespace, shape: str, model: Path, work: Path) -> dict[str, Any]:
     data = subset(shape, args.samples, work)
-    base = TrainSpec(
+    base = run_spec(
+        {
+            "lora_r": 8,
+            "lora_dropout": 0.0,
+            "micro_batch_size": args.padded_batch,
+            "learning_rate": args.learning_rate,
+            "max_length": MAX_LENGTH,
+        },
+        Settings(work_dir=work, epochs=1.0, eval_interval=0, eval_samples=args.eval_samples),
         model=str(model),
         data=str(data),
-        output_dir=str(work / "out"),
-        lora=LoraSpec(r=8, alpha=16, dropout=0.0),
-        micro_batch_size=args.padded_batch,
-        learning_rate=args.learning_rate,
-        epochs=1.0,
-        max_length=MAX_LENGTH,
-        eval_interval=0,
-        eval_samples=args.eval_samples,
-        cache_dir=str(work / "cache"),
-        seed=0,
+        output_dir=work / "out",
     )
     tokenized = load_tokenized(base.data_spec(), load_tokenizer(str(model)))
     lengths = [len(e.input_ids) for e in tokenized.train]
@@ -90,15 +91,8 @@ def compare(args: argparse.Namespace, shape: str, model: Path, work: Path) -> di
     expected_slots = real / (1 - padding_share(lengths, args.padded_batch))
     per_batch = expected_slots / math.ceil(len(lengths) / args.padded_batch)
     capacity = max(max(lengths), 16 * math.ceil(per_batch / 16))
-    packed_spec = TrainSpec(
-        **{
-            **base.to_dict(),
-            "lora": base.lora,
-            "recovery": base.recovery,
-            "micro_batch_size": 1,
-            "max_length": capacity,
-            "packing": "padding_free",
-        }
+    packed_spec = dataclasses.replace(
+        base, micro_batch_size=1, max_length=capacity, packing="padding_free"
     )
     runs: dict[str, list[dict[str, Any]]] = {"padded": [], "packed": []}
     for repeat in range(args.repeats):

@@ -31,7 +31,8 @@ from benchmarks._common import median, table, write_results  # noqa: E402
 from hpo.tracking import Tracker, TrialMetrics  # noqa: E402
 from trainers.data.paths import demo_data_path  # noqa: E402
 from trainers.loop.run import train  # noqa: E402
-from trainers.spec import LoraSpec, TrainSpec  # noqa: E402
+from trainers.run_spec import Settings, run_spec  # noqa: E402
+from trainers.spec import TrainSpec  # noqa: E402
 from trainers.system_metrics import SystemMetrics  # noqa: E402
 from trainers.tiny import default_tiny_model  # noqa: E402
 
@@ -90,18 +91,18 @@ def main(argv: list[str] | None = None) -> int:
     model = str(default_tiny_model())
 
     def spec(trial_number: int, lr: float) -> TrainSpec:
-        return TrainSpec(
+        return run_spec(
+            {"lora_r": 8, "micro_batch_size": 8, "learning_rate": lr},
+            Settings(
+                work_dir=work,
+                eval_interval=max(1, args.steps // 2),
+                eval_samples=16,
+                seed=trial_number,
+            ),
             model=model,
             data=str(demo_data_path("prompt_completion")),
-            output_dir=str(work / "out"),
-            lora=LoraSpec(r=8, alpha=16),
-            micro_batch_size=8,
-            learning_rate=lr,
+            output_dir=work / "out",
             max_steps=args.steps,
-            eval_interval=max(1, args.steps // 2),
-            eval_samples=16,
-            seed=trial_number,
-            cache_dir=str(work / "cache"),
         )
 
     # Set-up costs paid once per study (tracking store creation), reported apart.

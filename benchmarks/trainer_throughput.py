@@ -13,6 +13,7 @@ GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -30,7 +31,8 @@ from trainers.loop.run import train  # noqa: E402
 from trainers.loop.trainer_setup import PadCollator  # noqa: E402
 from trainers.model.lora import apply_lora, load_base_model, load_tokenizer  # noqa: E402
 from trainers.model.runtime import detect_runtime  # noqa: E402
-from trainers.spec import LoraSpec, TrainSpec  # noqa: E402
+from trainers.run_spec import Settings, run_spec  # noqa: E402
+from trainers.spec import TrainSpec  # noqa: E402
 from trainers.tiny import default_tiny_model  # noqa: E402
 
 WARMUP_STEPS = 3
@@ -121,22 +123,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
-    spec = TrainSpec(
+    spec = run_spec(
+        {
+            "lora_r": 16,
+            "lora_dropout": 0.0,
+            "micro_batch_size": args.micro_batch_size,
+            "gradient_accumulation_steps": args.accumulation,
+            "max_length": 128,
+        },
+        Settings(work_dir=work, eval_interval=0, eval_samples=1),
         model=str(default_tiny_model(size=args.size)),
         data=str(demo_data_path("prompt_completion")),
-        output_dir=str(work / "out"),
-        lora=LoraSpec(r=16, alpha=32, dropout=0.0),
-        micro_batch_size=args.micro_batch_size,
-        gradient_accumulation_steps=args.accumulation,
+        output_dir=work / "out",
         max_steps=args.steps,
-        eval_interval=0,
-        eval_samples=1,
-        max_length=128,
-        # Packed blocks all have max_length tokens: both sides see batches of equal shape,
-        # so the two data orders cannot make one side's batches cheaper per token.
-        overflow="pack",
-        cache_dir=str(work / "cache"),
     )
+    # Packed blocks all have max_length tokens: both sides see batches of equal shape, so
+    # the two data orders cannot make one side's batches cheaper per token.
+    spec = dataclasses.replace(spec, overflow="pack")
     rows: list[list[object]] = []
     framework: list[float] = []
     bare: list[float] = []
