@@ -3,7 +3,8 @@
 Every file the project writes for a later reader (presets, calibration, JSON results, token
 caches, run ids) goes through `write_atomic`: written to a temporary file in the same
 folder, flushed and fsynced, then renamed into place, so a reader sees the old content or
-the new, never half of it.
+the new, never half of it. Folders (checkpoints, reports, built models) are written whole
+into a staging folder beside their place and swapped in by `replace_folder`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -52,6 +55,31 @@ def write_atomic(path: str | Path, content: str | Callable[[IO[bytes]], None]) -
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return target
+
+
+def replace_folder(staging: Path, target: Path, *, aside: Path | None = None) -> Path:
+    """Rename the fully written folder `staging` to `target`, in place of any folder there.
+
+    An existing `target` is first renamed aside, then removed once the new one is in place,
+    so its name never holds half of either. Both folders must be on one file system (a
+    staging folder is made beside its target).
+
+    Args:
+        staging: The new folder's content.
+        target: Its place.
+        aside: Where the old folder waits until it is removed; default a hidden sibling.
+
+    Returns:
+        `target`.
+    """
+    old = None
+    if target.exists():
+        old = aside or target.with_name(f".{target.name}-old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        target.rename(old)
+    staging.rename(target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return target
 
 

@@ -17,10 +17,11 @@ import yaml
 from analysis.calibration.file import load_for
 from analysis.learning_curve import CurveFit
 from analysis.loss_correction import LossCorrection
-from analysis.records import CALIBRATION_FILE
+from analysis.studies import load_study
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_atomic
+from common.workdir import WorkDir
 from hpo.final_loss import FIT_ATTR, correction_summary, loss_band
 from hpo.pick import pick_trial
 from hpo.runspec import stored_config
@@ -118,7 +119,7 @@ def current_correction(
     if not key or not work_dir:
         return None
     try:
-        calibration, _ = load_for(Path(work_dir) / CALIBRATION_FILE, str(key))
+        calibration, _ = load_for(WorkDir(work_dir).calibration, str(key))
     except BadInputError:
         return None
     return calibration.loss_correction if calibration else None
@@ -223,13 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     within = _within_pct(args.pick)
     check_writable(args.out)
-    storage = make_storage(args.storage)
-    try:
-        study = optuna.load_study(study_name=args.study_name, storage=storage)
-    except KeyError:
-        raise BadInputError(
-            f"no study named '{args.study_name}' in {redact(args.storage)}"
-        ) from None
+    study = load_study(args.study_name, args.storage, open_storage=make_storage)
     trial, rule = pick_trial(study, trial=args.trial, within_pct=within)
     if args.format != "preset":
         from hpo.export_formats import write_format

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import BadInputError
+from common.files import replace_folder
 from trainers.data.paths import cache_root, demo_data_path
 
 if TYPE_CHECKING:
@@ -362,12 +363,11 @@ def default_tiny_model(
     try:
         staging.chmod(0o755)  # mkdtemp makes it private; the model is not
         build_tiny(staging, arch=arch, size=size, pretrain_steps=pretrain_steps)
-        if target.exists() and not is_complete(target):
-            shutil.rmtree(target)  # incomplete, or built by an older recipe
+        # Another process may finish the same build first; theirs is as good as ours.
         try:
-            staging.rename(target)
+            if not is_complete(target):  # missing, incomplete, or built by an older recipe
+                replace_folder(staging, target)
         except OSError:
-            # Another process finished the same build first; theirs is as good as ours.
             if not is_complete(target):
                 raise
     finally:

@@ -6,10 +6,8 @@ next to it, which is then renamed into place (a previous report is replaced only
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -24,7 +22,8 @@ import analysis.report.search_plots as search_plots
 from analysis.report.canvas import Section
 from analysis.report.rows import FullRun, TrialRow, best_complete, count, trial_rows
 from common.errors import BadInputError
-from common.files import write_atomic
+from common.files import replace_folder, write_atomic
+from common.fmt import format_hours
 from common.redact import redact
 
 if TYPE_CHECKING:
@@ -98,7 +97,7 @@ def write_report(
         sections = _draw(study, rows, staging, minimize, exported, full_runs)
         text = _markdown(study, rows, sections, best, exported, tracking_uri)
         write_atomic(staging / REPORT_MD, text)
-        _replace(staging, target)
+        replace_folder(staging, target)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -129,17 +128,6 @@ def _draw(
         machine_plots.memory(rows, folder),
         loss_plots.pareto(rows, folder, exported=exported),
     ]
-
-
-def _replace(staging: Path, target: Path) -> None:
-    """Rename `staging` to `target`; an existing `target` is moved aside first, then removed."""
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}-old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        target.rename(old)
-    staging.rename(target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _markdown(
@@ -184,9 +172,11 @@ def search_line(search: object, width: int = 20) -> str | None:
     limit = float(budget or search.get("planned_hours") or 0.0)
     spent = float(search["spent_hours"])
     what = "budget" if budget else "plan"
+    planned = float(search.get("planned_hours") or 0.0)
     text = (
-        f"Search: spent {_hours(spent)} against a {what} of {_hours(limit)} "
-        f"(planned {_hours(float(search.get('planned_hours') or 0.0))}); "
+        f"Search: spent {format_hours(spent, minute_decimals=0)} against a {what} of "
+        f"{format_hours(limit, minute_decimals=0)} "
+        f"(planned {format_hours(planned, minute_decimals=0)}); "
         f"ended by {search.get('ended_by', '?')}."
     )
     if limit <= 0:
@@ -195,16 +185,6 @@ def search_line(search: object, width: int = 20) -> str | None:
     bar = "#" * min(filled, width) + "." * max(0, width - filled)
     bar += "|" + "#" * max(0, filled - width)
     return f"{text} `[{bar}]` {spent / limit:.0%} of the {what}."
-
-
-def _hours(hours: float) -> str:
-    return (
-        f"{hours * 3600:.0f} s"
-        if hours < 1 / 60
-        else f"{hours * 60:.0f} min"
-        if hours < 1.5
-        else f"{hours:.1f} h"
-    )
 
 
 def _directions(study: optuna.Study) -> str:

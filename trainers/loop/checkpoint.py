@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from common.files import sha256_file
+from common.files import replace_folder, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +79,9 @@ def commit(staging: Path, output_dir: str | Path, step: int, run_state: dict[str
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     _fsync_dir(staging)
     target = Path(output_dir) / f"{PREFIX}{step}"
-    if target.exists():  # a resumed or rolled-back run reaches this step again
-        old = target.with_name(f"{_STAGING_PREFIX}old-{step}-{os.getpid()}")
-        target.rename(old)
-        staging.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(target)
+    # A resumed or rolled-back run reaches this step again; `clean_staging` sweeps a leftover.
+    aside = target.with_name(f"{_STAGING_PREFIX}old-{step}-{os.getpid()}")
+    replace_folder(staging, target, aside=aside)
     _fsync_dir(target.parent)
     return target
 
