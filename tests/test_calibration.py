@@ -12,7 +12,6 @@ from analysis.calibration.fit import fit, update
 from analysis.calibration.measurements import RunMeasurements
 from analysis.timemodel import (
     Coefficients,
-    HardwareInfo,
     ModelProfile,
     Plan,
     activation_bytes,
@@ -25,15 +24,8 @@ from analysis.timemodel import (
     static_memory_bytes,
 )
 from common.errors import BadInputError
+from tests.test_timemodel import CPU, MODEL
 
-MODEL = ModelProfile(
-    total_parameters=5_000_000,
-    n_layers=4,
-    hidden_size=256,
-    vocab_size=5000,
-    lora_parameters_per_rank=8 * 512,
-)
-CPU = HardwareInfo("cpu", "Test CPU", 8 * 2**30, 2, "fp32")
 PRIOR = prior_coefficients(CPU, cpu_probe=lambda: 40e9)
 # The "real machine": every rate 1.5-3x away from the prior, as uncalibrated guesses are.
 TRUTH = dataclasses.replace(
@@ -52,6 +44,19 @@ TRUTH = dataclasses.replace(
     startup_seconds_per_parameter=4e-8,
     memory_fixed_bytes=600e6,
     activation_memory_scale=0.7,
+)
+# A plan of one configuration of the synthetic runs' kind, whose prediction the tests check.
+PLAN = Plan(
+    model=MODEL,
+    token_lengths=tuple(range(16, 257)),
+    epochs=3.0,
+    micro_batch_size=4,
+    gradient_accumulation_steps=2,
+    max_length=256,
+    lora_r=16,
+    eval_interval_steps=20,
+    eval_samples=100,
+    checkpoint_interval_steps=50,
 )
 CONFIGS = [  # (micro_batch_size, lora_r, gradient_checkpointing)
     (1, 4, False),
@@ -204,18 +209,7 @@ def test_gross_outliers_barely_move_the_fit() -> None:
 
 def test_calibrated_prediction_matches_truth() -> None:
     cal = fit(runs(), MODEL, CPU, prior=PRIOR)
-    plan = Plan(
-        model=MODEL,
-        token_lengths=tuple(range(16, 257)),
-        epochs=3.0,
-        micro_batch_size=4,
-        gradient_accumulation_steps=2,
-        max_length=256,
-        lora_r=16,
-        eval_interval_steps=20,
-        eval_samples=100,
-        checkpoint_interval_steps=50,
-    )
+    plan = PLAN
     # The synthetic warm-up (10x steps) is not TRUTH's; it has its own test.
     warm = dataclasses.replace(TRUTH, warmup_seconds=cal.coefficients.warmup_seconds)
     truth, got = predict(plan, warm), predict(plan, cal.coefficients)

@@ -15,25 +15,13 @@ from analysis.calibration.file import Calibration, load
 from analysis.calibration.fit import fit
 from analysis.calibration.measurements import RunMeasurements
 from analysis.timemodel import Z90, Coefficients, Estimate, Plan, predict
-from tests.test_calibration import CONFIGS, CPU, MODEL, PRIOR, TRUTH, runs, synthetic_run
+from tests.test_calibration import CONFIGS, CPU, MODEL, PLAN, PRIOR, TRUTH, runs, synthetic_run
 
 # The same configuration measured again and again while the machine's speed wanders, as a
 # shared 2-core VM's does (15-60 % within an hour), against a steady machine.
 DRIFTING = (1.0, 1.3, 0.9, 1.25, 1.05, 0.95, 1.3, 1.1)
 STEADY = (1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01)
 REPEATED = (2, 8, False)  # micro-batch, rank, gradient checkpointing
-PLAN = Plan(
-    model=MODEL,
-    token_lengths=tuple(range(16, 257)),
-    epochs=3.0,
-    micro_batch_size=4,
-    gradient_accumulation_steps=2,
-    max_length=256,
-    lora_r=16,
-    eval_interval_steps=20,
-    eval_samples=100,
-    checkpoint_interval_steps=50,
-)
 NEW_FIELDS = ("drift_log_sd", "drift_log_p90", "memory_log_p90")
 
 
