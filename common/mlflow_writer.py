@@ -5,8 +5,7 @@ Used by the study (a parent run, one nested run per trial) and by a full trainin
 thread, so a training loop only enqueues them; `flush()` waits for all of it and raises the
 first failure. (MLflow's own asynchronous mode covers `log_batch` only; creating and closing
 runs would still block, and its queue thread then competes with them for SQLite's write
-lock.) Batches are split by MLflow's per-call limits here and nowhere else. Param and tag
-values pass through `redact`, so a password inside a URL never reaches the store.
+lock.) Each write is a record (`common.mlflow_store`), sent by the store or spooled.
 
 A tracking server that stops answering is no reason to lose a record or to stall a study:
 what it does not take waits in order in an on-disk spool (`common.spool`) and is sent once
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import threading
 import time
@@ -32,37 +30,35 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from common.errors import BadInputError
-from common.outage import answers
+from common.mlflow_store import (
+    MlflowStore,
+    batch_record,
+    client_id,
+    first_line,
+    now_ms,
+    tag_values,
+)
+from common.outage import (
+    TrackingUnreachable,
+    answers,
+    fail_fast_http,
+    is_http,
+    is_outage,
+    outage_reason,
+)
 from common.redact import redact
 from common.retry import retry_schema_race
-from common.spool import Spool, SpoolBusy, spool_folders
+from common.spool import Spool
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Metric
-
-# MLflow's limits for one log_batch call, and for one value.
-MAX_METRICS_PER_CALL = 1000
-MAX_PARAMS_PER_CALL = 100
-MAX_TAGS_PER_CALL = 100
-MAX_PARAM_LENGTH = 6000
-MAX_TAG_LENGTH = 5000
-# Runs created through the spool carry their client-side id, so a retry finds them.
-CLIENT_ID_TAG = "hpo.client_run_id"
-CLIENT_ID_PREFIX = "hpo-"
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 RunRef: TypeAlias = Future[str]  # a run id that the background writer fills in
 Run: TypeAlias = str | RunRef  # a run id, or one still being created in the background
-
-
-def metric(key: str, value: float, step: int) -> Metric:
-    """One value of metric `key` at `step`, stamped now."""
-    from mlflow.entities import Metric
-
-    return Metric(key, float(value), int(time.time() * 1000), step)
 
 
 class MlflowWriter:
@@ -99,11 +95,10 @@ class MlflowWriter:
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         if is_http(tracking_uri):
-            _fail_fast_http()
+            fail_fast_http()
         self.spool_root = Path(spool_root) if spool_root is not None else None
         self.spool: Spool | None = None  # opened on the first write the server does not take
         self.spooled = 0  # records that waited in the spool, in this process
-        self._ids: dict[str, str] = {}  # client-side ids -> the store's ids
         self._backoff = backoff
         self._delay = backoff[0]
         self._next_try = 0.0
@@ -113,7 +108,13 @@ class MlflowWriter:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
         self._pending: list[Future[Any]] = []
         # The store creates (and migrates) its tables on first contact.
-        self.client: MlflowClient = self.setup(lambda: MlflowClient(tracking_uri=tracking_uri))
+        client = self.setup(lambda: MlflowClient(tracking_uri=tracking_uri))
+        self.store = MlflowStore(client, tracking_uri)
+
+    @property
+    def client(self) -> MlflowClient:
+        """The store's client, for reads (search, get) and set-up steps."""
+        return self.store.client
 
     def setup(self, fn: Callable[[], T]) -> T:
         """Run one set-up step against the store now (open it, find or create a run).
@@ -131,10 +132,10 @@ class MlflowWriter:
             if is_outage(exc):
                 raise TrackingUnreachable(
                     f"MLflow tracking server {redact(self.tracking_uri)} does not answer "
-                    f"({_outage_reason(exc)})"
+                    f"({outage_reason(exc)})"
                 ) from None
             raise BadInputError(
-                f"cannot use MLflow tracking store {redact(self.tracking_uri)}: {_first_line(exc)}"
+                f"cannot use MLflow tracking store {redact(self.tracking_uri)}: {first_line(exc)}"
             ) from None
 
     def experiment(self, name: str, *, artifact_dir: str | None = None) -> str:
@@ -148,50 +149,27 @@ class MlflowWriter:
         Raises:
             BadInputError: The store cannot be used.
         """
-        return self.setup(lambda: self._experiment_now(name, artifact_dir))
+        return self.setup(lambda: self.store.experiment(name, artifact_dir))
 
     def experiment_later(self, name: str, *, artifact_dir: str | None = None) -> str:
         """A client-side id for experiment `name`, found or created once the server answers.
 
         For a start while the server is away: runs created with this id go into it.
         """
-        client_id = _client_id("exp")
-        record = {"op": "experiment", "client_id": client_id, "name": name, "dir": artifact_dir}
+        ref = client_id("exp")
+        record = {"op": "experiment", "client_id": ref, "name": name, "dir": artifact_dir}
         self.submit(self._handle, record).result()
-        return self._ids.get(client_id, client_id)
-
-    def _experiment_now(self, name: str, artifact_dir: str | None) -> str:
-        experiment = self.client.get_experiment_by_name(name)
-        if experiment is not None:
-            return str(experiment.experiment_id)
-        location = None
-        if artifact_dir and not is_http(self.tracking_uri):
-            location = Path(artifact_dir).resolve().as_uri()
-        return str(
-            self.client.create_experiment(
-                name,
-                artifact_location=location,
-                # Tells the UI this is model development, so it opens on the runs table.
-                tags={"mlflow.experimentKind": "finetuning"},
-            )
-        )
+        return self.resolve(ref)
 
     def create_run(self, experiment_id: str, *, run_name: str, tags: Mapping[str, Any]) -> str:
         """Create a run now and return its id (`create_run_later` queues it instead)."""
         run = self.client.create_run(
-            self.resolve(experiment_id),
-            run_name=run_name,
-            tags={k: _tag_value(v) for k, v in tags.items()},
+            self.resolve(experiment_id), run_name=run_name, tags=tag_values(tags)
         )
         return str(run.info.run_id)
 
     def create_run_later(
-        self,
-        experiment_id: str,
-        *,
-        run_name: str,
-        tags: Mapping[str, Any],
-        adopt: str | None = None,
+        self, experiment_id: str, run_name: str, tags: Mapping[str, Any], adopt: str | None = None
     ) -> RunRef:
         """Queue creating a run; the future holds its id once the writer has handled it.
 
@@ -205,29 +183,29 @@ class MlflowWriter:
             adopt: A `search_runs` filter: a run created from the spool becomes the oldest
                 run this filter finds instead, when there is one (the study's one parent).
         """
-        client_id = _client_id("run")
+        ref = client_id("run")
         record = {
             "op": "create_run",
-            "client_id": client_id,
+            "client_id": ref,
             "experiment_id": experiment_id,
             "run_name": run_name,
-            "tags": {k: _tag_value(v) for k, v in tags.items()},
-            "start_time": _now_ms(),
+            "tags": tag_values(tags),
+            "start_time": now_ms(),
             "adopt": adopt,
         }
         created = self.submit(self._create_and_resolve, record)
-        setattr(created, _CLIENT_ID_ATTR, client_id)  # for `run_id_now`
+        setattr(created, _CLIENT_ID_ATTR, ref)  # for `run_id_now`
         if not self.waiting:
             return created
         # While records wait in the spool this one waits too: its client-side id is known now,
         # and a caller that needs the id does not wait behind the writer's tries.
         now: RunRef = Future()
-        now.set_result(client_id)
+        now.set_result(ref)
         return now
 
     def resolve(self, ref: str) -> str:
         """The store's id for `ref` once known (a client-side id until then)."""
-        return self._ids.get(ref, ref)
+        return self.store.resolve(ref)
 
     # -- the background writer ---------------------------------------------------------------
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
@@ -261,47 +239,21 @@ class MlflowWriter:
         tags: Mapping[str, Any] | None = None,
     ) -> None:
         """Queue metrics, params and tags, sent in as few calls as MLflow's limits allow."""
-        self.submit(self.write_batch, run, list(metrics), dict(params or {}), dict(tags or {}))
+        self.submit(self.write, run, batch_record(metrics, params, tags))
 
-    def write_batch(
-        self,
-        run: Run,
-        metrics: Iterable[Metric] = (),
-        params: Mapping[str, Any] | None = None,
-        tags: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Send now, or spool (call it on the writer's thread: `log_batch` queues it there)."""
-        self._handle(
-            {
-                "op": "log_batch",
-                "run": self.resolve(_run_id(run)),
-                "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics],
-                "params": {k: _param_value(v) for k, v in (params or {}).items()},
-                "tags": {k: _tag_value(v) for k, v in (tags or {}).items()},
-            }
-        )
+    def write(self, run: Run, record: dict[str, Any]) -> None:
+        """Send a record for `run` now, or spool it (on the writer's thread only: the methods
+        that queue call it there; a job given to `submit` may call it too)."""
+        self._handle({**record, "run": self.resolve(_run_id(run))})
 
     def set_terminated(self, run: Run, status: str) -> None:
         """Queue closing the run with MLflow `status` (FINISHED, KILLED, FAILED), stamped now."""
-        end_time = _now_ms()
-        self.submit(
-            lambda: self._handle(
-                {
-                    "op": "terminate",
-                    "run": self.resolve(_run_id(run)),
-                    "status": status,
-                    "end_time": end_time,
-                }
-            )
-        )
+        record = {"op": "terminate", "status": status, "end_time": now_ms()}
+        self.submit(self.write, run, record)
 
     def update_run(self, run: Run, status: str) -> None:
         """Queue setting the run's status (RUNNING to reopen it)."""
-        self.submit(
-            lambda: self._handle(
-                {"op": "status", "run": self.resolve(_run_id(run)), "status": status}
-            )
-        )
+        self.submit(self.write, run, {"op": "status", "status": status})
 
     def log_artifact(self, run_id: Run, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload a file, or a folder's files, after everything queued before it, and wait.
@@ -313,13 +265,12 @@ class MlflowWriter:
             "path": str(Path(path).resolve()),
             "artifact_path": artifact_path,
         }
-        self.submit(lambda: self._handle({**record, "run": self.resolve(_run_id(run_id))}))
+        self.submit(self.write, run_id, record)
         self.flush()
 
     def log_input(self, run: Run, dataset: Mapping[str, str], context: str = "training") -> None:
         """Queue an MLflow dataset input (`mlflow.entities.Dataset` fields as strings) on a run."""
-        record = {"op": "input", "dataset": dict(dataset), "context": context}
-        self.submit(lambda: self._handle({**record, "run": self.resolve(_run_id(run))}))
+        self.submit(self.write, run, {"op": "input", "dataset": dict(dataset), "context": context})
 
     def log_model(
         self,
@@ -339,11 +290,11 @@ class MlflowWriter:
             "op": "model",
             "path": str(Path(path).resolve()),
             "name": name,
-            "tags": {k: _tag_value(v) for k, v in tags.items()},
+            "tags": tag_values(tags),
             "step": step,
             "register_as": register_as,
         }
-        self.submit(lambda: self._handle({**record, "run": self.resolve(_run_id(run))}))
+        self.submit(self.write, run, record)
         self.flush()
 
     def send_waiting(self) -> int:
@@ -397,32 +348,28 @@ class MlflowWriter:
                 self._drain()
             return
         try:
-            self._send(record)
+            self.store.send(record)
         except Exception as exc:
             if self.spool_root is None or not is_outage(exc):
                 raise
-            self._open_spool()
+            if self.spool is None:
+                self.spool = Spool.new(self.spool_root, self.tracking_uri)
             log.warning(
                 "MLflow tracking server %s does not answer (%s): records wait in %s and are "
                 "sent when it answers again",
                 redact(self.tracking_uri),
-                _outage_reason(exc),
+                outage_reason(exc),
                 self.spool_folder,
             )
             self._to_spool(record)
             self._retry_later()
-
-    def _open_spool(self) -> None:
-        if self.spool is None:
-            assert self.spool_root is not None
-            self.spool = Spool.new(self.spool_root, self.tracking_uri)
 
     def _to_spool(self, record: dict[str, Any]) -> None:
         assert self.spool is not None
         if record["op"] in ("artifact", "model"):
             record = self._copy_artifact(record)
         if record["op"] == "create_run":
-            self._ids.setdefault(record["client_id"], record["client_id"])
+            self.store.ids.setdefault(record["client_id"], record["client_id"])
         self.spool.append(record)
         self.spooled += 1
 
@@ -472,138 +419,6 @@ class MlflowWriter:
             with contextlib.suppress(RuntimeError):  # shut down meanwhile
                 self.submit(self._drain)
 
-    def _send(self, record: dict[str, Any], spool: Spool | None = None) -> None:
-        """One record into the store; from `spool`, a run creation looks for its run first."""
-        op = record["op"]
-        if op == "experiment":
-            found = self._experiment_now(record["name"], record.get("dir"))
-            self._map(record["client_id"], found, spool)
-        elif op == "create_run":
-            self._send_create(record, spool)
-        elif op == "log_batch":
-            self._send_batch(record)
-        elif op == "terminate":
-            self.client.set_terminated(
-                self.resolve(record["run"]), status=record["status"], end_time=record["end_time"]
-            )
-        elif op == "status":
-            self.client.update_run(self.resolve(record["run"]), status=record["status"])
-        elif op == "input":
-            from mlflow.entities import Dataset, DatasetInput, InputTag
-            from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-
-            tags = [InputTag(MLFLOW_DATASET_CONTEXT, record["context"])]
-            inputs = [DatasetInput(Dataset(**record["dataset"]), tags=tags)]
-            self.client.log_inputs(self.resolve(record["run"]), datasets=inputs)
-        elif op == "model":
-            self._send_model(record, spool)
-        elif op == "artifact":
-            path = Path(record["path"])
-            if spool is not None and not path.is_absolute():
-                path = spool.folder / path
-            run_id = self.resolve(record["run"])
-            if path.is_dir():
-                self.client.log_artifacts(run_id, str(path), artifact_path=record["artifact_path"])
-            else:
-                self.client.log_artifact(run_id, str(path), artifact_path=record["artifact_path"])
-        else:
-            raise ValueError(f"unknown MLflow record, but got op={op!r}")
-
-    def _send_model(self, record: dict[str, Any], spool: Spool | None) -> None:
-        """Create the LoggedModel, upload the folder, link it to the run; register it if asked."""
-        import mlflow
-        from mlflow.entities import LoggedModelOutput
-
-        path = Path(record["path"])
-        if spool is not None and not path.is_absolute():
-            path = spool.folder / path
-        run_id = self.resolve(record["run"])
-        experiment_id = self.client.get_run(run_id).info.experiment_id
-        model = self.client.create_logged_model(
-            experiment_id, name=record["name"], source_run_id=run_id, tags=record["tags"]
-        )
-        self.client.log_model_artifacts(model.model_id, str(path))
-        self.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=record["step"])])
-        self.client.finalize_logged_model(model.model_id, "READY")
-        name = record.get("register_as")
-        if not name:
-            return
-        from mlflow.exceptions import MlflowException
-
-        with contextlib.suppress(MlflowException):  # registered by an earlier run
-            self.client.create_registered_model(name)
-        # The registry resolves `models:/<id>` through the process's tracking URI.
-        previous = mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(self.tracking_uri)
-        try:
-            self.client.create_model_version(
-                name,
-                source=f"models:/{model.model_id}",
-                run_id=run_id,
-                tags=record["tags"],
-                model_id=model.model_id,
-                await_creation_for=0,  # the writer does not wait for a registry's copy
-            )
-        finally:
-            mlflow.set_tracking_uri(previous)
-
-    def _send_create(self, record: dict[str, Any], spool: Spool | None) -> None:
-        client_id = record["client_id"]
-        experiment_id = self.resolve(record["experiment_id"])
-        if spool is not None:
-            # Sent before, its reply lost with the server? Then the run is there already.
-            found = self._find_run(experiment_id, f"tags.`{CLIENT_ID_TAG}` = '{client_id}'")
-            if found is None and record.get("adopt"):
-                found = self._find_run(experiment_id, record["adopt"])
-            if found is not None:
-                self._map(client_id, found, spool)
-                return
-        run = self.client.create_run(
-            experiment_id,
-            run_name=record["run_name"],
-            # A parent run that waited in the spool too is named by the id it has now.
-            tags={
-                **{k: self.resolve(v) for k, v in record["tags"].items()},
-                CLIENT_ID_TAG: client_id,
-            },
-            start_time=record["start_time"],
-        )
-        self._map(client_id, str(run.info.run_id), spool)
-
-    def _find_run(self, experiment_id: str, filter_string: str) -> str | None:
-        from mlflow.entities import ViewType
-
-        runs = self.client.search_runs(
-            [experiment_id], filter_string=filter_string, run_view_type=ViewType.ACTIVE_ONLY
-        )
-        if not runs:
-            return None
-        return str(min(runs, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id)
-
-    def _send_batch(self, record: dict[str, Any]) -> None:
-        from mlflow.entities import Metric, Param, RunTag
-
-        run_id = self.resolve(record["run"])
-        metric_list = [Metric(k, v, t, s) for k, v, t, s in record["metrics"]]
-        param_list = [Param(k, v) for k, v in record["params"].items()]
-        tag_list = [RunTag(k, v) for k, v in record["tags"].items()]
-        while metric_list or param_list or tag_list:
-            self.client.log_batch(
-                run_id,
-                metrics=metric_list[:MAX_METRICS_PER_CALL],
-                params=param_list[:MAX_PARAMS_PER_CALL],
-                tags=tag_list[:MAX_TAGS_PER_CALL],
-            )
-            metric_list = metric_list[MAX_METRICS_PER_CALL:]
-            param_list = param_list[MAX_PARAMS_PER_CALL:]
-            tag_list = tag_list[MAX_TAGS_PER_CALL:]
-
-    def _map(self, client_id: str, run_id: str, spool: Spool | None) -> None:
-        """Remember the store's id, on disk too when the record came from a spool."""
-        self._ids[client_id] = run_id
-        if spool is not None:
-            spool.map_id(client_id, run_id)
-
 
 def drain(writer: MlflowWriter, spool: Spool) -> tuple[int, Exception | None]:
     """Send `spool`'s waiting records through `writer`, in order.
@@ -615,123 +430,19 @@ def drain(writer: MlflowWriter, spool: Spool) -> tuple[int, Exception | None]:
     Returns:
         How many records were sent, and the outage that stopped it (None: all sent).
     """
-    writer._ids.update(spool.ids)
+    writer.store.ids.update(spool.ids)
     sent = 0
     for record in spool.pending():
         try:
-            writer._send(record, spool)
+            writer.store.send(record, spool)
         except Exception as exc:
             if is_outage(exc):
                 return sent, exc
-            log.warning("MLflow refused a spooled %s record: %s", record["op"], _first_line(exc))
-            spool.reject(record, _first_line(exc))
+            log.warning("MLflow refused a spooled %s record: %s", record["op"], first_line(exc))
+            spool.reject(record, first_line(exc))
         spool.mark_sent()
         sent += 1
     return sent, None
-
-
-def replay(folder: str | Path, tracking_uri: str | None = None) -> tuple[int, int]:
-    """Send the records waiting in a spool folder (or in every spool folder under it).
-
-    Args:
-        folder: A spool folder, or the folder that holds them (a study's ``mlflow-spool``).
-        tracking_uri: Where to send them; default: the URI the spool recorded.
-
-    Returns:
-        Records sent, and records still waiting (the server stopped answering again).
-
-    Raises:
-        BadInputError: No spool there; a URI that the spool does not hold (its password is
-            hidden there: pass it); a server that does not answer.
-    """
-    folders = spool_folders(Path(folder))
-    if not folders:
-        raise BadInputError(f"{folder}: no MLflow spool here (records.jsonl or meta.json)")
-    sent = waiting = 0
-    for path in folders:
-        try:
-            spool = Spool(path)
-        except SpoolBusy:
-            log.warning("%s is being sent by a live process: left to it", path)
-            continue
-        try:
-            uri = tracking_uri or spool.tracking_uri
-            if not uri or "***" in uri:
-                raise BadInputError(
-                    f"{path}: the spool does not hold a usable tracking URI ({uri or 'none'}); "
-                    "pass --tracking-uri"
-                )
-            writer = MlflowWriter(uri)
-            done, outage = drain(writer, spool)
-            sent += done
-            if outage is not None:
-                raise TrackingUnreachable(
-                    f"MLflow tracking server {redact(uri)} does not answer "
-                    f"({_outage_reason(outage)}); {spool.waiting} records still wait in {path}"
-                )
-            waiting += spool.waiting
-        finally:
-            spool.close()
-    return sent, waiting
-
-
-class TrackingUnreachable(BadInputError):
-    """The tracking server does not answer (refused, timed out, or a gateway error)."""
-
-
-def is_http(tracking_uri: str) -> bool:
-    """Whether the store is an MLflow server reached over HTTP(S)."""
-    return tracking_uri.startswith(("http://", "https://"))
-
-
-def is_outage(exc: BaseException) -> bool:
-    """Whether `exc` says the tracking server did not answer, rather than refused a record.
-
-    MLflow wraps the HTTP client's errors in its own exception: the cause chain and the
-    message are read both.
-    """
-    import requests
-
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, (requests.ConnectionError, requests.Timeout, ConnectionError)):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    text = str(exc)
-    return any(marker in text for marker in _OUTAGE_MARKERS)
-
-
-_OUTAGE_MARKERS = (
-    "Max retries exceeded",
-    "Connection refused",
-    "Connection aborted",
-    "Read timed out",
-    "RemoteDisconnected",
-    "error code 502",
-    "error code 503",
-    "error code 504",
-)
-
-
-def _outage_reason(exc: BaseException) -> str:
-    text = str(exc)
-    for reason in ("Connection refused", "Read timed out", "Connection aborted"):
-        if reason in text:
-            return reason.lower()
-    for code in ("502", "503", "504"):
-        if f"error code {code}" in text:
-            return f"HTTP {code}"
-    return "no answer"
-
-
-def _fail_fast_http() -> None:
-    """MLflow's HTTP client retries a refused connection for minutes by default.
-
-    A writer that spools what the server does not take needs to know in seconds; a value
-    the user set in the environment wins.
-    """
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
 
 def run_id_now(run: Run, *, wait_seconds: float = 1.0) -> str:
@@ -745,35 +456,13 @@ def run_id_now(run: Run, *, wait_seconds: float = 1.0) -> str:
         return run
     with contextlib.suppress(TimeoutError):
         return run.result(timeout=wait_seconds)
-    client_id = getattr(run, _CLIENT_ID_ATTR, None)
-    return str(client_id) if client_id else run.result()
+    ref = getattr(run, _CLIENT_ID_ATTR, None)
+    return str(ref) if ref else run.result()
 
 
 _CLIENT_ID_ATTR = "hpo_client_id"
 
 
-def _client_id(kind: str) -> str:
-    return f"{CLIENT_ID_PREFIX}{kind}-{uuid.uuid4().hex}"
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def _run_id(run: Run) -> str:
     # Runs created through `submit` were queued first, so on the writer's thread they are done.
     return run.result() if isinstance(run, Future) else run
-
-
-def _param_value(value: Any) -> str:
-    text = f"{value:.6g}" if isinstance(value, float) else str(value)
-    return redact(text)[:MAX_PARAM_LENGTH]
-
-
-def _tag_value(value: Any) -> str:
-    return redact(str(value))[:MAX_TAG_LENGTH]
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return redact(text.splitlines()[0]) if text else type(exc).__name__

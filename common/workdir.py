@@ -28,54 +28,25 @@ class WorkDir:
     """The layout of one work dir; nothing is created until a caller writes there.
 
     Args:
-        root: The work dir, as given (relative paths stay relative, except in the URLs and
-            the shared caches, which are absolute so that every process finds them).
+        root: The work dir, as given. Paths below it stay relative when it is, except the
+            stores' URLs and the shared caches, which every process must find wherever it runs.
     """
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self.journal = self.root / "optuna.journal"  # a storage `--workers` can share
+        self.artifacts = self.root / "mlartifacts"
+        self.spool = self.root / SPOOL_DIR
+        self.calibration = self.root / CALIBRATION_FILE
+        self.workers = self.root / "workers"
+        absolute = self.root.resolve()
+        self.cache = absolute / "cache"
+        self.models = absolute / "models"
+        self.optuna_url = f"sqlite:///{absolute / 'optuna.db'}"  # the default storage
+        self.mlflow_url = f"sqlite:///{absolute / 'mlflow.db'}"  # the default tracking URI
 
     def __repr__(self) -> str:
         return f"WorkDir({str(self.root)!r})"
-
-    @property
-    def optuna_db(self) -> Path:
-        return self.root.resolve() / "optuna.db"
-
-    @property
-    def optuna_url(self) -> str:
-        """The default Optuna storage: SQLite in the work dir."""
-        return f"sqlite:///{self.optuna_db}"
-
-    @property
-    def journal(self) -> Path:
-        """The journal file that several local workers can share instead of SQLite."""
-        return self.root / "optuna.journal"
-
-    @property
-    def mlflow_url(self) -> str:
-        """The default MLflow tracking URI: SQLite in the work dir."""
-        return f"sqlite:///{self.root.resolve() / 'mlflow.db'}"
-
-    @property
-    def artifacts(self) -> Path:
-        return self.root / "mlartifacts"
-
-    @property
-    def spool(self) -> Path:
-        return self.root / SPOOL_DIR
-
-    @property
-    def calibration(self) -> Path:
-        return self.root / CALIBRATION_FILE
-
-    @property
-    def cache(self) -> Path:
-        return self.root.resolve() / "cache"
-
-    @property
-    def models(self) -> Path:
-        return self.root.resolve() / "models"
 
     def trial(self, number: int) -> Path:
         """Trial `number`'s output folder."""
@@ -86,10 +57,6 @@ class WorkDir:
 
     def report(self, study_name: str) -> Path:
         return self.root / "reports" / study_name
-
-    @property
-    def workers(self) -> Path:
-        return self.root / "workers"
 
     def worker_log(self, index: int) -> Path:
         return self.workers / f"worker-{index}.log"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from analysis.search_plan import SearchPlan, budget_hours, plan_search, trial_cost
-from common.mlflow_writer import metric
+from common.mlflow_store import metric
 from hpo.config import StudyConfig
 from trainers.events import EvalInfo, TrainingCallback
 
@@ -256,7 +256,7 @@ def record_plan(tracker: Tracker, parent: str, keeper: BudgetKeeper) -> None:
     """
     values = keeper.plan.to_dict()
     params = {f"search_plan.{k}": v for k, v in values.items() if v is not None}
-    tracker.log_batch(
+    tracker.writer.log_batch(
         parent,
         params=params if keeper.first_session else None,
         tags={"search_plan": " ".join(keeper.plan.lines())},
@@ -271,4 +271,4 @@ def record_spent(tracker: Tracker, parent: str, report: dict[str, Any]) -> None:
     ]
     if report.get("spent_over_budget") is not None:
         metrics.append(metric("search_spent_over_budget", report["spent_over_budget"], 0))
-    tracker.log_batch(parent, metrics=metrics, tags={"search_ended_by": report["ended_by"]})
+    tracker.writer.log_batch(parent, metrics=metrics, tags={"search_ended_by": report["ended_by"]})

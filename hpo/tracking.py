@@ -13,7 +13,7 @@ the server does not take under the study's work dir and sends it when the server
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,17 +21,10 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from common.errors import BadInputError
-from common.mlflow_writer import (
-    CLIENT_ID_PREFIX,
-    MlflowWriter,
-    Run,
-    RunRef,
-    TrackingUnreachable,
-    is_outage,
-    metric,
-    replay,
-)
-from common.outage import EXIT_WAIT_SECONDS, send_before_exit
+from common.mlflow_replay import replay
+from common.mlflow_store import CLIENT_ID_PREFIX, batch_record, metric
+from common.mlflow_writer import MlflowWriter, Run, RunRef
+from common.outage import EXIT_WAIT_SECONDS, TrackingUnreachable, is_outage, send_before_exit
 from common.redact import redact
 from common.spool import Spool, spool_folders
 from hpo.states import STATE_NAMES, count_states, trial_loss
@@ -41,7 +34,6 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
-    from mlflow.entities import Metric
 
 PARENT_ATTR = "mlflow_parent_run_id"
 NOTE_TAG = "mlflow.note.content"  # the description the UI shows on the run's page
@@ -137,17 +129,6 @@ class Tracker:
         """Wait until everything queued is in the store; raise the first failure."""
         self.writer.flush()
 
-    def log_batch(
-        self,
-        run: Run,
-        *,
-        metrics: Iterable[Metric] = (),
-        params: Mapping[str, Any] | None = None,
-        tags: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Queue metrics, params and tags for `run`."""
-        self.writer.log_batch(run, metrics=metrics, params=params, tags=tags)
-
     # -- the study's parent run --------------------------------------------------------------
     def ensure_parent(self, study: optuna.Study, params: Mapping[str, Any]) -> str:
         """The study's parent run, shared by every worker and every resumed run.
@@ -174,7 +155,7 @@ class Tracker:
         if winner != mine:
             self.client.delete_run(mine)
         else:
-            self.log_batch(mine, params=params)
+            self.writer.log_batch(mine, params=params)
         study.set_user_attr(PARENT_ATTR, winner)
         study.set_user_attr(EXPERIMENT_ATTR, self.experiment_id)
         return str(winner)
@@ -191,7 +172,7 @@ class Tracker:
             tags={"hpo.study_name": study.study_name, "hpo.role": "study"},
             adopt=_parent_filter(study.study_name),
         )
-        self.log_batch(ref, params=params)
+        self.writer.log_batch(ref, params=params)
         return ref.result()
 
     def reconcile(self, parent_run_id: str, study: optuna.Study) -> int:
@@ -259,7 +240,7 @@ class Tracker:
             best_loss, best_number = min(losses)
             metrics.append(metric("best_value", best_loss, finished))
             tags["best_trial"] = best_number
-        self.writer.write_batch(parent_run_id, metrics, tags=tags)
+        self.writer.write(parent_run_id, batch_record(metrics, tags=tags))
 
     # -- trials ------------------------------------------------------------------------------
     def start_trial(
@@ -275,7 +256,7 @@ class Tracker:
         run = self.writer.create_run_later(
             self.experiment_id, run_name=f"trial-{trial_number:03d}", tags=tags
         )
-        self.log_batch(run, params={"trial_number": trial_number, **params})
+        self.writer.log_batch(run, params={"trial_number": trial_number, **params})
         return run
 
     def continue_trial(self, run_id: str, trial_number: int) -> RunRef:
@@ -287,7 +268,7 @@ class Tracker:
         ref: RunRef = Future()
         ref.set_result(run_id)
         self.writer.update_run(run_id, "RUNNING")
-        self.log_batch(
+        self.writer.log_batch(
             ref, tags={"state": "running", "hpo.promoted_trial_number": str(trial_number)}
         )
         return ref
@@ -302,7 +283,7 @@ class Tracker:
     ) -> None:
         """Queue the trial's final values and closing its run with the status of `state`."""
         final = [metric(k, v, 0) for k, v in (metrics or {}).items()]
-        self.log_batch(run, metrics=final, tags={"state": state, **(tags or {})})
+        self.writer.log_batch(run, metrics=final, tags={"state": state, **(tags or {})})
         self.writer.set_terminated(run, STATUS[state])
 
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
@@ -311,7 +292,7 @@ class Tracker:
 
     def note(self, run: Run, text: str) -> None:
         """The run's description in the MLflow UI (its note), one sentence."""
-        self.log_batch(run, tags={NOTE_TAG: text})
+        self.writer.log_batch(run, tags={NOTE_TAG: text})
 
     def finish_parent(self, parent_run_id: str) -> int:
         """Close the study's parent run and wait until everything is stored or spooled.

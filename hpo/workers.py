@@ -235,7 +235,7 @@ def _create_experiment(config: StudyConfig, work: WorkDir) -> None:
     """The study's MLflow experiment, created once before the workers start."""
     if not config.tracking.uri:
         return
-    from common.mlflow_writer import TrackingUnreachable
+    from common.outage import TrackingUnreachable
     from hpo.tracking import Tracker
 
     try:

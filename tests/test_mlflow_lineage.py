@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from common.mlflow_writer import MlflowWriter, replay
+from common.mlflow_replay import replay
+from common.mlflow_writer import MlflowWriter
 from tests.servers import free_port
 from trainers.data.lineage import DIGEST_LENGTH, dataset_input
 from trainers.data.paths import demo_data_path

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from common.errors import BadInputError
-from common.mlflow_writer import (
+from common.mlflow_store import (
     MAX_METRICS_PER_CALL,
     MAX_PARAM_LENGTH,
     MAX_PARAMS_PER_CALL,
-    MlflowWriter,
     metric,
 )
+from common.mlflow_writer import MlflowWriter
 from common.retry import SCHEMA_RACE_ATTEMPTS, retry_schema_race
 from trainers.events import EvalInfo, StepInfo
 from trainers.tracking import StepMetrics

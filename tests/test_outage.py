@@ -18,15 +18,10 @@ import pytest
 from mlflow import MlflowClient
 
 from common.errors import BadInputError
-from common.mlflow_writer import (
-    CLIENT_ID_TAG,
-    MlflowWriter,
-    TrackingUnreachable,
-    drain,
-    metric,
-    replay,
-)
-from common.outage import answers
+from common.mlflow_replay import replay
+from common.mlflow_store import CLIENT_ID_TAG, metric
+from common.mlflow_writer import MlflowWriter, drain
+from common.outage import TrackingUnreachable, answers
 from common.spool import REJECTED, Spool, spool_folders
 from hpo.config import load_config
 from hpo.runner import run_study

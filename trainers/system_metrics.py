@@ -22,7 +22,8 @@ import os
 import threading
 from typing import Any
 
-from common.mlflow_writer import MlflowWriter, Run, metric
+from common.mlflow_store import batch_record, metric
+from common.mlflow_writer import MlflowWriter, Run
 from trainers.events import RunInfo, TrainingCallback
 from trainers.result import TrainResult
 
@@ -130,7 +131,7 @@ class SystemMetrics(TrainingCallback):
     def _write(self, batch: list[Any]) -> None:
         """On the writer's thread: send or spool; a refused sample costs a warning, once."""
         try:
-            self.writer.write_batch(self.run, batch)
+            self.writer.write(self.run, batch_record(batch))
         except Exception as exc:
             if not self._failed:
                 self._failed = True

@@ -18,13 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from common.files import write_atomic
-from common.mlflow_writer import (
-    MAX_METRICS_PER_CALL,
-    MlflowWriter,
-    Run,
-    TrackingUnreachable,
-    metric,
-)
+from common.mlflow_store import MAX_METRICS_PER_CALL, metric
+from common.mlflow_writer import MlflowWriter, Run
+from common.outage import TrackingUnreachable
 from trainers.events import EvalInfo, Forecast, RunInfo, StepInfo, TrainingCallback
 from trainers.result import TrainResult
 from trainers.spec import TrainSpec

@@ -1,0 +1,254 @@
+"""The records the MLflow writer sends, and the store calls that send them.
+
+A record is a plain dict (`op` and its fields) so that it can wait in the on-disk spool
+(`common.spool`) unchanged: `MlflowStore.send` turns one into calls of one `MlflowClient`,
+splitting batches by MLflow's per-call limits, and keeps the map from client-side ids (runs
+created while the server was away) to the store's ids. Param and tag values pass through
+`redact` when a record is made, so a password inside a URL never reaches the store or the
+spool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from common.outage import is_http
+from common.redact import redact
+from common.spool import Spool
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+# MLflow's limits for one log_batch call, and for one value.
+MAX_METRICS_PER_CALL = 1000
+MAX_PARAMS_PER_CALL = 100
+MAX_TAGS_PER_CALL = 100
+MAX_PARAM_LENGTH = 6000
+MAX_TAG_LENGTH = 5000
+# Runs created through the spool carry their client-side id, so a retry finds them.
+CLIENT_ID_TAG = "hpo.client_run_id"
+CLIENT_ID_PREFIX = "hpo-"
+
+
+def metric(key: str, value: float, step: int) -> Metric:
+    """One value of metric `key` at `step`, stamped now."""
+    from mlflow.entities import Metric
+
+    return Metric(key, float(value), int(time.time() * 1000), step)
+
+
+def batch_record(
+    metrics: Iterable[Metric] = (),
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Metrics, params and tags for one run, as the writer sends or spools them."""
+    return {
+        "op": "log_batch",
+        "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics],
+        "params": {k: _param_value(v) for k, v in (params or {}).items()},
+        "tags": tag_values(tags or {}),
+    }
+
+
+def tag_values(tags: Mapping[str, Any]) -> dict[str, str]:
+    """Tag values as MLflow takes them: text, redacted, cut at its length limit."""
+    return {k: redact(str(v))[:MAX_TAG_LENGTH] for k, v in tags.items()}
+
+
+def client_id(kind: str) -> str:
+    """A new client-side id for an experiment or run the store has not created yet."""
+    return f"{CLIENT_ID_PREFIX}{kind}-{uuid.uuid4().hex}"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def first_line(exc: Exception) -> str:
+    """The error's first line, redacted (its type's name when it says nothing)."""
+    text = str(exc).strip()
+    return redact(text.splitlines()[0]) if text else type(exc).__name__
+
+
+def _param_value(value: Any) -> str:
+    text = f"{value:.6g}" if isinstance(value, float) else str(value)
+    return redact(text)[:MAX_PARAM_LENGTH]
+
+
+class MlflowStore:
+    """One `MlflowClient` and the records sent through it.
+
+    Args:
+        client: The client of the tracking store.
+        tracking_uri: Its URI (the model registry resolves `models:/` through it).
+    """
+
+    def __init__(self, client: MlflowClient, tracking_uri: str) -> None:
+        self.client = client
+        self.tracking_uri = tracking_uri
+        self.ids: dict[str, str] = {}  # client-side ids -> the store's ids
+
+    def resolve(self, ref: str) -> str:
+        """The store's id for `ref` once known (a client-side id until then)."""
+        return self.ids.get(ref, ref)
+
+    def experiment(self, name: str, artifact_dir: str | None) -> str:
+        """The id of experiment `name`, created (with its artifact folder) when missing."""
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            return str(experiment.experiment_id)
+        location = None
+        if artifact_dir and not is_http(self.tracking_uri):
+            location = Path(artifact_dir).resolve().as_uri()
+        return str(
+            self.client.create_experiment(
+                name,
+                artifact_location=location,
+                # Tells the UI this is model development, so it opens on the runs table.
+                tags={"mlflow.experimentKind": "finetuning"},
+            )
+        )
+
+    def send(self, record: dict[str, Any], spool: Spool | None = None) -> None:
+        """One record into the store; from `spool`, a run creation looks for its run first."""
+        op = record["op"]
+        if op == "experiment":
+            found = self.experiment(record["name"], record.get("dir"))
+            self.map_id(record["client_id"], found, spool)
+        elif op == "create_run":
+            self._create_run(record, spool)
+        elif op == "log_batch":
+            self._log_batch(record)
+        elif op == "terminate":
+            self.client.set_terminated(
+                self.resolve(record["run"]), status=record["status"], end_time=record["end_time"]
+            )
+        elif op == "status":
+            self.client.update_run(self.resolve(record["run"]), status=record["status"])
+        elif op == "input":
+            self._log_input(record)
+        elif op == "model":
+            self._log_model(record, _local(record["path"], spool))
+        elif op == "artifact":
+            path, run_id = _local(record["path"], spool), self.resolve(record["run"])
+            if path.is_dir():
+                self.client.log_artifacts(run_id, str(path), artifact_path=record["artifact_path"])
+            else:
+                self.client.log_artifact(run_id, str(path), artifact_path=record["artifact_path"])
+        else:
+            raise ValueError(f"unknown MLflow record, but got op={op!r}")
+
+    def map_id(self, client_side: str, run_id: str, spool: Spool | None) -> None:
+        """Remember the store's id, on disk too when the record came from a spool."""
+        self.ids[client_side] = run_id
+        if spool is not None:
+            spool.map_id(client_side, run_id)
+
+    def _log_input(self, record: dict[str, Any]) -> None:
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        tags = [InputTag(MLFLOW_DATASET_CONTEXT, record["context"])]
+        inputs = [DatasetInput(Dataset(**record["dataset"]), tags=tags)]
+        self.client.log_inputs(self.resolve(record["run"]), datasets=inputs)
+
+    def _log_model(self, record: dict[str, Any], path: Path) -> None:
+        """Create the LoggedModel, upload the folder, link it to the run; register it if asked."""
+        import mlflow
+        from mlflow.entities import LoggedModelOutput
+
+        run_id = self.resolve(record["run"])
+        experiment_id = self.client.get_run(run_id).info.experiment_id
+        model = self.client.create_logged_model(
+            experiment_id, name=record["name"], source_run_id=run_id, tags=record["tags"]
+        )
+        self.client.log_model_artifacts(model.model_id, str(path))
+        self.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=record["step"])])
+        self.client.finalize_logged_model(model.model_id, "READY")
+        name = record.get("register_as")
+        if not name:
+            return
+        from mlflow.exceptions import MlflowException
+
+        with contextlib.suppress(MlflowException):  # registered by an earlier run
+            self.client.create_registered_model(name)
+        # The registry resolves `models:/<id>` through the process's tracking URI.
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(self.tracking_uri)
+        try:
+            self.client.create_model_version(
+                name,
+                source=f"models:/{model.model_id}",
+                run_id=run_id,
+                tags=record["tags"],
+                model_id=model.model_id,
+                await_creation_for=0,  # the writer does not wait for a registry's copy
+            )
+        finally:
+            mlflow.set_tracking_uri(previous)
+
+    def _create_run(self, record: dict[str, Any], spool: Spool | None) -> None:
+        client_side = record["client_id"]
+        experiment_id = self.resolve(record["experiment_id"])
+        if spool is not None:
+            # Sent before, its reply lost with the server? Then the run is there already.
+            found = self._find_run(experiment_id, f"tags.`{CLIENT_ID_TAG}` = '{client_side}'")
+            if found is None and record.get("adopt"):
+                found = self._find_run(experiment_id, record["adopt"])
+            if found is not None:
+                self.map_id(client_side, found, spool)
+                return
+        run = self.client.create_run(
+            experiment_id,
+            run_name=record["run_name"],
+            # A parent run that waited in the spool too is named by the id it has now.
+            tags={
+                **{k: self.resolve(v) for k, v in record["tags"].items()},
+                CLIENT_ID_TAG: client_side,
+            },
+            start_time=record["start_time"],
+        )
+        self.map_id(client_side, str(run.info.run_id), spool)
+
+    def _find_run(self, experiment_id: str, filter_string: str) -> str | None:
+        from mlflow.entities import ViewType
+
+        runs = self.client.search_runs(
+            [experiment_id], filter_string=filter_string, run_view_type=ViewType.ACTIVE_ONLY
+        )
+        if not runs:
+            return None
+        return str(min(runs, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id)
+
+    def _log_batch(self, record: dict[str, Any]) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        run_id = self.resolve(record["run"])
+        metric_list = [Metric(k, v, t, s) for k, v, t, s in record["metrics"]]
+        param_list = [Param(k, v) for k, v in record["params"].items()]
+        tag_list = [RunTag(k, v) for k, v in record["tags"].items()]
+        while metric_list or param_list or tag_list:
+            self.client.log_batch(
+                run_id,
+                metrics=metric_list[:MAX_METRICS_PER_CALL],
+                params=param_list[:MAX_PARAMS_PER_CALL],
+                tags=tag_list[:MAX_TAGS_PER_CALL],
+            )
+            metric_list = metric_list[MAX_METRICS_PER_CALL:]
+            param_list = param_list[MAX_PARAMS_PER_CALL:]
+            tag_list = tag_list[MAX_TAGS_PER_CALL:]
+
+
+def _local(path: str, spool: Spool | None) -> Path:
+    """A record's file: a relative path is a copy kept in the spool it came from."""
+    local = Path(path)
+    if spool is not None and not local.is_absolute():
+        return spool.folder / local
+    return local
