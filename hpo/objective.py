@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -13,6 +12,7 @@ import optuna
 from common.errors import BadInputError, TrainingFailed
 from common.fmt import format_duration
 from common.mlflow_writer import run_id_now
+from common.workdir import WorkDir
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.final_loss import (
@@ -23,9 +23,10 @@ from hpo.final_loss import (
     trial_curve,
 )
 from hpo.pick import PROMOTED_FROM_ATTR
+from hpo.prepare import Prepared
 from hpo.runspec import trial_spec
 from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
-from search_spaces import SearchSpace, sample
+from search_spaces import sample
 from trainers.events import EvalInfo, TrainingCallback
 from trainers.result import TrainResult
 from trainers.run_spec import run_spec
@@ -57,10 +58,7 @@ class StudyContext:
     """What every trial of one study shares."""
 
     config: StudyConfig
-    space: SearchSpace
-    model_path: str
-    data_path: str
-    train_samples: int
+    prepared: Prepared  # the model, the data and the space, resolved once
     tracker: Tracker
     parent_run_id: str
     estimator: StudyEstimator
@@ -112,14 +110,15 @@ class Objective:
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
         ctx = self.context
         config = ctx.config
-        params = sample(trial, ctx.space, config.profiles)
-        full_run = run_spec(params, config, model=ctx.model_path, data=ctx.data_path)
+        prepared = ctx.prepared
+        params = sample(trial, prepared.space, config.profiles)
+        full_run = run_spec(params, config, model=prepared.model_path, data=prepared.data_path)
         steps = full_run_steps(full_run, ctx.estimator.train_lengths(full_run.max_length))
         fraction = self._fraction(trial)
         derived = {
             "effective_batch_size": full_run.effective_batch_size,
             "full_run_steps": steps,
-            "full_run_samples": ctx.train_samples * config.full_run.epochs,
+            "full_run_samples": prepared.train_samples * config.full_run.epochs,
             "trial_fraction": fraction,
         }
         # The trial's one spec: the feasibility check, the time model and the trainer take it.
@@ -128,7 +127,7 @@ class Objective:
             full_run,
             steps,
             fraction=fraction,
-            output_dir=Path(config.work_dir) / "trials" / f"trial-{trial.number:03d}",
+            output_dir=WorkDir(config.work_dir).trial(trial.number),
         )
         for key, value in {**params, **derived}.items():
             trial.set_user_attr(key, value)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInputError
+from common.workdir import WorkDir
 from hpo.config import StudyConfig
 from search_spaces import SearchSpace, load_space
 from search_spaces.families import describe_choice, space_for_model_type
@@ -41,8 +42,8 @@ def prepare(config: StudyConfig) -> Prepared:
     from trainers.tiny import default_tiny_model
 
     given_space = load_space(config.space) if config.space else None
-    work = Path(config.work_dir).resolve()
-    model_path = config.model or str(default_tiny_model(work / "models"))
+    work = WorkDir(config.work_dir)
+    model_path = config.model or str(default_tiny_model(work.models))
     model_type = family_model_type(model_path)
     space = given_space or space_for_model_type(model_type)
     log.info("%s", describe_choice(model_type, config.space))
@@ -63,7 +64,7 @@ def prepare(config: StudyConfig) -> Prepared:
                 max_length=max_length,
                 validation_fraction=config.validation_fraction,
                 seed=config.seed,
-                cache_dir=str(work / "cache"),
+                cache_dir=str(work.cache),
             ),
             tokenizer,
         )
@@ -75,7 +76,7 @@ def prepare(config: StudyConfig) -> Prepared:
             max_length=model_context(model_path),
             validation_fraction=config.validation_fraction,
             seed=config.seed,
-            cache_dir=str(work / "cache"),
+            cache_dir=str(work.cache),
         ),
         tokenizer,
     )

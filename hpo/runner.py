@@ -129,17 +129,7 @@ def run_study(
         study, config, estimator, before_trials_seconds=time.perf_counter() - started
     )
     search_budget.record_plan(tracker, parent, keeper)
-    context = StudyContext(
-        config=config,
-        space=prepared.space,
-        model_path=prepared.model_path,
-        data_path=prepared.data_path,
-        train_samples=prepared.train_samples,
-        tracker=tracker,
-        parent_run_id=parent,
-        estimator=estimator,
-        budget=keeper,
-    )
+    context = StudyContext(config, prepared, tracker, parent, estimator, keeper)
     _optimize(study, context, progress=progress)
     if not keeper.stopped:
         promote(study, context, progress=progress)
