@@ -19,6 +19,7 @@ from typing import Any
 
 from analysis.timemodel import Estimate
 from common.errors import BadInputError
+from common.fmt import format_hours
 
 # Why 10 %: a user renting a GPU for the run accepts paying about a tenth more to pick its
 # configuration by measurement (on the Mistral-7B case: 2 of 19.6 h). Below an hour of
@@ -112,25 +113,27 @@ class SearchPlan:
         budget = (
             "no search budget"
             if self.budget_hours is None
-            else f"search budget {_hours(self.budget_hours)} of GPU time ({self.source})"
+            else f"search budget {format_hours(self.budget_hours)} of GPU time ({self.source})"
         )
         cost = f", cost {self.cost(self.planned_hours):.2f}" if priced else ""
         lines = [
             f"{budget}: planned {self.trials} trials at {self.fidelity:.3g} of their full run "
-            f"(min {self.min_fidelity:.3g}), {_hours(self.trial_hours)} each, "
-            f"{_hours(self.planned_hours)} of GPU time in all{cost}",
+            f"(min {self.min_fidelity:.3g}), {format_hours(self.trial_hours)} each, "
+            f"{format_hours(self.planned_hours)} of GPU time in all{cost}",
         ]
         if self.workers > 1:
             lines.append(
-                f"  {self.workers} workers: about {_hours(self.planned_hours / self.workers)} "
+                f"  {self.workers} workers: about {format_hours(self.planned_hours / self.workers)} "
                 "of wall clock"
             )
         if self.before_trials_hours > 0:
             lines.append(
-                f"  of which set-up and probe before the trials: {_hours(self.before_trials_hours)}"
+                f"  of which set-up and probe before the trials: {format_hours(self.before_trials_hours)}"
             )
         full_cost = f", cost {self.cost(self.full_run_hours_p50):.2f}" if priced else ""
-        lines.append(f"  full run for comparison: p50 {_hours(self.full_run_hours_p50)}{full_cost}")
+        lines.append(
+            f"  full run for comparison: p50 {format_hours(self.full_run_hours_p50)}{full_cost}"
+        )
         return lines
 
 
@@ -222,11 +225,3 @@ def plan_search(
         before_trials_hours=before_trials_hours,
         workers=workers,
     )
-
-
-def _hours(hours: float) -> str:
-    if hours * 60 < 1:
-        return f"{hours * 3600:.0f} s"
-    if hours < 1.5:
-        return f"{hours * 60:.1f} min"
-    return f"{hours:.1f} h"
