@@ -114,10 +114,9 @@ def run_study(
     tracker = Tracker(
         config.tracking.uri or work.mlflow_url,
         config.tracking.experiment_name or "hpo-lora",
-        artifact_dir=str(work.artifacts),
-        spool_dir=str(work.spool),
+        artifact_dir=work.artifacts,
+        spool_dir=work.spool,
         outage=config.tracking.outage,
-        exit_wait_seconds=config.tracking.exit_wait_seconds,
     )
     parent = tracker.ensure_parent(study, _flat(config.to_dict()))
     _log_data_input(tracker, parent, prepared)
@@ -143,7 +142,9 @@ def run_study(
 
     study.set_user_attr(SEARCH_ATTR, summary.search)  # the report's line on it
     _report(study, config, tracker, summary)
-    summary.tracking_records_waiting = tracker.finish_parent(parent)
+    summary.tracking_records_waiting = tracker.finish_parent(
+        parent, exit_wait_seconds=config.tracking.exit_wait_seconds
+    )
     summary.tracking_spool = tracker.spool_folder
     summary.elapsed_seconds = time.perf_counter() - started
     return summary

@@ -60,8 +60,6 @@ class Tracker:
             write that fails fails the study).
         outage: At start, a server that does not answer: ``spool`` (start all the same,
             everything waits in `spool_dir`) or ``fail`` (stop with one line).
-        exit_wait_seconds: At the end, how long to wait for a server that does not answer
-            to take what waits in the spool (said in one line).
 
     Raises:
         BadInputError: The tracking store cannot be used.
@@ -73,20 +71,19 @@ class Tracker:
         tracking_uri: str,
         experiment_name: str,
         *,
-        artifact_dir: str | None = None,
-        spool_dir: str | None = None,
+        artifact_dir: str | Path | None = None,
+        spool_dir: str | Path | None = None,
         outage: str = "spool",
-        exit_wait_seconds: float = EXIT_WAIT_SECONDS,
     ) -> None:
         self.tracking_uri = tracking_uri
-        self.exit_wait_seconds = exit_wait_seconds
         self.experiment_name = experiment_name
         self.writer = MlflowWriter(tracking_uri, spool_root=spool_dir)
+        artifacts = None if artifact_dir is None else str(artifact_dir)
         self.offline = False  # started while the server did not answer
         # Open trial runs that could not be looked for while the server was away.
         self._unreconciled: tuple[str, optuna.Study] | None = None
         try:
-            self.experiment_id = self.writer.experiment(experiment_name, artifact_dir=artifact_dir)
+            self.experiment_id = self.writer.experiment(experiment_name, artifact_dir=artifacts)
         except TrackingUnreachable as exc:
             if outage != "spool" or spool_dir is None:
                 # Only a study keeps records on disk (a spool folder): say so only there.
@@ -101,13 +98,13 @@ class Tracker:
             log.warning("%s: the study starts all the same; records wait on disk", exc)
             self.offline = True
             self.experiment_id = self.writer.experiment_later(
-                experiment_name, artifact_dir=artifact_dir
+                experiment_name, artifact_dir=artifacts
             )
             return
         if spool_dir is not None:
             self._send_left_behind(spool_dir)
 
-    def _send_left_behind(self, spool_dir: str) -> None:
+    def _send_left_behind(self, spool_dir: str | Path) -> None:
         """Records an earlier process of this work dir left waiting for this server go now."""
         for folder in spool_folders(Path(spool_dir)):
             try:
@@ -294,15 +291,22 @@ class Tracker:
         """The run's description in the MLflow UI (its note), one sentence."""
         self.writer.log_batch(run, tags={NOTE_TAG: text})
 
-    def finish_parent(self, parent_run_id: str) -> int:
+    def finish_parent(
+        self, parent_run_id: str, *, exit_wait_seconds: float = EXIT_WAIT_SECONDS
+    ) -> int:
         """Close the study's parent run and wait until everything is stored or spooled.
+
+        Args:
+            parent_run_id: The study's parent run.
+            exit_wait_seconds: How long to wait for a server that does not answer to take
+                what waits in the spool (said in one line).
 
         Returns:
             Records still waiting for the server (in `spool_folder`).
         """
         self.writer.set_terminated(parent_run_id, "FINISHED")
         self.writer.flush()
-        waiting = send_before_exit(self.writer, self.exit_wait_seconds)
+        waiting = send_before_exit(self.writer, exit_wait_seconds)
         if self._unreconciled is not None and not waiting:
             self.reconcile(*self._unreconciled)  # the server is back: close them now
         return self.writer.close()

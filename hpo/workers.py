@@ -242,7 +242,7 @@ def _create_experiment(config: StudyConfig, work: WorkDir) -> None:
         Tracker(
             config.tracking.uri,
             config.tracking.experiment_name or "hpo-lora",
-            artifact_dir=str(work.artifacts),
+            artifact_dir=work.artifacts,
         )
     except TrackingUnreachable:
         if config.tracking.outage != "spool":
