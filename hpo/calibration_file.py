@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from analysis.calibration.file import Calibration, load_for
-from analysis.records import CALIBRATION_FILE
+from common.workdir import WorkDir
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ class CalibrationFile:
     """
 
     def __init__(self, work_dir: str | Path, fingerprint: str) -> None:
-        self.path = Path(work_dir) / CALIBRATION_FILE
+        self.path = WorkDir(work_dir).calibration
         self.fingerprint = fingerprint
 
     def load(self) -> Calibration | None:

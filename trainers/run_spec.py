@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from common.workdir import WorkDir
 from trainers.spec import LoraSpec, TrainSpec
 
 # The sampled keys a run reads, each a `TrainSpec` field; a key a choice lacks takes the
@@ -157,5 +158,5 @@ def run_spec(
         device=settings.device,
         precision=settings.precision,
         seed=settings.seed,
-        cache_dir=None if work_dir is None else str(Path(work_dir).resolve() / "cache"),
+        cache_dir=None if work_dir is None else str(WorkDir(work_dir).cache),
     )
