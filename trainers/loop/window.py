@@ -14,6 +14,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from trainers.events import EvalInfo, Forecast, RunInfo, StepInfo, TrainingCallback
 
@@ -66,52 +67,27 @@ class WindowGuard(TrainingCallback):
 
     def forecast(self, step: int) -> Forecast:
         """The forecast after `step` (call after `on_step`)."""
-        run, total = self.run, self.run.total_steps
         recent = list(self.steps)
         # The first steps pay for warm-up; drop them once there are enough others.
         step_s = statistics.median(recent[2:] if len(recent) > 4 else recent) if recent else 0.0
         eval_s = statistics.median(self.evals) if self.evals else step_s
-        save_s = statistics.median(self.saves) if self.saves else 2 * step_s
-        left = max(0, total - step)
-        checkpointing = run.checkpoint_interval > 0 or run.checkpoint_minutes > 0
-        n_evals = _multiples(step - 1, total, run.eval_interval)
-        if run.eval_interval == 0 or total % run.eval_interval:
-            n_evals += 1  # the run always evaluates at its end
-        n_saves = _multiples(step - 1, total, run.checkpoint_interval)
-        if run.checkpoint_minutes > 0:
-            n_saves += int(left * step_s / (60 * run.checkpoint_minutes))
-        if checkpointing and (run.checkpoint_interval == 0 or total % run.checkpoint_interval):
-            n_saves += 1  # the final save
-        remaining = left * step_s + n_evals * eval_s + n_saves * save_s
+        costs = _Costs(
+            step=step_s,
+            eval=eval_s,
+            save=statistics.median(self.saves) if self.saves else 2 * step_s,
+            slowest_step=max(recent[-10:]) if recent else 0.0,
+            save_measured=bool(self.saves),
+        )
+        total = self.run.total_steps
+        remaining = _remaining_seconds(self.run, step, costs)
         elapsed = self.clock() - self.started_at
-
         stop_step, should_stop = total, False
-        if self.window_seconds is not None and left:
+        if self.window_seconds is not None and step < total:
             deadline = self.window_seconds - self.margin_seconds
-            due_now = eval_s * _due(step, run.eval_interval) + save_s * _due(
-                step, run.checkpoint_interval
+            stop_step, should_stop = _stop_point(
+                self.run, step, elapsed, deadline, remaining, costs
             )
-            # Continuing means: what is due now, one more step, its evaluation, then a save.
-            # That decision must survive a slow step and a first save whose cost is not
-            # measured yet, so it takes the slowest recent step and at least 0.5 s to save.
-            slow_step = max(recent[-10:]) if recent else 0.0
-            stop_save = save_s if self.saves else max(save_s, UNMEASURED_SAVE_SECONDS)
-            continuing = (
-                due_now + slow_step + eval_s * _due(step + 1, run.eval_interval) + stop_save
-            )
-            should_stop = elapsed + continuing > deadline
-            if elapsed + remaining > deadline:
-                per_step = step_s
-                if run.eval_interval:
-                    per_step += eval_s / run.eval_interval
-                if run.checkpoint_interval:
-                    per_step += save_s / run.checkpoint_interval
-                room = deadline - elapsed - save_s
-                fits = int(room // per_step) if per_step > 0 and room > 0 else 0
-                stop_step = min(total, step + fits)
-            if should_stop:
-                stop_step = step
-        forecast = Forecast(
+        return Forecast(
             step=step,
             total_steps=total,
             elapsed_seconds=elapsed,
@@ -123,7 +99,6 @@ class WindowGuard(TrainingCallback):
             should_stop=should_stop,
             eta_unix=time.time() + remaining,
         )
-        return forecast
 
     def should_report(self, forecast: Forecast) -> bool:
         """Whether to show `forecast` (and remember it as the last one seen).
@@ -135,6 +110,61 @@ class WindowGuard(TrainingCallback):
         first = self.last is None
         self.last = forecast
         return first or flipped or forecast.should_stop or forecast.step % every == 0
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """What the run measured so far, in seconds (medians of the recent ones)."""
+
+    step: float
+    eval: float
+    save: float
+    slowest_step: float  # of the last 10 steps
+    save_measured: bool  # False: `save` is a guess (twice a step)
+
+
+def _remaining_seconds(run: RunInfo, step: int, costs: _Costs) -> float:
+    """The steps, evaluations and saves still to come after `step`."""
+    total = run.total_steps
+    left = max(0, total - step)
+    checkpointing = run.checkpoint_interval > 0 or run.checkpoint_minutes > 0
+    n_evals = _multiples(step - 1, total, run.eval_interval)
+    if run.eval_interval == 0 or total % run.eval_interval:
+        n_evals += 1  # the run always evaluates at its end
+    n_saves = _multiples(step - 1, total, run.checkpoint_interval)
+    if run.checkpoint_minutes > 0:
+        n_saves += int(left * costs.step / (60 * run.checkpoint_minutes))
+    if checkpointing and (run.checkpoint_interval == 0 or total % run.checkpoint_interval):
+        n_saves += 1  # the final save
+    return left * costs.step + n_evals * costs.eval + n_saves * costs.save
+
+
+def _stop_point(
+    run: RunInfo, step: int, elapsed: float, deadline: float, remaining: float, costs: _Costs
+) -> tuple[int, bool]:
+    """Where a run with a deadline ends, and whether it must stop (and save) now."""
+    due_now = costs.eval * _due(step, run.eval_interval) + costs.save * _due(
+        step, run.checkpoint_interval
+    )
+    # Continuing means: what is due now, one more step, its evaluation, then a save.
+    # That decision must survive a slow step and a first save whose cost is not
+    # measured yet, so it takes the slowest recent step and at least 0.5 s to save.
+    stop_save = costs.save if costs.save_measured else max(costs.save, UNMEASURED_SAVE_SECONDS)
+    continuing = (
+        due_now + costs.slowest_step + costs.eval * _due(step + 1, run.eval_interval) + stop_save
+    )
+    if elapsed + continuing > deadline:
+        return step, True
+    if elapsed + remaining <= deadline:
+        return run.total_steps, False
+    per_step = costs.step
+    if run.eval_interval:
+        per_step += costs.eval / run.eval_interval
+    if run.checkpoint_interval:
+        per_step += costs.save / run.checkpoint_interval
+    room = deadline - elapsed - costs.save
+    fits = int(room // per_step) if per_step > 0 and room > 0 else 0
+    return min(run.total_steps, step + fits), False
 
 
 def _multiples(after: int, upto: int, interval: int) -> int:
