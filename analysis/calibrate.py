@@ -35,12 +35,13 @@ from analysis.calibration.fit import fit
 from analysis.calibration.measurements import RunMeasurements
 from analysis.full_runs import FullRun, absorb, from_mlflow, read_report
 from analysis.planning import probe_spec
-from analysis.records import CALIBRATION_FILE, TRIAL_ATTR, read_trial_record
+from analysis.records import TRIAL_ATTR, read_trial_record
 from analysis.studies import load_study
 from analysis.timemodel import HardwareInfo, ModelProfile, fingerprint, prior_coefficients
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.redact import redact
+from common.workdir import WorkDir
 from trainers.spec import TrainSpec
 
 STUDY_CONFIG_ATTR = "hpo_config"  # the study's config, where hpo.study records its work dir
@@ -269,11 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         check_writable(args.out)
 
     if args.probe:
-        out = Path(args.out or Path(args.work_dir or DEFAULT_WORK_DIR) / CALIBRATION_FILE)
+        out = _calibration_path(args)
         calibration, seconds = _probe(args)
         how = f"{calibration.n_measurements['runs']} probe runs in {seconds:.0f} s"
     elif not args.study_name:
-        out = Path(args.out or Path(args.work_dir or DEFAULT_WORK_DIR) / CALIBRATION_FILE)
+        out = _calibration_path(args)
         if not out.is_file():
             raise BadInputError(
                 f"no calibration at {out} to add full runs to: calibrate from the study "
@@ -281,10 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         calibration, how = load(out), "the calibration file"
     else:
-        explicit = Path(args.out) if args.out else None
-        guess = explicit or Path(args.work_dir or DEFAULT_WORK_DIR) / CALIBRATION_FILE
+        guess = _calibration_path(args)
         calibration, work_dir = calibrate_from_study(args.study_name, args.storage, previous=guess)
-        out = explicit or Path(args.work_dir or work_dir or DEFAULT_WORK_DIR) / CALIBRATION_FILE
+        out = _calibration_path(args, work_dir)
         how = f"{calibration.n_measurements['runs']} trials of study '{args.study_name}'"
     if args.tracking_uri:
         full_runs += _mlflow_full_runs(args.tracking_uri, args.experiment_name)
@@ -296,6 +296,13 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     print(f"fitted from {how}; written to {out}")
     return EXIT_OK
+
+
+def _calibration_path(args: argparse.Namespace, study_work_dir: str | None = None) -> Path:
+    """--out, else the calibration file of --work-dir, of the study's work dir, or the default."""
+    if args.out:
+        return Path(args.out)
+    return WorkDir(args.work_dir or study_work_dir or DEFAULT_WORK_DIR).calibration
 
 
 def _mlflow_full_runs(tracking_uri: str, experiment_name: str) -> list[FullRun]:
