@@ -92,7 +92,7 @@ class WindowGuard(TrainingCallback):
             total_steps=total,
             elapsed_seconds=elapsed,
             remaining_seconds=remaining,
-            step_seconds=step_s,
+            step_seconds=costs.step,
             window_seconds=self.window_seconds,
             margin_seconds=self.margin_seconds,
             stop_step=stop_step,
