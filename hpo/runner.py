@@ -99,25 +99,8 @@ def run_study(
     """
     started = time.perf_counter()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    prepared = prepare(config)
-    # The study's one validation length: given, or the data's p99.
-    config = dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
-    estimator = estimator_factory(config, prepared)
-    check_space(estimator)  # before anything is written: nothing fits -> exit 2
-    study = open_study(config, prepared)
-    stored = (study.user_attrs.get(CONFIG_ATTR) or {}).get("eval_max_length")
-    if stored and stored != config.eval_max_length:
-        # A resumed study keeps the validation length its first trials were scored at.
-        config = dataclasses.replace(config, eval_max_length=int(stored))
-        estimator = estimator_factory(config, prepared)
-    work = WorkDir(config.work_dir)
-    tracker = Tracker(
-        config.tracking.uri or work.mlflow_url,
-        config.tracking.experiment_name or "hpo-lora",
-        artifact_dir=work.artifacts,
-        spool_dir=work.spool,
-        outage=config.tracking.outage,
-    )
+    config, prepared, estimator, study = _open(config, estimator_factory)
+    tracker = _tracker(config)
     parent = tracker.ensure_parent(study, _flat(config.to_dict()))
     _log_data_input(tracker, parent, prepared)
     if not has_heartbeats(config.storage_url) and fail_dead_workers_trials(study):
@@ -132,11 +115,52 @@ def run_study(
     _optimize(study, context, progress=progress)
     if not keeper.stopped:
         promote(study, context, progress=progress)
+    summary = _close(study, context)
+    summary.elapsed_seconds = time.perf_counter() - started
+    return summary
+
+
+def _open(
+    config: StudyConfig, estimator_factory: EstimatorFactory
+) -> tuple[StudyConfig, Prepared, StudyEstimator, optuna.Study]:
+    """Prepare the model and data, check the space, and open the study (nothing written
+    before the check). The config comes back with the study's one validation length."""
+    prepared = prepare(config)
+    # The study's one validation length: given, or the data's p99.
+    config = dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
+    estimator = estimator_factory(config, prepared)
+    check_space(estimator)  # before anything is written: nothing fits -> exit 2
+    study = open_study(config, prepared)
+    stored = (study.user_attrs.get(CONFIG_ATTR) or {}).get("eval_max_length")
+    if stored and stored != config.eval_max_length:
+        # A resumed study keeps the validation length its first trials were scored at.
+        config = dataclasses.replace(config, eval_max_length=int(stored))
+        estimator = estimator_factory(config, prepared)
+    return config, prepared, estimator, study
+
+
+def _tracker(config: StudyConfig) -> Tracker:
+    """The study's MLflow side: its store (default: SQLite in the work dir) and spool."""
+    work = WorkDir(config.work_dir)
+    return Tracker(
+        config.tracking.uri or work.mlflow_url,
+        config.tracking.experiment_name or "hpo-lora",
+        artifact_dir=work.artifacts,
+        spool_dir=work.spool,
+        outage=config.tracking.outage,
+    )
+
+
+def _close(study: optuna.Study, context: StudyContext) -> StudySummary:
+    """Close the trials' runs, export the best, record what the search spent, write the
+    report and close the parent run (waiting a while for a server that does not answer)."""
+    config, tracker, parent = context.config, context.tracker, context.parent_run_id
     tracker.reconcile(parent, study)
     tracker.update_parent(parent, study)
     summary = summarize(study, config, tracker, parent)
-    finished = len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
-    summary.search = keeper.report(keeper.ended_by(finished, config.n_trials))
+    if context.budget is not None:
+        finished = len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
+        summary.search = context.budget.report(context.budget.ended_by(finished, config.n_trials))
     search_budget.record_spent(tracker, parent, summary.search)
     from analysis.report.document import SEARCH_ATTR
 
@@ -146,7 +170,6 @@ def run_study(
         parent, exit_wait_seconds=config.tracking.exit_wait_seconds
     )
     summary.tracking_spool = tracker.spool_folder
-    summary.elapsed_seconds = time.perf_counter() - started
     return summary
 
 
