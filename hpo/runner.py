@@ -100,7 +100,7 @@ def run_study(
     started = time.perf_counter()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     config, prepared, estimator, study = _open(config, estimator_factory)
-    tracker = _tracker(config)
+    tracker = Tracker.for_study(config)
     parent = tracker.ensure_parent(study, _flat(config.to_dict()))
     _log_data_input(tracker, parent, prepared)
     if not has_heartbeats(config.storage_url) and fail_dead_workers_trials(study):
@@ -137,18 +137,6 @@ def _open(
         config = dataclasses.replace(config, eval_max_length=int(stored))
         estimator = estimator_factory(config, prepared)
     return config, prepared, estimator, study
-
-
-def _tracker(config: StudyConfig) -> Tracker:
-    """The study's MLflow side: its store (default: SQLite in the work dir) and spool."""
-    work = WorkDir(config.work_dir)
-    return Tracker(
-        config.tracking.uri or work.mlflow_url,
-        config.tracking.experiment_name or "hpo-lora",
-        artifact_dir=work.artifacts,
-        spool_dir=work.spool,
-        outage=config.tracking.outage,
-    )
 
 
 def _close(study: optuna.Study, context: StudyContext) -> StudySummary:

@@ -74,9 +74,7 @@ def _check_tracking_server(config: StudyConfig) -> None:
     if uri.startswith(("http://", "https://")):
         from hpo.tracking import Tracker
 
-        Tracker(
-            uri, config.tracking.experiment_name or "hpo-lora"
-        )  # raises when it does not answer
+        Tracker.for_study(config, spool=False)  # raises when it does not answer
 
 
 if __name__ == "__main__":

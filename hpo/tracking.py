@@ -27,6 +27,7 @@ from common.mlflow_writer import MlflowWriter, Run, RunRef
 from common.outage import EXIT_WAIT_SECONDS, TrackingUnreachable, is_outage, send_before_exit
 from common.redact import redact
 from common.spool import Spool, spool_folders
+from common.workdir import WorkDir
 from hpo.states import STATE_NAMES, count_states, trial_loss
 from trainers.tracking import StepMetrics
 
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+
+    from hpo.config import StudyConfig
 
 PARENT_ATTR = "mlflow_parent_run_id"
 NOTE_TAG = "mlflow.note.content"  # the description the UI shows on the run's page
@@ -103,6 +106,19 @@ class Tracker:
             return
         if spool_dir is not None:
             self._send_left_behind(spool_dir)
+
+    @classmethod
+    def for_study(cls, config: StudyConfig, *, spool: bool = True) -> Tracker:
+        """The study's tracker: its store (default: SQLite in the work dir), experiment and
+        artifact folder; with `spool`, records wait in the work dir while the server is away."""
+        work = WorkDir(config.work_dir)
+        return cls(
+            config.tracking.uri or work.mlflow_url,
+            config.tracking.experiment_name or "hpo-lora",
+            artifact_dir=work.artifacts,
+            spool_dir=work.spool if spool else None,
+            outage=config.tracking.outage,
+        )
 
     def _send_left_behind(self, spool_dir: str | Path) -> None:
         """Records an earlier process of this work dir left waiting for this server go now."""

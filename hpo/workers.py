@@ -211,7 +211,7 @@ def run_workers(config: StudyConfig, n_workers: int, argv: list[str]) -> int:
     prepare(config)  # bad model or data: one message, before any worker; tokenized once for all
     # Both stores' tables (and the experiment) are created here once, not raced for.
     make_storage(url, heartbeat_seconds=config.heartbeat_seconds)
-    _create_experiment(config, work)
+    _create_experiment(config)
     work.workers.mkdir(parents=True, exist_ok=True)
     procs = []
     for index, gpu in enumerate(gpus):
@@ -231,7 +231,7 @@ def run_workers(config: StudyConfig, n_workers: int, argv: list[str]) -> int:
     return len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
 
 
-def _create_experiment(config: StudyConfig, work: WorkDir) -> None:
+def _create_experiment(config: StudyConfig) -> None:
     """The study's MLflow experiment, created once before the workers start."""
     if not config.tracking.uri:
         return
@@ -239,11 +239,7 @@ def _create_experiment(config: StudyConfig, work: WorkDir) -> None:
     from hpo.tracking import Tracker
 
     try:
-        Tracker(
-            config.tracking.uri,
-            config.tracking.experiment_name or "hpo-lora",
-            artifact_dir=work.artifacts,
-        )
+        Tracker.for_study(config, spool=False)
     except TrackingUnreachable:
         if config.tracking.outage != "spool":
             raise
