@@ -21,6 +21,7 @@ from typing import Any
 
 import optuna
 
+from common.workdir import WorkDir
 from hpo.config import StudyConfig
 from hpo.prepare import Prepared
 from hpo.runspec import train_spec
@@ -206,7 +207,7 @@ def _examples(config: StudyConfig, prepared: Prepared, max_length: int, tokenize
             max_length=max_length,
             validation_fraction=config.validation_fraction,
             seed=config.seed,
-            cache_dir=str(Path(config.work_dir).resolve() / "cache"),
+            cache_dir=str(WorkDir(config.work_dir).cache),
         ),
         tokenizer,
     )

@@ -52,6 +52,7 @@ from benchmarks._efficiency_report import (  # noqa: E402
     print_table,
     summarize,
 )
+from common.workdir import WorkDir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,12 +80,11 @@ def calibrate(model: str, data: str, work: Path) -> None:
     """Fit the time model on this machine from the probe design (`analysis.calibrate --probe`)."""
     from analysis.calibrate import calibrate_from_results, run_probes
     from analysis.machine import this_machine
-    from analysis.records import CALIBRATION_FILE
 
     with tempfile.TemporaryDirectory(prefix="probe-", dir=work) as folder:
         # The whole design: under load a budget-cut probe (3 runs) mis-predicted 10x.
         results = run_probes(model, data, work_dir=folder, device="cpu", budget_seconds=1e9)
-    calibrate_from_results(results, this_machine("cpu", "auto")).save(work / CALIBRATION_FILE)
+    calibrate_from_results(results, this_machine("cpu", "auto")).save(WorkDir(work).calibration)
 
 
 def make_task(work: Path, *, epochs: float, seed: int, window_seconds: float | None) -> Task:
@@ -161,7 +161,7 @@ def run_hpo(task: Task, work: Path, seconds: float) -> tuple[str, Path, dict[str
         raise RuntimeError(f"hpo.study exited {done.returncode}: {done.stderr.strip()[-600:]}")
     summary = json.loads(out.read_text(encoding="utf-8"))
     return (
-        f"sqlite:///{work / 'optuna.db'}",
+        WorkDir(work).optuna_url,
         Path(summary["preset_path"]),
         summary.get("search") or {},
     )
@@ -175,7 +175,7 @@ def run_method(method: str, task: Task, work: Path, seconds: float) -> dict[str,
 
     work.mkdir(parents=True)
     config = dataclasses.replace(task.config, work_dir=str(work))
-    storage = f"sqlite:///{work / 'optuna.db'}"
+    storage = WorkDir(work).optuna_url
     preset = None
     search: dict[str, Any] = {}
     load_start = os.getloadavg()[0]
@@ -190,7 +190,7 @@ def run_method(method: str, task: Task, work: Path, seconds: float) -> dict[str,
             if method == "optuna_mlflow"
             else optuna.samplers.RandomSampler(seed=config.seed)
         )
-        mlflow_uri = f"sqlite:///{work / 'mlflow.db'}" if method == "optuna_mlflow" else None
+        mlflow_uri = WorkDir(work).mlflow_url if method == "optuna_mlflow" else None
         peers.optuna_search(
             config, task.prepared, sampler=sampler, storage=storage, work=work,
             seconds=seconds, mlflow_uri=mlflow_uri,
