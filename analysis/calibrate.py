@@ -34,10 +34,11 @@ from analysis.calibration.file import Calibration, load, load_for
 from analysis.calibration.fit import fit
 from analysis.calibration.measurements import RunMeasurements
 from analysis.full_runs import FullRun, absorb, from_mlflow, read_report
+from analysis.hardware import HardwareInfo, fingerprint, prior_coefficients
 from analysis.planning import probe_spec
 from analysis.records import TRIAL_ATTR, read_trial_record
 from analysis.studies import load_study
-from analysis.timemodel import HardwareInfo, ModelProfile, fingerprint, prior_coefficients
+from analysis.timemodel import ModelProfile
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.redact import redact

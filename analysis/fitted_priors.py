@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from analysis.gpus import GpuSpec, peak_of
+from analysis.hardware import prior_coefficients
 from analysis.run_setup import MemoryTerms
-from analysis.timemodel import Coefficients, ModelProfile, prior_coefficients
+from analysis.timemodel import Coefficients, ModelProfile
 
 GIB = 2**30
 PRIORS_FILE = "published_priors.json"

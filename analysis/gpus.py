@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from analysis.timemodel import HardwareInfo, gpu_peak_flops
+from analysis.hardware import HardwareInfo, gpu_peak_flops
 from common.errors import BadInputError
 
 GIB = 2**30

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from analysis.timemodel import HardwareInfo, ModelProfile
+from analysis.hardware import HardwareInfo
+from analysis.timemodel import ModelProfile
 from common.errors import BadInputError
 
 

@@ -22,16 +22,9 @@ from typing import TYPE_CHECKING, Any
 from analysis import fitted_priors
 from analysis.calibration.file import Calibration, load
 from analysis.gpus import GpuSpec, peak_of
+from analysis.hardware import HardwareInfo, prior_coefficients
 from analysis.run_setup import ATTENTION_RATE, MemoryTerms, RunSetup, peak_memory
-from analysis.timemodel import (
-    Coefficients,
-    Estimate,
-    HardwareInfo,
-    ModelProfile,
-    Plan,
-    predict,
-    prior_coefficients,
-)
+from analysis.timemodel import Coefficients, Estimate, ModelProfile, Plan, predict
 from trainers.run_spec import Settings, run_spec
 from trainers.spec import (
     STUDY_EVAL_SAMPLES,

@@ -24,9 +24,10 @@ from typing import Any
 
 from analysis.fitted_priors import GIB, PublishedPriors, with_utilisation
 from analysis.gpus import find_gpu, peak_of
+from analysis.hardware import prior_coefficients
 from analysis.published_runs import PublishedRun
 from analysis.run_setup import MemoryTerms, RunSetup, memory_parts, peak_memory
-from analysis.timemodel import ModelProfile, predict, prior_coefficients
+from analysis.timemodel import ModelProfile, predict
 
 REPLAY_STEPS = 20  # optimizer steps a replay plans (the per-step time does not depend on it)
 MEMORY_MARGIN = 0.01  # log: 1 %, so that rounding never puts a fitted peak above p90

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from analysis.calibration.measurements import RunMeasurements
-from analysis.timemodel import HardwareInfo, ModelProfile
+from analysis.hardware import HardwareInfo
+from analysis.timemodel import ModelProfile
 
 CALIBRATION_FILE = "calibration.json"  # in the study's work dir
 TRIAL_ATTR = "time_model_run"  # user attribute of a trained trial: hardware, model, run

@@ -19,7 +19,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from analysis.timemodel import PRECISION_BYTES, ModelProfile, Plan, weight_bytes
+from analysis.timemodel import ModelProfile, Plan
+from analysis.workload import PRECISION_BYTES, weight_bytes
 from common.errors import BadInputError
 from trainers.spec import QUANTIZATION_MODES
 

@@ -2,59 +2,46 @@
 
 Full-run seconds = start-up + data loading + warm-up + optimizer steps x (accumulation x
 (micro-step time + loop overhead) + optimizer-step time) + evaluations + checkpoint saves.
-Every term is a small linear model over physical features (FLOPs of the frozen weights and
-of the adapters, attention, parameters, tokens) whose coefficients are either priors from
-the device's peak FLOP/s or fitted to measured steps (`analysis.calibration`).
+Every term is a small linear model over physical features (`analysis.workload`: FLOPs of
+the frozen weights and of the adapters, attention, parameters, tokens) whose coefficients
+are either priors from the device's peak FLOP/s (`analysis.hardware.prior_coefficients`) or
+fitted to measured steps (`analysis.calibration`).
 
 Pure numpy (and the step count of `trainers.spec`): importable without torch.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
-import re
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
+from analysis.workload import (
+    NF4_LOG_P10,
+    NF4_LOG_P90,
+    NF4_STEP_FACTOR,
+    PRECISION_BYTES,
+    TRAINABLE_BYTES,
+    activation_bytes,
+    adapter_flops,
+    attention_flops,
+    clipped_lengths,
+    epoch_averages,
+    frozen_flops,
+    packed_averages,
+    weight_bytes,
+)
 from common.config import require
 from common.errors import BadInputError
-from trainers.data.packing import pack_lengths
 from trainers.spec import PACKING_MODES, QUANTIZATION_MODES, eval_batch_size, optimizer_steps
 
 DEVICE_KINDS = ("cpu", "cuda", "mps")
-PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 Z90 = 1.2815515655446004  # standard normal quantile of 0.9
 BAND_PARTS = ("model", "drift", "step_noise", "total")  # see `interval_components`
 
-# Dense peak FLOP/s (half precision tensor cores, fp32 without TF32), from vendor data sheets.
-# More specific names come first so that "A100" is not taken for "A10", "L40S" for "L4" and
-# an H100 PCIe (lower clocks and power) for the SXM part.
-_GPU_PEAKS: tuple[tuple[str, float, float], ...] = (
-    ("H200", 989e12, 67e12),
-    ("H100 PCIE", 756e12, 51e12),
-    ("H100 NVL", 835e12, 60e12),
-    ("H100", 989e12, 67e12),
-    ("A100", 312e12, 19.5e12),
-    ("L40S", 362e12, 91.6e12),
-    ("L40", 181e12, 90.5e12),
-    ("L4", 121e12, 30.3e12),
-    ("A10G", 125e12, 31.2e12),
-    ("4090", 165e12, 82.6e12),
-    ("A6000", 154.8e12, 38.7e12),
-    ("V100", 125e12, 15.7e12),  # fp16; bf16 is emulated on V100 and slower still
-    ("T4", 65e12, 8.1e12),
-)
-_UNKNOWN_GPU_PEAK = (30e12, 10e12)  # conservative: an unknown GPU is assumed slow
-_MPS_PEAK = (10e12, 5e12)
-_GPU_UTILISATION = 0.35
-_CPU_UTILISATION = 0.5  # of the measured matmul probe
 # Uncalibrated estimates are off by up to 2-3x in practice, so the prior band is wide.
 _PRIOR_LOG_P10 = math.log(0.6)
 _PRIOR_LOG_P90 = math.log(1.8)
@@ -101,71 +88,6 @@ class ModelProfile:
     def compute_parameters(self) -> int:
         """The parameters a token's matmuls run through (the active ones of a mixture)."""
         return self.active_parameters or self.total_parameters
-
-
-@dataclass(frozen=True)
-class HardwareInfo:
-    """The machine a run executes on.
-
-    Attributes:
-        device_kind: "cpu", "cuda" or "mps".
-        device_name: GPU name (e.g. "NVIDIA H100 80GB HBM3") or CPU model string.
-        memory_bytes: Device memory (host memory on CPU).
-        cpu_cores: Logical CPU cores available to the run.
-        precision: Training precision, "fp32", "bf16" or "fp16".
-    """
-
-    device_kind: str
-    device_name: str
-    memory_bytes: int
-    cpu_cores: int
-    precision: str = "fp32"
-
-    def __post_init__(self) -> None:
-        kind, precision = self.device_kind, self.precision
-        require(kind in DEVICE_KINDS, f"device_kind must be one of {DEVICE_KINDS} but got {kind=}")
-        require(
-            precision in PRECISION_BYTES,
-            f"precision must be one of {tuple(PRECISION_BYTES)} but got {precision=}",
-        )
-
-    @classmethod
-    def this_cpu(cls, *, precision: str = "fp32") -> HardwareInfo:
-        """Describe this machine's CPU from the standard library alone."""
-        name = "cpu"
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as handle:
-                for line in handle:
-                    if line.startswith("model name"):
-                        name = line.split(":", 1)[1].strip()
-                        break
-        except OSError:
-            pass
-        try:
-            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            memory = 0
-        return cls("cpu", name, int(memory), os.cpu_count() or 1, precision)
-
-
-def fingerprint(hardware: HardwareInfo, model: ModelProfile) -> str:
-    """Return a stable short hash naming a hardware + model combination.
-
-    The hostname is left out on purpose: identical machines share a calibration. On CPU the
-    core count is part of it because step time scales with the threads available.
-    """
-    key = {
-        "device_kind": hardware.device_kind,
-        "device_name": hardware.device_name.strip().lower(),
-        "precision": hardware.precision,
-        "cpu_cores": hardware.cpu_cores if hardware.device_kind == "cpu" else None,
-        "total_parameters": model.total_parameters,
-        "n_layers": model.n_layers,
-        "hidden_size": model.hidden_size,
-    }
-    if model.active_parameters:  # only a mixture of experts: dense fingerprints stay as they were
-        key["active_parameters"] = model.active_parameters
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -319,251 +241,6 @@ class Coefficients:
         return cls(**values)  # type: ignore[arg-type]
 
 
-def cpu_matmul_flops(seconds: float = 0.3, *, size: int = 512) -> float:
-    """Measure this CPU's fp32 matmul FLOP/s with numpy for about `seconds`."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((size, size), dtype=np.float32)
-    b = rng.standard_normal((size, size), dtype=np.float32)
-    a @ b  # warm-up: thread pool start and page faults
-    count, start = 0, time.perf_counter()
-    while True:
-        a @ b
-        count += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return 2.0 * size**3 * count / elapsed
-
-
-def peak_flops(
-    hardware: HardwareInfo, *, cpu_probe: Callable[[], float] = cpu_matmul_flops
-) -> float:
-    """Dense peak FLOP/s of the device at the hardware's precision (CPU: measured probe)."""
-    if hardware.device_kind == "cpu":
-        return float(cpu_probe())
-    half = hardware.precision != "fp32"
-    if hardware.device_kind == "mps":
-        return _MPS_PEAK[0] if half else _MPS_PEAK[1]
-    known = gpu_peak_flops(hardware.device_name, half=half)
-    if known is not None:
-        return known
-    return _UNKNOWN_GPU_PEAK[0] if half else _UNKNOWN_GPU_PEAK[1]
-
-
-def gpu_peak_flops(device_name: str, *, half: bool = True) -> float | None:
-    """A GPU's dense peak FLOP/s from its name (as CUDA reports it); None when not in the table.
-
-    Args:
-        device_name: E.g. "NVIDIA H100 80GB HBM3".
-        half: bf16/fp16 tensor-core peak; False: fp32 without TF32.
-    """
-    name = device_name.upper()
-    for key, half_peak, fp32_peak in _GPU_PEAKS:
-        if re.search(rf"(?<![A-Z0-9]){key}(?![A-Z0-9])", name):
-            return half_peak if half else fp32_peak
-    return None
-
-
-def prior_coefficients(
-    hardware: HardwareInfo,
-    *,
-    cpu_probe: Callable[[], float] = cpu_matmul_flops,
-    peak: float | None = None,
-) -> Coefficients:
-    """Uncalibrated coefficients from peak FLOP/s and a utilisation prior.
-
-    Args:
-        hardware: The machine.
-        cpu_probe: Returns CPU FLOP/s; tests pass a constant to stay independent of timing.
-        peak: The device's dense peak FLOP/s at the hardware's precision, for a GPU the
-            table does not know; None: from the table (or the CPU probe).
-    """
-    on_cpu = hardware.device_kind == "cpu"
-    if peak is None:
-        peak = peak_flops(hardware, cpu_probe=cpu_probe)
-    effective = peak * (_CPU_UTILISATION if on_cpu else _GPU_UTILISATION)
-    # Attention matmuls run at lower efficiency (softmax, memory traffic): count them double.
-    return Coefficients(
-        micro_fixed_seconds=0.005 if on_cpu else 0.03,
-        micro_seconds_per_flop=1.0 / effective,
-        micro_seconds_per_adapter_flop=1.0 / effective,
-        micro_seconds_per_attention_flop=2.0 / effective,
-        optimizer_fixed_seconds=0.002 if on_cpu else 0.005,
-        optimizer_seconds_per_parameter=3e-9 if on_cpu else 5e-11,
-        eval_fixed_seconds=0.5,
-        eval_seconds_per_flop=1.0 / effective,
-        # A checkpoint holds adapter + AdamW state (~12 bytes/parameter) at ~200 MB/s.
-        checkpoint_fixed_seconds=1.0,
-        checkpoint_seconds_per_parameter=12 / 200e6,
-        # Start-up: imports plus reading the base weights (~4 bytes/parameter at ~300 MB/s).
-        startup_fixed_seconds=10.0,
-        startup_seconds_per_parameter=4 / 300e6,
-        data_seconds_per_token=1e-6,  # one tokenisation pass of a fast tokenizer
-        memory_fixed_bytes=512 * 2**20 if on_cpu else 256 * 2**20,
-        eval_seconds_per_batch=0.005 if on_cpu else 0.01,
-        loop_seconds_per_micro_step=0.001 if on_cpu else 0.002,
-        warmup_seconds=0.5 if on_cpu else 2.0,  # GPUs: CUDA context and kernel selection
-        source=f"prior:{hardware.device_kind}:{hardware.device_name}",
-    )
-
-
-# ----------------------------------------------------------------------------- features
-
-
-def _max_moments(lengths: np.ndarray, batch: int) -> tuple[float, float]:
-    """E[max] and E[max^2] of the lengths of `batch` distinct samples drawn uniformly.
-
-    A shuffled epoch cut into micro-batches makes each micro-batch a uniform random subset,
-    so P(max <= v) = C(#{l <= v}, b) / C(n, b), computed as a product to stay finite.
-    """
-    n = lengths.size
-    batch = min(batch, n)
-    values, counts = np.unique(lengths, return_counts=True)
-    below = np.cumsum(counts).astype(np.float64)
-    j = np.arange(batch, dtype=np.float64)
-    terms = np.clip((below[:, None] - j) / (n - j), 0.0, None)
-    cdf = np.prod(terms, axis=1)
-    pmf = np.diff(cdf, prepend=0.0)
-    v = values.astype(np.float64)
-    return float(pmf @ v), float(pmf @ v**2)
-
-
-def _clipped(lengths: Sequence[int], max_length: int) -> np.ndarray:
-    return np.minimum(np.asarray(lengths, dtype=np.int64), max_length)
-
-
-def expected_padded_tokens(lengths: Sequence[int], micro_batch_size: int, max_length: int) -> float:
-    """Expected padded tokens of one micro-batch under dynamic padding.
-
-    Each micro-batch is padded to its longest sample, so the answer is
-    micro_batch_size x E[max length of micro_batch_size samples], exact for the empirical
-    distribution (no simulation).
-    """
-    clipped = _clipped(lengths, max_length)
-    batch = min(micro_batch_size, clipped.size)
-    return batch * _max_moments(clipped, batch)[0]
-
-
-def _epoch_averages(lengths: np.ndarray, samples: int, batch: int) -> tuple[float, float]:
-    """Mean padded tokens and mean b*s^2 per micro-batch over a pass of `samples` samples."""
-    full, rest = divmod(samples, batch)
-    tokens = square = 0.0
-    for size, count in ((batch, full), (rest, 1 if rest else 0)):
-        if count:
-            m1, m2 = _max_moments(lengths, size)
-            tokens += count * size * m1
-            square += count * size * m2
-    n_batches = full + (1 if rest else 0)
-    return tokens / max(n_batches, 1), square / max(n_batches, 1)
-
-
-def _packed_averages(
-    lengths: np.ndarray, max_length: int, batch: int, fused: bool
-) -> tuple[int, float, float]:
-    """Packed sequences, mean tokens and mean attention term per micro-batch of `batch` of them.
-
-    A packed micro-batch is one row of real tokens only. Fused (flash) attention works on each
-    sample's block (sum of squared sample lengths); eager and SDPA attention with the
-    block-diagonal mask compute the whole row's scores and mask them (row length squared).
-    """
-    sequences = pack_lengths(lengths.tolist(), max_length)
-    tokens = float(lengths.sum()) / len(sequences) * batch
-    if fused:
-        per_sequence = float((lengths.astype(np.float64) ** 2).sum()) / len(sequences)
-        return len(sequences), tokens, per_sequence * batch
-    return len(sequences), tokens, tokens**2
-
-
-def frozen_flops(total_parameters: float, tokens: float, gradient_checkpointing: bool) -> float:
-    """Matmul FLOPs of the frozen weights in one micro-step over `tokens` padded tokens.
-
-    Frozen weights need no weight gradients: forward 2N + input-gradient 2N = 4N per token
-    (2/3 of the 6N rule); checkpointing re-runs the forward (+2N).
-    """
-    return (6.0 if gradient_checkpointing else 4.0) * total_parameters * tokens
-
-
-def adapter_flops(
-    trainable_parameters: float, tokens: float, gradient_checkpointing: bool
-) -> float:
-    """Matmul FLOPs of the LoRA adapters (trained fully: 6P per token, +2P recomputed)."""
-    return (8.0 if gradient_checkpointing else 6.0) * trainable_parameters * tokens
-
-
-def attention_flops(
-    model: ModelProfile, batch_seq_squared: float, gradient_checkpointing: bool
-) -> float:
-    """Attention score FLOPs (QK^T and AV, 4*h*s^2 per layer forward, x3 with backward)."""
-    factor = 16.0 if gradient_checkpointing else 12.0
-    return factor * model.n_layers * model.hidden_size * batch_seq_squared
-
-
-def activation_bytes(
-    model: ModelProfile,
-    micro_batch_size: int,
-    seq_len: int,
-    precision: str,
-    gradient_checkpointing: bool,
-    device_kind: str = "cpu",
-) -> float:
-    """Activation + logits memory of one micro-batch.
-
-    About 34 bytes per token x hidden per layer at 16 bit (Korthikanti et al. 2022,
-    "Reducing Activation Recomputation in Large Transformer Models"), plus attention scores
-    of about h/64 heads; fused (flash) attention, used on CUDA at half precision, stores no
-    scores.
-    """
-    width = PRECISION_BYTES[precision]
-    tokens = micro_batch_size * seq_len
-    fused = device_kind == "cuda" and precision != "fp32"
-    heads = max(model.hidden_size / 64.0, 1.0)
-    scores = 0.0 if fused else 2.5 * heads * micro_batch_size * seq_len**2
-    per_layer = 17.0 * tokens * model.hidden_size + scores
-    if gradient_checkpointing:
-        # Only each layer's input is kept; one layer's activations exist during recompute.
-        layers = model.n_layers * tokens * model.hidden_size + per_layer
-    else:
-        layers = model.n_layers * per_layer
-    logits = 2.0 * 4.0 * tokens * model.vocab_size  # fp32 logits and their gradient
-    return layers * width + logits
-
-
-# Bytes per trainable (LoRA) parameter: fp32 adapter, its fp32 gradient, AdamW's two moments.
-_TRAINABLE_BYTES = {"lora_parameters": 4.0, "lora_gradients": 4.0, "optimizer_state": 8.0}
-
-
-# NF4 with double quantization (Dettmers et al. 2023): 4 bits per weight, one 8-bit constant per
-# block of 64 weights, one fp32 constant per 256 blocks: 4.127 bits.
-NF4_BYTES_PER_WEIGHT = (4.0 + 8.0 / 64.0 + 32.0 / (64.0 * 256.0)) / 8.0
-# Micro-steps of a 4-bit base are slower: each weight is de-quantized for the forward pass and
-# again for the input gradient. Prior: QLoRA's runs took 1.39x the LoRA run's time (Raschka,
-# "Practical Tips for Finetuning LLMs Using LoRA", 2023, 7B on an A100), with a band until
-# trials measure it (x1.15 to x1.8 at p10/p90).
-NF4_STEP_FACTOR = 1.39
-NF4_LOG_P90 = math.log(1.8 / NF4_STEP_FACTOR)
-NF4_LOG_P10 = math.log(1.15 / NF4_STEP_FACTOR)
-
-
-def weight_bytes(model: ModelProfile, precision: str, quantization: str = "none") -> float:
-    """Bytes of the base weights: at the training precision, or NF4 for the linear layers.
-
-    bitsandbytes quantizes the linear layers only; the input embedding and the output head
-    (vocab x hidden each, counted untied: an upper bound) stay at the training precision.
-    """
-    width = PRECISION_BYTES[precision]
-    if quantization != "nf4":
-        return float(model.total_parameters * width)
-    unquantized = min(2.0 * model.vocab_size * model.hidden_size, model.total_parameters)
-    return unquantized * width + (model.total_parameters - unquantized) * NF4_BYTES_PER_WEIGHT
-
-
-def static_memory_bytes(model: ModelProfile, trainable_parameters: float, precision: str) -> float:
-    """Weights at training precision + fp32 adapters, their gradients and AdamW's two moments."""
-    per_parameter = sum(_TRAINABLE_BYTES.values())
-    return (
-        model.total_parameters * PRECISION_BYTES[precision] + per_parameter * trainable_parameters
-    )
-
-
 # ----------------------------------------------------------------------------- predict
 
 
@@ -612,15 +289,15 @@ def _occurrences(steps: int, interval: int) -> int:
 def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     """Predict the full run described by `plan`: duration with its interval, peak memory."""
     c, model = coefficients, plan.model
-    lengths = _clipped(plan.token_lengths, plan.max_length)
+    lengths = clipped_lengths(plan.token_lengths, plan.max_length)
     if plan.packing == "padding_free":
         fused = plan.device_kind == "cuda" and plan.precision != "fp32"
-        items, tokens, square = _packed_averages(
+        items, tokens, square = packed_averages(
             lengths, plan.max_length, plan.micro_batch_size, fused
         )
     else:
         items = lengths.size
-        tokens, square = _epoch_averages(lengths, lengths.size, plan.micro_batch_size)
+        tokens, square = epoch_averages(lengths, lengths.size, plan.micro_batch_size)
     steps = optimizer_steps(plan, items)
     micro_steps = steps * plan.gradient_accumulation_steps
     if plan.quantization == "nf4":
@@ -759,7 +436,7 @@ def memory_breakdown(
         longest = max(min(n, plan.max_length) for n in plan.token_lengths)
     return {
         "weights": weight_bytes(plan.model, plan.precision, plan.quantization),
-        **{part: per * trainable for part, per in _TRAINABLE_BYTES.items()},
+        **{part: per * trainable for part, per in TRAINABLE_BYTES.items()},
         "activations": coefficients.activation_memory_scale
         * activation_bytes(
             plan.model,

@@ -32,15 +32,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analysis.calibrate import PROBE_DESIGN  # noqa: E402
+from analysis.hardware import cpu_matmul_flops, gpu_peak_flops  # noqa: E402
 from analysis.machine import model_profile  # noqa: E402
-from analysis.timemodel import (  # noqa: E402
-    ModelProfile,
-    adapter_flops,
-    attention_flops,
-    cpu_matmul_flops,
-    frozen_flops,
-    gpu_peak_flops,
-)
+from analysis.timemodel import ModelProfile  # noqa: E402
+from analysis.workload import adapter_flops, attention_flops, frozen_flops  # noqa: E402
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
 from benchmarks._held_out import HELD_OUT, calibrate, synthetic_data  # noqa: E402
 from benchmarks.time_model_accuracy import held_out_row  # noqa: E402

@@ -25,23 +25,13 @@ from analysis.calibration.file import Calibration
 from analysis.calibration.fit import fit, update
 from analysis.calibration.measurements import RunMeasurements
 from analysis.full_runs import FullRun, absorb
+from analysis.hardware import HardwareInfo, cpu_matmul_flops, fingerprint, prior_coefficients
 from analysis.loss_correction import LossCorrection
 from analysis.machine import model_profile, this_machine
 from analysis.planning import plan_of_spec
 from analysis.records import TRIAL_ATTR, trial_record
-from analysis.timemodel import (
-    BAND_PARTS,
-    Coefficients,
-    Estimate,
-    HardwareInfo,
-    ModelProfile,
-    Plan,
-    cpu_matmul_flops,
-    fingerprint,
-    predict,
-    prior_coefficients,
-    weight_bytes,
-)
+from analysis.timemodel import BAND_PARTS, Coefficients, Estimate, ModelProfile, Plan, predict
+from analysis.workload import weight_bytes
 from common.fmt import format_duration
 from hpo.calibration_file import CalibrationFile
 from hpo.final_loss import correction_summary

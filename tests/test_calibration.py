@@ -10,17 +10,13 @@ import pytest
 from analysis.calibration.file import VERSION, Calibration, load, load_for
 from analysis.calibration.fit import fit, update
 from analysis.calibration.measurements import RunMeasurements
-from analysis.timemodel import (
-    Coefficients,
-    ModelProfile,
-    Plan,
+from analysis.hardware import fingerprint, prior_coefficients
+from analysis.timemodel import Coefficients, ModelProfile, Plan, predict
+from analysis.workload import (
     activation_bytes,
     adapter_flops,
     attention_flops,
-    fingerprint,
     frozen_flops,
-    predict,
-    prior_coefficients,
     static_memory_bytes,
 )
 from common.errors import BadInputError

@@ -15,9 +15,10 @@ from mlflow import MlflowClient
 
 from analysis.calibration.file import load
 from analysis.calibration.fit import fit
+from analysis.hardware import HardwareInfo, prior_coefficients
 from analysis.machine import model_profile, this_machine
 from analysis.records import CALIBRATION_FILE, TRIAL_ATTR
-from analysis.timemodel import Coefficients, HardwareInfo, prior_coefficients
+from analysis.timemodel import Coefficients
 from common.errors import BadInputError
 from hpo.config import StudyConfig, load_config
 from hpo.estimator import StudyEstimator

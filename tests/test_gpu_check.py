@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.timemodel import ModelProfile, gpu_peak_flops
+from analysis.hardware import gpu_peak_flops
+from analysis.timemodel import ModelProfile
 from benchmarks.gpu_check import flops_per_token, mfu, require_cuda
 from common.errors import BadInputError
 

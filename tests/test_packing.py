@@ -188,7 +188,8 @@ def _plan(packing: str, device: str = "cuda", precision: str = "bf16") -> Any:
 
 
 def test_time_model_counts_packed_sequences_and_real_tokens() -> None:
-    from analysis.timemodel import HardwareInfo, predict, prior_coefficients
+    from analysis.hardware import HardwareInfo, prior_coefficients
+    from analysis.timemodel import predict
 
     padded, packed = _plan("none"), _plan("padding_free")
     h100 = prior_coefficients(HardwareInfo("cuda", "NVIDIA H100", 80 * 2**30, 16, "bf16"))

@@ -303,9 +303,10 @@ def chat(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.mark.parametrize("packing", ["padding_free", "none"])
 def test_a_packed_trial_counts_the_packers_sequences(chat: Any, packing: str) -> None:
-    from analysis.timemodel import predict, prior_coefficients
-    from trainers.spec import full_run_steps
+    from analysis.hardware import prior_coefficients
+    from analysis.timemodel import predict
     from trainers.loop.trainer_setup import training_items
+    from trainers.spec import full_run_steps
 
     config, data = chat
     params = {**PACKED_PARAMS, "packing": packing}

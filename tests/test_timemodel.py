@@ -9,18 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.timemodel import (
-    Coefficients,
+from analysis.hardware import (
     HardwareInfo,
-    ModelProfile,
-    Plan,
     cpu_matmul_flops,
-    expected_padded_tokens,
     fingerprint,
     peak_flops,
-    predict,
     prior_coefficients,
 )
+from analysis.timemodel import Coefficients, ModelProfile, Plan, predict
+from analysis.workload import expected_padded_tokens
 from common.errors import BadInputError
 from trainers.spec import TrainSpec, optimizer_steps
 

@@ -54,7 +54,8 @@ def test_gpu_assignment_refuses(n_workers: int, gpus: list[str], expected: str) 
 
 def test_the_fingerprint_is_per_gpu_kind() -> None:
     """A worker's hardware fingerprint names the GPU it sees, not which index or how many."""
-    from analysis.timemodel import HardwareInfo, ModelProfile, fingerprint
+    from analysis.hardware import HardwareInfo, fingerprint
+    from analysis.timemodel import ModelProfile
 
     model = ModelProfile(total_parameters=10**6, n_layers=2, hidden_size=64, vocab_size=512,
                          lora_parameters_per_rank=256)  # fmt: skip

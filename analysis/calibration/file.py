@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from analysis.calibration.measurements import RunMeasurements
+from analysis.hardware import HardwareInfo
 from analysis.loss_correction import LossCorrection, fit_loss_correction
-from analysis.timemodel import Coefficients, HardwareInfo, ModelProfile
+from analysis.timemodel import Coefficients, ModelProfile
 from common.errors import BadInputError
 from common.files import write_atomic
 

@@ -20,16 +20,9 @@ from analysis.calibration.measurements import RunMeasurements
 from analysis.calibration.memory import fit_memory, memory_margin
 from analysis.calibration.robust_fit import robust_positive_fit
 from analysis.calibration.spread import configuration, step_spread
-from analysis.timemodel import (
-    Coefficients,
-    HardwareInfo,
-    ModelProfile,
-    adapter_flops,
-    attention_flops,
-    fingerprint,
-    frozen_flops,
-    prior_coefficients,
-)
+from analysis.hardware import HardwareInfo, fingerprint, prior_coefficients
+from analysis.timemodel import Coefficients, ModelProfile
+from analysis.workload import adapter_flops, attention_flops, frozen_flops
 
 
 def _micro_rates(c: Coefficients) -> np.ndarray:

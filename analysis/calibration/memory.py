@@ -10,13 +10,9 @@ from scipy.stats import t as student_t
 
 from analysis.calibration.measurements import RunMeasurements
 from analysis.calibration.robust_fit import PRIOR_LOG_SD, robust_positive_fit
-from analysis.timemodel import (
-    Coefficients,
-    HardwareInfo,
-    ModelProfile,
-    activation_bytes,
-    static_memory_bytes,
-)
+from analysis.hardware import HardwareInfo
+from analysis.timemodel import Coefficients, ModelProfile
+from analysis.workload import activation_bytes, static_memory_bytes
 
 # Peak memory: a held-out run's log(measured / predicted) has about this sd before any is
 # seen (worth two runs); the p90 never sits less than 5 % above the median (on CPU the

@@ -1,0 +1,191 @@
+"""What a run's steps cost in work: tokens per micro-batch, FLOPs, and bytes of memory.
+
+The physical features the time model (`analysis.timemodel`) turns into seconds and bytes
+with its coefficients, and that a calibration (`analysis.calibration`) fits them to: the
+padded tokens of a micro-batch under dynamic padding or packing, the matmul FLOPs of the
+frozen weights, the adapters and attention, and the memory of weights, adapters, optimizer
+state and activations. Pure numpy: importable without torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from trainers.data.packing import pack_lengths
+
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+class ModelSize(Protocol):
+    """The sizes of a model the features read (`analysis.timemodel.ModelProfile`)."""
+
+    @property
+    def total_parameters(self) -> int: ...
+
+    @property
+    def n_layers(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+def _max_moments(lengths: np.ndarray, batch: int) -> tuple[float, float]:
+    """E[max] and E[max^2] of the lengths of `batch` distinct samples drawn uniformly.
+
+    A shuffled epoch cut into micro-batches makes each micro-batch a uniform random subset,
+    so P(max <= v) = C(#{l <= v}, b) / C(n, b), computed as a product to stay finite.
+    """
+    n = lengths.size
+    batch = min(batch, n)
+    values, counts = np.unique(lengths, return_counts=True)
+    below = np.cumsum(counts).astype(np.float64)
+    j = np.arange(batch, dtype=np.float64)
+    terms = np.clip((below[:, None] - j) / (n - j), 0.0, None)
+    cdf = np.prod(terms, axis=1)
+    pmf = np.diff(cdf, prepend=0.0)
+    v = values.astype(np.float64)
+    return float(pmf @ v), float(pmf @ v**2)
+
+
+def clipped_lengths(lengths: Sequence[int], max_length: int) -> np.ndarray:
+    return np.minimum(np.asarray(lengths, dtype=np.int64), max_length)
+
+
+def expected_padded_tokens(lengths: Sequence[int], micro_batch_size: int, max_length: int) -> float:
+    """Expected padded tokens of one micro-batch under dynamic padding.
+
+    Each micro-batch is padded to its longest sample, so the answer is
+    micro_batch_size x E[max length of micro_batch_size samples], exact for the empirical
+    distribution (no simulation).
+    """
+    clipped = clipped_lengths(lengths, max_length)
+    batch = min(micro_batch_size, clipped.size)
+    return batch * _max_moments(clipped, batch)[0]
+
+
+def epoch_averages(lengths: np.ndarray, samples: int, batch: int) -> tuple[float, float]:
+    """Mean padded tokens and mean b*s^2 per micro-batch over a pass of `samples` samples."""
+    full, rest = divmod(samples, batch)
+    tokens = square = 0.0
+    for size, count in ((batch, full), (rest, 1 if rest else 0)):
+        if count:
+            m1, m2 = _max_moments(lengths, size)
+            tokens += count * size * m1
+            square += count * size * m2
+    n_batches = full + (1 if rest else 0)
+    return tokens / max(n_batches, 1), square / max(n_batches, 1)
+
+
+def packed_averages(
+    lengths: np.ndarray, max_length: int, batch: int, fused: bool
+) -> tuple[int, float, float]:
+    """Packed sequences, mean tokens and mean attention term per micro-batch of `batch` of them.
+
+    A packed micro-batch is one row of real tokens only. Fused (flash) attention works on each
+    sample's block (sum of squared sample lengths); eager and SDPA attention with the
+    block-diagonal mask compute the whole row's scores and mask them (row length squared).
+    """
+    sequences = pack_lengths(lengths.tolist(), max_length)
+    tokens = float(lengths.sum()) / len(sequences) * batch
+    if fused:
+        per_sequence = float((lengths.astype(np.float64) ** 2).sum()) / len(sequences)
+        return len(sequences), tokens, per_sequence * batch
+    return len(sequences), tokens, tokens**2
+
+
+def frozen_flops(total_parameters: float, tokens: float, gradient_checkpointing: bool) -> float:
+    """Matmul FLOPs of the frozen weights in one micro-step over `tokens` padded tokens.
+
+    Frozen weights need no weight gradients: forward 2N + input-gradient 2N = 4N per token
+    (2/3 of the 6N rule); checkpointing re-runs the forward (+2N).
+    """
+    return (6.0 if gradient_checkpointing else 4.0) * total_parameters * tokens
+
+
+def adapter_flops(
+    trainable_parameters: float, tokens: float, gradient_checkpointing: bool
+) -> float:
+    """Matmul FLOPs of the LoRA adapters (trained fully: 6P per token, +2P recomputed)."""
+    return (8.0 if gradient_checkpointing else 6.0) * trainable_parameters * tokens
+
+
+def attention_flops(
+    model: ModelSize, batch_seq_squared: float, gradient_checkpointing: bool
+) -> float:
+    """Attention score FLOPs (QK^T and AV, 4*h*s^2 per layer forward, x3 with backward)."""
+    factor = 16.0 if gradient_checkpointing else 12.0
+    return factor * model.n_layers * model.hidden_size * batch_seq_squared
+
+
+def activation_bytes(
+    model: ModelSize,
+    micro_batch_size: int,
+    seq_len: int,
+    precision: str,
+    gradient_checkpointing: bool,
+    device_kind: str = "cpu",
+) -> float:
+    """Activation + logits memory of one micro-batch.
+
+    About 34 bytes per token x hidden per layer at 16 bit (Korthikanti et al. 2022,
+    "Reducing Activation Recomputation in Large Transformer Models"), plus attention scores
+    of about h/64 heads; fused (flash) attention, used on CUDA at half precision, stores no
+    scores.
+    """
+    width = PRECISION_BYTES[precision]
+    tokens = micro_batch_size * seq_len
+    fused = device_kind == "cuda" and precision != "fp32"
+    heads = max(model.hidden_size / 64.0, 1.0)
+    scores = 0.0 if fused else 2.5 * heads * micro_batch_size * seq_len**2
+    per_layer = 17.0 * tokens * model.hidden_size + scores
+    if gradient_checkpointing:
+        # Only each layer's input is kept; one layer's activations exist during recompute.
+        layers = model.n_layers * tokens * model.hidden_size + per_layer
+    else:
+        layers = model.n_layers * per_layer
+    logits = 2.0 * 4.0 * tokens * model.vocab_size  # fp32 logits and their gradient
+    return layers * width + logits
+
+
+# Bytes per trainable (LoRA) parameter: fp32 adapter, its fp32 gradient, AdamW's two moments.
+TRAINABLE_BYTES = {"lora_parameters": 4.0, "lora_gradients": 4.0, "optimizer_state": 8.0}
+
+
+# NF4 with double quantization (Dettmers et al. 2023): 4 bits per weight, one 8-bit constant per
+# block of 64 weights, one fp32 constant per 256 blocks: 4.127 bits.
+NF4_BYTES_PER_WEIGHT = (4.0 + 8.0 / 64.0 + 32.0 / (64.0 * 256.0)) / 8.0
+# Micro-steps of a 4-bit base are slower: each weight is de-quantized for the forward pass and
+# again for the input gradient. Prior: QLoRA's runs took 1.39x the LoRA run's time (Raschka,
+# "Practical Tips for Finetuning LLMs Using LoRA", 2023, 7B on an A100), with a band until
+# trials measure it (x1.15 to x1.8 at p10/p90).
+NF4_STEP_FACTOR = 1.39
+NF4_LOG_P90 = math.log(1.8 / NF4_STEP_FACTOR)
+NF4_LOG_P10 = math.log(1.15 / NF4_STEP_FACTOR)
+
+
+def weight_bytes(model: ModelSize, precision: str, quantization: str = "none") -> float:
+    """Bytes of the base weights: at the training precision, or NF4 for the linear layers.
+
+    bitsandbytes quantizes the linear layers only; the input embedding and the output head
+    (vocab x hidden each, counted untied: an upper bound) stay at the training precision.
+    """
+    width = PRECISION_BYTES[precision]
+    if quantization != "nf4":
+        return float(model.total_parameters * width)
+    unquantized = min(2.0 * model.vocab_size * model.hidden_size, model.total_parameters)
+    return unquantized * width + (model.total_parameters - unquantized) * NF4_BYTES_PER_WEIGHT
+
+
+def static_memory_bytes(model: ModelSize, trainable_parameters: float, precision: str) -> float:
+    """Weights at training precision + fp32 adapters, their gradients and AdamW's two moments."""
+    per_parameter = sum(TRAINABLE_BYTES.values())
+    return (
+        model.total_parameters * PRECISION_BYTES[precision] + per_parameter * trainable_parameters
+    )
