@@ -14,6 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from common.files import replace_folder
+
 MODEL_FOLDER = "mlflow-model"  # in the run's output folder
 ADAPTER_MODEL_NAME = "lora-adapter"  # the LoggedModel's name in the run
 
@@ -64,9 +66,7 @@ def save_adapter_model(adapter_dir: str | Path, base_model: str | Path, out: str
                 f"mlflow=={mlflow.__version__}",
             ],
         )
-        if target.exists():
-            shutil.rmtree(target)
-        built.rename(target)
+        replace_folder(built, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
