@@ -1,6 +1,6 @@
 """The accuracy correction of predicted final losses, fitted from full runs' measured losses.
 
-Pure numpy: imports nothing from the project but the curve fit it corrects.
+Pure numpy: imports nothing from the project but the curve fit it corrects and its constants.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ of the run's peak rate (a step at the peak rate adds 1 to S1), so A absorbs how 
 configuration learns per step and C is the loss one unit of annealing removes.
 
 A trial is the start of its full run: it knows the full run's whole schedule (warm-up,
-decay, step count) from `learning_rates`, which reproduces transformers' schedulers, so
+decay, step count) from `analysis.lr_schedule.learning_rates`, which reproduces transformers' schedulers, so
 the law predicts the loss at the full run's last step with its decay included.
 
 The study's trials share the model and the data, so the exponent, the annealing
@@ -20,7 +20,8 @@ keeping its own amplitude A. A 6-point curve then borrows the shape the other tr
 show. The band of a prediction comes from refits on resampled trials (their disagreement)
 and resampled residuals (one evaluation's noise).
 
-Pure numpy/scipy: imports nothing from the project but `analysis.curve_noise`.
+Pure numpy/scipy: imports nothing from the project but `analysis.curve_noise` and
+`analysis.lr_schedule`.
 """
 
 from __future__ import annotations
@@ -34,73 +35,11 @@ from numpy.typing import NDArray
 from scipy.optimize import least_squares
 
 from analysis.curve_noise import MAD_TO_SD, Z90, chord_deviations
+from analysis.lr_schedule import ANNEALING_DECAY, schedule_areas
 
 FloatArray = NDArray[np.float64]
 
-ANNEALING_DECAY = 0.999  # the paper's momentum of the annealing area
-SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 _ALPHA_BOUNDS = (0.05, 3.0)
-
-
-def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
-    """Warm-up steps as transformers' `TrainingArguments.get_warmup_steps` counts a ratio."""
-    if not 0.0 <= warmup_ratio < 1.0:
-        raise ValueError(f"warmup_ratio must be in [0, 1) but got {warmup_ratio=}")
-    return math.ceil(total_steps * warmup_ratio)
-
-
-def learning_rates(scheduler: str, total_steps: int, warmup: int, peak: float = 1.0) -> FloatArray:
-    """The learning rate of each optimizer update 1..`total_steps`, as transformers sets it.
-
-    transformers' `get_scheduler` multiplies the peak rate by lr_lambda(k) for update k + 1
-    (the scheduler steps after each update), with these lr_lambda (warm-up w, total N):
-    linear: k / w during warm-up, then (N - k) / (N - w); cosine: 0.5 (1 + cos(pi p)), p the
-    share of the decay done; constant: 1; constant_with_warmup: k / w, then 1.
-
-    Raises:
-        ValueError: An unknown scheduler, or a step count that is not positive.
-    """
-    if scheduler not in SCHEDULERS:
-        raise ValueError(f"scheduler must be one of {SCHEDULERS} but got {scheduler=}")
-    if total_steps < 1 or not 0 <= warmup <= total_steps:
-        raise ValueError(
-            f"need total_steps >= 1, 0 <= warmup <= total but got {total_steps=}, {warmup=}"
-        )
-    k = np.arange(total_steps, dtype=float)
-    if scheduler == "constant":
-        return np.full(total_steps, float(peak))
-    warm = k / max(1, warmup)
-    progress = (k - warmup) / max(1, total_steps - warmup)
-    if scheduler == "linear":
-        after = np.maximum(0.0, (total_steps - k) / max(1, total_steps - warmup))
-    elif scheduler == "cosine":
-        after = np.maximum(0.0, 0.5 * (1.0 + np.cos(math.pi * progress)))
-    else:
-        after = np.ones_like(k)
-    return np.asarray(peak * np.where(k < warmup, warm, after), dtype=float)
-
-
-def schedule_areas(
-    rates: FloatArray, decay: float = ANNEALING_DECAY
-) -> tuple[FloatArray, FloatArray]:
-    """S1 and S2 after each update, in units of the peak rate (index k: after update k + 1).
-
-    The drops are counted from the first update on; a rising rate (warm-up) adds no
-    annealing, as in the paper, where warm-up steps are left out of S2.
-    """
-    if not 0.0 <= decay < 1.0:
-        raise ValueError(f"decay must be in [0, 1) but got {decay=}")
-    peak = float(np.max(rates))
-    if not (math.isfinite(peak) and peak > 0):
-        raise ValueError(f"rates must hold a positive peak but got {peak=}")
-    eta = np.asarray(rates, dtype=float) / peak
-    drops = np.maximum(0.0, np.diff(eta, prepend=eta[0]) * -1.0)
-    momentum = np.empty_like(eta)
-    m = 0.0
-    for i, drop in enumerate(drops):
-        m = decay * m + drop
-        momentum[i] = m
-    return np.cumsum(eta), np.cumsum(momentum)
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from analysis.curve_noise import Z90
 from analysis.learning_curve import CurveFit
 from analysis.loss_correction import LossCorrection
-from analysis.loss_law import (
-    Z90,
-    CurveData,
-    LawPrediction,
-    curve_data,
-    learning_rates,
-    predict_final,
-    warmup_steps,
-)
+from analysis.loss_law import CurveData, LawPrediction, curve_data, predict_final
+from analysis.lr_schedule import learning_rates, warmup_steps
 
 CURVE_ATTR = "val_curve"  # [[samples_seen, val_loss], ...] of a trial
 FIT_ATTR = "curve_fit"  # the uncorrected prediction (CurveFit.to_dict)

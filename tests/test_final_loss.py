@@ -7,7 +7,8 @@ import pytest
 
 from analysis.learning_curve import CurveFit
 from analysis.loss_correction import LossCorrection
-from analysis.loss_law import JointFit, learning_rates, schedule_areas
+from analysis.loss_law import JointFit
+from analysis.lr_schedule import learning_rates, schedule_areas
 from hpo.final_loss import (
     LAW_CURVE_ATTR,
     METHOD_ATTR,

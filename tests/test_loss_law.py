@@ -19,11 +19,9 @@ from analysis.loss_law import (
     JointFit,
     curve_data,
     fit_joint,
-    learning_rates,
     predict_final,
-    schedule_areas,
-    warmup_steps,
 )
+from analysis.lr_schedule import learning_rates, schedule_areas, warmup_steps
 
 SHARED = (1.5, 4.0, 0.7, 2.0, 0.0)  # L0, D, alpha, beta, C
 
