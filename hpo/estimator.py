@@ -1,8 +1,10 @@
 """The study's time model: does a configuration fit the budget, and how long will it take?
 
-Before a trial trains, `StudyEstimator.check` plans the full run the trial's configuration
-would become, predicts its duration (p10-p90), cost and peak memory, and tells Optuna with
-`trial.set_constraint` whether it fits; one that does not is never trained. After a trial
+Before a trial trains, `StudyEstimator.check` takes the full run the trial's configuration
+becomes and the trial cut from it (the specs the objective built once, and trains), predicts
+the full run's duration (p10-p90), cost and peak memory, and tells Optuna with
+`trial.set_constraint` whether it fits; one that does not is never trained (`hpo.predictions`
+holds the verdict and the records). After a trial
 trained, `observe` adds its measurements to the calibration (so the next check uses them),
 saves the calibration file, and reports how far the prediction of the trial's own short run
 was off: the honesty metric. What would fit when nothing does is `hpo.what_fits`; the
@@ -13,11 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from analysis.calibrate import run_probes
@@ -30,11 +30,17 @@ from analysis.loss_correction import LossCorrection
 from analysis.machine import model_profile, this_machine
 from analysis.planning import plan_of_spec
 from analysis.records import TRIAL_ATTR, trial_record
-from analysis.timemodel import BAND_PARTS, Coefficients, Estimate, ModelProfile, Plan, predict
+from analysis.timemodel import Coefficients, Estimate, ModelProfile, Plan, predict
 from analysis.workload import weight_bytes
-from common.fmt import format_duration
 from hpo.calibration_file import CalibrationFile
 from hpo.final_loss import correction_summary
+from hpo.predictions import (
+    Verdict,
+    estimate_section,
+    honesty_metrics,
+    rounded,
+    verdict_of,
+)
 from hpo.runspec import trial_spec
 from search_spaces.space import gate_quantization
 from trainers.run_spec import run_spec
@@ -53,37 +59,6 @@ log = logging.getLogger(__name__)
 ESTIMATE_ATTR = "estimate"  # the preset's `estimate` section (hpo.export reads it)
 STORED_MICRO_STEPS = 48  # per trial in the Optuna storage: enough to refit, small rows
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the time model said about one configuration before it trained.
-
-    Attributes:
-        feasible: The predicted p90 duration fits the window and the peak memory the limit.
-        reason: Why not, in one line (empty when feasible).
-        full_run: Prediction of the full run the configuration would become.
-        trial_run: Prediction of the trial's own short run, made before it ran.
-        constraints: Optuna constraint values (feasible when every one is <= 0).
-        coefficients: The coefficients both predictions used.
-    """
-
-    feasible: bool
-    reason: str
-    full_run: Estimate
-    trial_run: Estimate
-    constraints: dict[str, float]
-    coefficients: Coefficients
-
-    def metrics(self) -> dict[str, float]:
-        """Final MLflow metrics of a trial that was never trained."""
-        return {
-            "predicted_full_run_hours_p50": self.full_run.seconds_p50 / 3600,
-            "predicted_full_run_hours_p90": self.full_run.seconds_p90 / 3600,
-            "predicted_peak_memory_gb": self.full_run.peak_memory_bytes / GIB,
-            "predicted_peak_memory_gb_p90": self.full_run.peak_memory_bytes_p90 / GIB,
-            **{f"constraint_{name}": value for name, value in self.constraints.items()},
-        }
 
 
 class StudyEstimator:
@@ -146,39 +121,8 @@ class StudyEstimator:
         self.calibration = self._probe(seconds)
 
     def _probe(self, seconds: float) -> Calibration:
-        """Calibrate from the probe design before the first trial and save it for later studies.
-
-        Runs once per hardware + model fingerprint and work dir: the next study finds the file.
-        """
-        config = self.config
-        log.info(
-            "no calibration for fingerprint %s in %s: probing this machine for about %.0f s",
-            self.fingerprint,
-            config.work_dir,
-            seconds,
-        )
-        started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="probe-", dir=config.work_dir) as work:
-            results = run_probes(
-                self.prepared.model_path,
-                self.prepared.data_path,
-                work_dir=work,
-                budget_seconds=seconds,
-                device=config.device,
-                precision=config.precision,
-            )
-        runs = [RunMeasurements.from_result_dict(r) for r in results]
-        fitted = fit(runs, self.model, self.hardware, prior=self.prior)
-        calibration = self.file.merged(fitted) or fitted
-        self.file.save(calibration)
-        self.probe_runs = len(runs)
-        log.info(
-            "calibrated from %d probe runs in %.0f s (calibration %s, saved to %s)",
-            len(runs),
-            time.perf_counter() - started,
-            calibration.calibration_id,
-            self.file.path,
-        )
+        """Calibrate from the probe design before the first trial (see `probed_calibration`)."""
+        calibration, self.probe_runs = probed_calibration(self, seconds)
         return calibration
 
     @property
@@ -279,28 +223,13 @@ class StudyEstimator:
     def judge(self, full_run: TrainSpec, trial_run: TrainSpec) -> Verdict:
         """Predict a full run and its trial's own run; does the full run fit the budget?"""
         coefficients = self.coefficients
-        full = predict(self.plan_of(full_run), coefficients)
-        own = predict(self.plan_of(trial_run), coefficients)
-        constraints = {
-            # Relative overshoot: unit-free, so TPE can add the two when it ranks violations.
-            "duration": full.seconds_p90 / self.available_seconds - 1.0,
-            # The p90: an under-predicted peak is an out-of-memory crash hours in.
-            "memory": full.peak_memory_bytes_p90 / self.memory_limit_bytes - 1.0,
-        }
-        reasons = []
-        if constraints["duration"] > 0:
-            reasons.append(
-                f"predicted {format_duration(full.seconds_p50)} "
-                f"(p90 {format_duration(full.seconds_p90)}) "
-                f"> {format_duration(self.available_seconds)} available"
-            )
-        if constraints["memory"] > 0:
-            reasons.append(
-                f"predicted peak memory {full.peak_memory_bytes / GIB:.1f} GB "
-                f"(p90 {full.peak_memory_bytes_p90 / GIB:.1f} GB) "
-                f"> {self.memory_limit_bytes / GIB:.1f} GB limit"
-            )
-        return Verdict(not reasons, "; ".join(reasons), full, own, constraints, coefficients)
+        return verdict_of(
+            predict(self.plan_of(full_run), coefficients),
+            predict(self.plan_of(trial_run), coefficients),
+            coefficients,
+            available_seconds=self.available_seconds,
+            memory_limit_bytes=self.memory_limit_bytes,
+        )
 
     @property
     def loss_correction(self) -> LossCorrection:
@@ -363,7 +292,7 @@ class StudyEstimator:
             )
         full = predict(self.plan_of(full_run), self.coefficients)
         trial.set_user_attr(ESTIMATE_ATTR, self.estimate_section(full))
-        return _honesty_metrics(own, full, result.wall_seconds)
+        return honesty_metrics(own, full, result.wall_seconds)
 
     def _calibrate(self, trial: optuna.Trial, result: TrainResult, eval_samples: int) -> None:
         """Refit with the trial's run, save the file, and keep the run with the trial."""
@@ -376,7 +305,7 @@ class StudyEstimator:
         )
         self.file.save(self.calibration)
         record = trial_record(self.hardware, self.model, run.capped(STORED_MICRO_STEPS))
-        trial.set_user_attr(TRIAL_ATTR, _rounded(record))
+        trial.set_user_attr(TRIAL_ATTR, rounded(record))
 
     def add_final_loss(self, trial: optuna.Trial, final: FinalLoss) -> None:
         """Put the predicted final loss into the trial's estimate, next to the duration.
@@ -386,7 +315,7 @@ class StudyEstimator:
         """
         section = dict(trial.user_attrs.get(ESTIMATE_ATTR) or {})
         section["final_val_loss"] = final.band()
-        section["final_val_loss_uncorrected_p50"] = _rounded(final.fit.p50)
+        section["final_val_loss_uncorrected_p50"] = rounded(final.fit.p50)
         section["final_val_loss_method"] = final.method
         section["final_val_loss_points"] = final.n_points
         section["loss_correction"] = correction_summary(self.loss_correction)
@@ -394,87 +323,50 @@ class StudyEstimator:
 
     def estimate_section(self, estimate: Estimate) -> dict[str, Any]:
         """The preset's `estimate`: duration with interval, cost, throughput, budget, hardware."""
-        budget = self.config.budget
-        fits = (
-            estimate.seconds_p90 <= self.available_seconds
-            and estimate.peak_memory_bytes_p90 <= self.memory_limit_bytes
-        )
-        calibration = self.calibration
-        return _rounded(
-            {
-                "method": "time model: start-up + steps x (accumulation x micro-step + optimizer "
-                "step) + evaluations + checkpoints",
-                "duration_hours": {
-                    "p10": estimate.seconds_p10 / 3600,
-                    "p50": estimate.seconds_p50 / 3600,
-                    "p90": estimate.seconds_p90 / 3600,
-                },
-                "breakdown_hours": {k: v / 3600 for k, v in estimate.breakdown.items()},
-                "cost": estimate.cost(budget.price_per_hour),
-                "price_per_hour": budget.price_per_hour,
-                "tokens_per_second": estimate.tokens_per_second,
-                "optimizer_steps": estimate.optimizer_steps,
-                "peak_memory_gb": estimate.peak_memory_bytes / GIB,
-                "peak_memory_gb_p90": estimate.peak_memory_bytes_p90 / GIB,
-                "memory_limit_gb": self.memory_limit_bytes / GIB,
-                "fits_window": fits,
-                "window_hours": budget.window_hours,
-                "safety_margin_minutes": budget.safety_margin_minutes,
-                "available_hours": self.available_seconds / 3600,
-                "hardware": _hardware_section(self.hardware),
-                "hardware_fingerprint": self.fingerprint,
-                "calibration_id": calibration.calibration_id if calibration else None,
-                "calibration_runs": calibration.n_measurements.get("runs", 0) if calibration else 0,
-                "source": estimate.source,
-                "band_pct": _band_pct(estimate),
-            }
+        return estimate_section(
+            estimate,
+            budget=self.config.budget,
+            memory_limit_bytes=self.memory_limit_bytes,
+            hardware=self.hardware,
+            fingerprint=self.fingerprint,
+            calibration=self.calibration,
         )
 
 
-def _band_pct(estimate: Estimate) -> dict[str, float]:
-    """The duration band's parts as % above the median at p90: which one makes it wide."""
-    return {
-        part: 100.0 * math.expm1(estimate.extra.get(f"band_{part}_log_p90", 0.0))
-        for part in BAND_PARTS
-    }
+def probed_calibration(estimator: StudyEstimator, seconds: float) -> tuple[Calibration, int]:
+    """Calibrate from the probe design before the first trial and save it for later studies.
 
+    Runs once per hardware + model fingerprint and work dir: the next study finds the file.
 
-def _honesty_metrics(own: Estimate, full: Estimate, measured: float) -> dict[str, float]:
-    """How the prediction of the trial's own run compares with its measured duration."""
-    return {
-        "predicted_trial_seconds": own.seconds_p50,
-        "predicted_trial_seconds_p10": own.seconds_p10,
-        "predicted_trial_seconds_p90": own.seconds_p90,
-        "measured_trial_seconds": measured,
-        # The steps the prediction is for (those the trial trained), and its optimizer-step
-        # part: the report compares like with like, and the steps alone without start-up.
-        "predicted_trial_steps": float(own.optimizer_steps),
-        "predicted_trial_train_seconds": own.breakdown["train"],
-        "trial_estimate_error_pct": 100.0 * (own.seconds_p50 - measured) / measured
-        if measured > 0
-        else 0.0,
-        "trial_inside_band": float(own.seconds_p10 <= measured <= own.seconds_p90),
-        "predicted_full_run_hours_p50": full.seconds_p50 / 3600,
-        "predicted_full_run_hours_p90": full.seconds_p90 / 3600,
-    }
-
-
-def _hardware_section(hardware: HardwareInfo) -> dict[str, Any]:
-    return {
-        "device_kind": hardware.device_kind,
-        "device_name": hardware.device_name,
-        "memory_gb": hardware.memory_bytes / GIB,
-        "cpu_cores": hardware.cpu_cores,
-        "precision": hardware.precision,
-    }
-
-
-def _rounded(value: Any) -> Any:
-    """Floats to 6 significant digits, recursively: smaller storage rows, same information."""
-    if isinstance(value, float):
-        return float(f"{value:.6g}")
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_rounded(v) for v in value]
-    return value
+    Returns:
+        The calibration (merged with the file's), and the probe runs trained.
+    """
+    config, prepared, file = estimator.config, estimator.prepared, estimator.file
+    log.info(
+        "no calibration for fingerprint %s in %s: probing this machine for about %.0f s",
+        estimator.fingerprint,
+        config.work_dir,
+        seconds,
+    )
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="probe-", dir=config.work_dir) as work:
+        results = run_probes(
+            prepared.model_path,
+            prepared.data_path,
+            work_dir=work,
+            budget_seconds=seconds,
+            device=config.device,
+            precision=config.precision,
+        )
+    runs = [RunMeasurements.from_result_dict(r) for r in results]
+    fitted = fit(runs, estimator.model, estimator.hardware, prior=estimator.prior)
+    calibration = file.merged(fitted) or fitted
+    file.save(calibration)
+    log.info(
+        "calibrated from %d probe runs in %.0f s (calibration %s, saved to %s)",
+        len(runs),
+        time.perf_counter() - started,
+        calibration.calibration_id,
+        file.path,
+    )
+    return calibration, len(runs)

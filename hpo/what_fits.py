@@ -20,7 +20,8 @@ from search_spaces import Choice, IntRange, SearchSpace
 from search_spaces.space import WORDS
 
 if TYPE_CHECKING:
-    from hpo.estimator import StudyEstimator, Verdict
+    from hpo.estimator import StudyEstimator
+    from hpo.predictions import Verdict
 
 log = logging.getLogger(__name__)
 

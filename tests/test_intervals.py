@@ -120,10 +120,10 @@ def test_the_band_parts_are_carried_by_the_estimate_and_add_in_quadrature() -> N
     assert total == pytest.approx(math.hypot(*parts.values()))
     low = math.log(estimate.seconds_p50 / estimate.seconds_p10)
     assert low == pytest.approx(math.hypot(0.08, 0.2, parts["step_noise"]))
-    # The preset shows them as % above the median at p90 (hpo.estimator).
-    from hpo.estimator import _band_pct
+    # The preset shows them as % above the median at p90 (hpo.predictions).
+    from hpo.predictions import band_pct
 
-    band = _band_pct(estimate)
+    band = band_pct(estimate)
     assert band["drift"] == pytest.approx(100 * (math.exp(0.2) - 1))
     assert band["total"] == pytest.approx(100 * (estimate.seconds_p90 / estimate.seconds_p50 - 1))
 

@@ -1,0 +1,164 @@
+"""What `python -m analysis.plan` prints and writes: the plan as one JSON-ready dict, and as text."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from analysis.gpus import GpuSpec
+from analysis.planning import Fit, plan_of_shape, with_setup
+from analysis.run_setup import MemoryTerms, RunSetup, memory_parts
+from analysis.timemodel import ModelProfile
+from common.fmt import format_duration
+
+GIB = 2**30
+
+
+def _fit_dict(fit: Fit, price: float | None) -> dict[str, Any]:
+    e = fit.estimate
+    return {
+        "run": dict(fit.shape.__dict__),
+        "duration_hours": {"p10": e.seconds_p10 / 3600, "p50": e.seconds_p50 / 3600, "p90": e.seconds_p90 / 3600},
+        "peak_memory_gib": e.peak_memory_bytes / GIB,
+        "peak_memory_gib_p90": e.peak_memory_bytes_p90 / GIB,
+        "tokens_per_second": e.tokens_per_second,
+        "optimizer_steps": e.optimizer_steps,
+        "cost": e.cost(price) if price is not None else None,
+        "fits_memory": fit.fits_memory,
+        "fits_window": fit.fits_window,
+        "fits": fit.fits,
+    }  # fmt: skip
+
+
+def plan_report(
+    args: argparse.Namespace,
+    gpu: GpuSpec,
+    model: ModelProfile,
+    config: Any,
+    source: str,
+    measured: str,
+    lengths: tuple[int, ...],
+    chosen: Fit,
+    other: Fit,
+    profiles: dict[str, Fit],
+    setup_terms: tuple[RunSetup, MemoryTerms],
+) -> dict[str, Any]:
+    """The plan as one JSON-ready dict (what --json writes and the text shows)."""
+    setup, terms = setup_terms
+    memory = {
+        key: value / GIB
+        for key, value in memory_parts(
+            with_setup(plan_of_shape(chosen.shape, model, lengths, gpu), setup), setup, terms
+        ).items()
+    }
+    with_gc, without_gc = (other, chosen) if other.shape.gradient_checkpointing else (chosen, other)
+    return {
+        "model": {"config": str(args.model_config), "model_type": config.model_type, **model.__dict__},
+        "gpu": {"name": gpu.name, "device_name": gpu.device_name, "memory_gib": gpu.memory_gib, "precision": gpu.precision},
+        "coefficients": source,
+        "prior_based": source.startswith("priors"),
+        "data": {"train_samples": len(lengths), "tokens": sum(lengths), "lengths": measured},
+        "window_hours": args.window_hours,
+        "price_per_hour": args.price_per_hour,
+        "setup": setup.to_dict(),
+        "memory_terms": terms.to_dict(),
+        "plan": _fit_dict(chosen, args.price_per_hour),
+        "memory_gib": memory,
+        "activations_gib": {
+            "without_gradient_checkpointing": _activations(without_gc, model, lengths, gpu, setup_terms),
+            "with_gradient_checkpointing": _activations(with_gc, model, lengths, gpu, setup_terms),
+        },
+        "other_checkpointing": _fit_dict(other, args.price_per_hour),
+        "profiles": {name: _fit_dict(fit, args.price_per_hour) for name, fit in profiles.items()},
+    }  # fmt: skip
+
+
+def _activations(
+    fit: Fit,
+    model: ModelProfile,
+    lengths: tuple[int, ...],
+    gpu: GpuSpec,
+    setup_terms: tuple[RunSetup, MemoryTerms],
+) -> float:
+    parts = memory_parts(plan_of_shape(fit.shape, model, lengths, gpu), *setup_terms)
+    return (parts["activations"] + parts["logits"]) / GIB
+
+
+def plan_lines(report: dict[str, Any]) -> list[str]:
+    """The plan as text, for people."""
+    model, gpu, plan = report["model"], report["gpu"], report["plan"]
+    run, hours = plan["run"], plan["duration_hours"]
+    active = model["active_parameters"]
+    lines = [
+        f"model: {model['config']} ({model['model_type']}, {model['total_parameters'] / 1e9:.2f}B parameters"
+        + (f" ({active / 1e9:.2f}B active per token)" if active else "") + ", "
+        f"LoRA rank {run['lora_r']}: {run['lora_r'] * model['lora_parameters_per_rank'] / 1e6:.1f}M trainable)",
+        f"gpu: {gpu['name']} ({gpu['device_name']}, {gpu['memory_gib']:.1f} GiB, {gpu['precision']})",
+        f"time model: {report['coefficients']}",
+        f"data: {report['data']['train_samples']} training samples, {report['data']['tokens']:,} tokens ({report['data']['lengths']})",
+        f"run: micro-batch {run['micro_batch_size']} x accumulation {run['gradient_accumulation_steps']}, "
+        f"max_length {run['max_length']}, gradient checkpointing {'on' if run['gradient_checkpointing'] else 'off'}, "
+        f"{run['epochs']:g} epoch(s), {plan['optimizer_steps']} optimizer steps",
+        "setup: attention {attention}, LoRA targets {targets}, logits {logits}, {packing}longest "
+        "sample {longest}, memory as {measure}".format(
+            attention=report["setup"]["attention"],
+            targets=report["setup"]["lora_targets"] if isinstance(report["setup"]["lora_targets"], str)
+            else ",".join(report["setup"]["lora_targets"]),
+            logits="fp32" if report["setup"]["logits_fp32"] else "16-bit/chunked",
+            packing=("packed, " if report["setup"]["packing"] else "")
+            + ("NF4 base (QLoRA), " if report["setup"]["quantization"] == "nf4" else ""),
+            longest=report["setup"]["longest_sample"] or run["max_length"],
+            measure=report["setup"]["memory_measure"],
+        ),
+        f"duration: p10 {format_duration(hours['p10'] * 3600)}, p50 {format_duration(hours['p50'] * 3600)}, "
+        f"p90 {format_duration(hours['p90'] * 3600)} ({plan['tokens_per_second']:,.0f} tokens/s)",
+        "peak memory: {:.1f} GiB (p90 {:.1f}) = ".format(plan["peak_memory_gib"], plan["peak_memory_gib_p90"])
+        + ", ".join(f"{key} {value:.2f}" for key, value in report["memory_gib"].items()),
+        "activations and logits: {:.2f} GiB without gradient checkpointing, {:.2f} GiB with".format(
+            *report["activations_gib"].values()
+        ),
+    ]  # fmt: skip
+    other = report["other_checkpointing"]
+    lines.append(
+        f"with gradient checkpointing {'on' if other['run']['gradient_checkpointing'] else 'off'}: "
+        f"peak {other['peak_memory_gib']:.1f} GiB, p50 {format_duration(other['duration_hours']['p50'] * 3600)}"
+    )
+    if plan["cost"] is not None:
+        cost = plan["cost"]
+        lines.append(
+            f"cost: p10 {cost['p10']:.2f}, p50 {cost['p50']:.2f}, p90 {cost['p90']:.2f} at {report['price_per_hour']:g}/h"
+        )
+    lines.append(f"fits: {_verdict(plan, report['window_hours'])}")
+    search = report.get("search")
+    if search:
+        lines.extend(search["lines"])
+        both = (
+            f"search + run: p50 {format_duration(search['search_and_run_hours_p50'] * 3600)}, "
+            f"p90 {format_duration(search['search_and_run_hours_p90'] * 3600)}"
+        )
+        window = report["window_hours"]
+        if window is not None:
+            inside = search["search_and_run_hours_p90"] <= window
+            both += f" ({'inside' if inside else 'NOT inside'} {window:g} h)"
+        lines.append(both)
+    lines.append("profiles (fastest fitting micro-batch x accumulation of each):")
+    for name, fit in report["profiles"].items():
+        r, h = fit["run"], fit["duration_hours"]
+        lines.append(
+            f"  {name:<18} {r['micro_batch_size']:>3} x {r['gradient_accumulation_steps']:<3} len {r['max_length']:<5} "
+            f"p50 {format_duration(h['p50'] * 3600):>9}  p90 {format_duration(h['p90'] * 3600):>9}  "
+            f"memory p90 {fit['peak_memory_gib_p90']:6.1f} GiB  {_verdict(fit, report['window_hours'])}"
+        )  # fmt: skip
+    if report["prior_based"]:
+        lines.append(
+            "prior-based: measure on this GPU (python -m analysis.calibrate) to narrow the band"
+        )
+    return lines
+
+
+def _verdict(fit: dict[str, Any], window: float | None) -> str:
+    if not fit["fits_memory"]:
+        return "no (out of memory)"
+    if fit["fits_window"] is False:
+        return f"no (p90 over the {window:g} h window)"
+    return "yes" if window is not None else "yes (memory; no window given)"
