@@ -17,8 +17,9 @@ a *part* of the tree:
 from __future__ import annotations
 
 import dataclasses
+import operator
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from common.errors import BadInputError
@@ -46,6 +47,41 @@ def require_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     require(
         value in allowed, f"{name} must be one of {', '.join(allowed)}, but got {name}={value!r}"
     )
+
+
+def knob(default: Any, help: str, **metadata: Any) -> Any:
+    """A config field in one line: its default, its help and its other metadata.
+
+    Metadata read here: ``above``, ``at_least``, ``below``, ``at_most`` (bounds `check_bounds`
+    enforces and `hpo.init` asks within), ``key`` (its name in a flat mapping and its flag),
+    ``flag`` (`common.flags`), ``ask`` (`hpo.init`'s question for it).
+    """
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
+
+
+_BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
+    "above": (operator.gt, ">"),
+    "at_least": (operator.ge, ">="),
+    "below": (operator.lt, "<"),
+    "at_most": (operator.le, "<="),
+}
+
+
+def bound_violated(field: dataclasses.Field[Any], value: Any) -> str | None:
+    """``must be > 0`` when `value` breaks a bound of `field` (None is not checked), else None."""
+    for name, (holds, sign) in _BOUNDS.items():
+        bound = field.metadata.get(name)
+        if bound is not None and value is not None and not holds(value, bound):
+            return f"must be {sign} {bound:g}"
+    return None
+
+
+def check_bounds(config: Any, where: str = "") -> None:
+    """Every field of `config` within the bounds its metadata states (`knob`)."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        problem = bound_violated(field, value)
+        require(problem is None, f"{where}{field.name} {problem}, but got {field.name}={value!r}")
 
 
 def part_type(cls: type, field: dataclasses.Field[Any]) -> type | None:

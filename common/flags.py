@@ -60,12 +60,21 @@ class FieldFlags:
         return values
 
 
-def add_field_flags(parser: argparse.ArgumentParser, config: type) -> FieldFlags:
+def add_field_flags(
+    parser: argparse.ArgumentParser,
+    config: type,
+    *,
+    group: argparse._ArgumentGroup | None = None,
+    show_defaults: bool = True,
+) -> FieldFlags:
     """Add one flag per field of the dataclass `config` (nested dataclasses included).
 
     Args:
         parser: The parser; fields of nested dataclasses go into argument groups of it.
         config: The dataclass.
+        group: The help group the top-level flags go into; default: the parser's own.
+        show_defaults: Say the field's default in each help text (not where the command
+            takes its defaults from elsewhere, as a full run's window from its preset).
 
     Returns:
         Which dest holds which field, to read the given values back with `FieldFlags.given`.
@@ -73,69 +82,68 @@ def add_field_flags(parser: argparse.ArgumentParser, config: type) -> FieldFlags
     Raises:
         TypeError: A field has no help text or a type no flag can parse (a programming error).
     """
-    paths: dict[str, tuple[str, ...]] = {}
-    _add_fields(parser, parser, config, (), "", paths)
-    return FieldFlags(paths)
+    adder = _Adder(parser, show_defaults)
+    adder.add_fields(group or parser, config, (), "")
+    return FieldFlags(adder.paths)
 
 
-def _add_fields(
-    parser: argparse.ArgumentParser,
-    target: argparse.ArgumentParser | argparse._ArgumentGroup,
-    config: type,
-    path: tuple[str, ...],
-    prefix: str,
-    paths: dict[str, tuple[str, ...]],
-) -> None:
-    hints = typing.get_type_hints(config)
-    for key, part, field in flat_fields(config):
-        if part is not None:  # a flat part: its fields' flags are named by their keys
-            _add_flag(
-                target,
-                typing.get_type_hints(hints[part.name]),
-                field,
-                key.replace("_", "-"),
-                (key,),
-                paths,
-            )
-            continue
-        kind = part_type(config, field)
-        where = (*path, field.name)
-        if kind is not None:
-            group = parser.add_argument_group(field.name, _help(field))
-            nested_prefix = prefix + field.metadata.get("flag_prefix", "")
-            _add_fields(parser, group, kind, where, nested_prefix, paths)
-            continue
-        name = prefix + field.metadata.get("flag", field.name.replace("_", "-"))
-        _add_flag(target, hints, field, name, where, paths)
+@dataclass
+class _Adder:
+    parser: argparse.ArgumentParser
+    show_defaults: bool
+    paths: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
+    def add_fields(
+        self,
+        target: argparse.ArgumentParser | argparse._ArgumentGroup,
+        config: type,
+        path: tuple[str, ...],
+        prefix: str,
+    ) -> None:
+        hints = typing.get_type_hints(config)
+        for key, part, field in flat_fields(config):
+            if part is not None:  # a flat part: its fields' flags are named by their keys
+                kind = typing.get_type_hints(hints[part.name])[field.name]
+                self.add_flag(target, field, kind, key.replace("_", "-"), (key,))
+                continue
+            nested = part_type(config, field)
+            where = (*path, field.name)
+            if nested is not None:
+                group = self.parser.add_argument_group(field.name, self.help(field))
+                self.add_fields(
+                    group, nested, where, prefix + field.metadata.get("flag_prefix", "")
+                )
+                continue
+            name = field.metadata.get("key", prefix + field.metadata.get("flag", field.name))
+            self.add_flag(target, field, hints[field.name], name.replace("_", "-"), where)
 
-def _add_flag(
-    target: argparse.ArgumentParser | argparse._ArgumentGroup,
-    hints: dict[str, Any],
-    field: dataclasses.Field[Any],
-    name: str,
-    where: tuple[str, ...],
-    paths: dict[str, tuple[str, ...]],
-) -> None:
-    dest = ".".join(where)
-    target.add_argument(
-        "--" + name,
-        dest=dest,
-        default=argparse.SUPPRESS,
-        help=_help(field),
-        **_parsing(field, hints[field.name], name),
-    )
-    paths[dest] = where
+    def add_flag(
+        self,
+        target: argparse.ArgumentParser | argparse._ArgumentGroup,
+        field: dataclasses.Field[Any],
+        kind: Any,
+        name: str,
+        where: tuple[str, ...],
+    ) -> None:
+        dest = ".".join(where)
+        target.add_argument(
+            "--" + name,
+            dest=dest,
+            default=argparse.SUPPRESS,
+            help=self.help(field),
+            **_parsing(field, kind, name),
+        )
+        self.paths[dest] = where
 
-
-def _help(field: dataclasses.Field[Any]) -> str:
-    text = field.metadata.get("help")
-    if not text:
-        raise TypeError(f"{field.name} has no metadata help for its flag")
-    default = field.default
-    if default is not None and default is not dataclasses.MISSING and not isinstance(default, bool):
-        text = f"{text} Default: {default}."
-    return str(text).replace("%", "%%")  # argparse %-formats help strings
+    def help(self, field: dataclasses.Field[Any]) -> str:
+        text = field.metadata.get("help")
+        if not text:
+            raise TypeError(f"{field.name} has no metadata help for its flag")
+        default = field.default
+        shown = default is not None and default is not dataclasses.MISSING
+        if self.show_defaults and shown and not isinstance(default, bool):
+            text = f"{text} Default: {default}."
+        return str(text).replace("%", "%%")  # argparse %-formats help strings
 
 
 def _parsing(field: dataclasses.Field[Any], kind: Any, flag: str) -> dict[str, Any]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from common.config import (
     from_mapping,
+    knob,
     parts_from_mappings,
     require,
     require_choice,
@@ -24,6 +25,7 @@ from common.config import (
 from common.errors import BadInputError
 from common.files import read_yaml
 from common.redact import redact_values
+from trainers.run_options import RunTracking, RunWindow
 from trainers.spec import (
     DEVICES,
     PRECISIONS,
@@ -54,65 +56,34 @@ _MLFLOW_DEFAULTS = {
 
 
 @dataclass(frozen=True)
-class Budget:
+class Budget(RunWindow):
     """The window a full run must fit into, and what an hour costs."""
 
-    window_hours: float = field(
-        default=12.0, metadata={"help": "The full run's wall-clock window, in hours."}
-    )
-    safety_margin_minutes: float = field(
-        default=30.0, metadata={"help": "Kept free at the end of the window."}
-    )
-    price_per_hour: float = field(
-        default=0.0, metadata={"help": "Machine price per hour, for the cost estimate."}
-    )
-    max_memory_gb: float | None = field(
-        default=None, metadata={"help": "Memory limit in GB. Default: the device's memory."}
-    )
-    search_hours: float | None = field(
-        default=None,
-        metadata={
-            "help": "GPU-hours the search may spend, all workers together (trials, the "
-            "probe). The study plans its trials into them and ends when they are spent."
-        },
-    )
-    search_budget_pct: float | None = field(
-        default=None,
-        metadata={
-            "help": "The search's GPU-hours as a percentage of the full run's predicted p50 "
-            "(with search_hours: the smaller). Default: 10 % once the full run is predicted "
-            "to take an hour or more (hpo/search_budget.py says why); below that, no budget."
-        },
-    )
+    where: ClassVar[str] = "budget."
 
-    def __post_init__(self) -> None:
-        require(
-            self.window_hours > 0, f"budget.window_hours must be > 0, but got {self.window_hours=}"
-        )
-        require(
-            self.safety_margin_minutes >= 0,
-            f"budget.safety_margin_minutes must be >= 0, but got {self.safety_margin_minutes=}",
-        )
-        require(
-            self.safety_margin_minutes < self.window_hours * 60,
-            f"budget.safety_margin_minutes ({self.safety_margin_minutes}) must be shorter than the window ({self.window_hours} h)",
-        )
-        require(
-            self.price_per_hour >= 0,
-            f"budget.price_per_hour must be >= 0, but got {self.price_per_hour=}",
-        )
-        require(
-            self.max_memory_gb is None or self.max_memory_gb > 0,
-            f"budget.max_memory_gb must be > 0, but got {self.max_memory_gb=}",
-        )
-        require(
-            self.search_hours is None or self.search_hours > 0,
-            f"budget.search_hours must be > 0, but got {self.search_hours=}",
-        )
-        require(
-            self.search_budget_pct is None or 0 < self.search_budget_pct <= 1000,
-            f"budget.search_budget_pct must be in (0, 1000], but got {self.search_budget_pct=}",
-        )
+    price_per_hour: float = knob(
+        0.0,
+        "Machine price per hour, for the cost estimate.",
+        at_least=0,
+        ask="Machine price per hour (0 if free)",
+    )
+    max_memory_gb: float | None = knob(
+        None, "Memory limit in GB. Default: the device's memory.", above=0
+    )
+    search_hours: float | None = knob(
+        None,
+        "GPU-hours the search may spend, all workers together (trials, the probe). The study "
+        "plans its trials into them and ends when they are spent.",
+        above=0,
+    )
+    search_budget_pct: float | None = knob(
+        None,
+        "The search's GPU-hours as a percentage of the full run's predicted p50 (with "
+        "search_hours: the smaller). Default: 10 % once the full run is predicted to take an "
+        "hour or more (hpo/search_budget.py says why); below that, no budget.",
+        above=0,
+        at_most=1000,
+    )
 
     @property
     def available_seconds(self) -> float:
@@ -188,37 +159,24 @@ class FullRunConfig:
 
 
 @dataclass(frozen=True)
-class TrackingConfig:
+class TrackingConfig(RunTracking):
     """Where the study's MLflow records go, and what it does when the server does not answer."""
 
-    uri: str | None = field(
-        default=None, metadata={"help": "MLflow tracking URI. Default: the one in mlflow.yaml."}
+    outage: str = knob(
+        "spool",
+        "A tracking server that does not answer at start: spool (start all the same; records "
+        "wait under the work dir and are sent when it answers) | fail (stop with one line). "
+        "Mid-study, records always wait on disk.",
     )
-    experiment_name: str | None = field(
-        default=None,
-        metadata={
-            "key": "experiment_name",
-            "help": "MLflow experiment. Default: the one in mlflow.yaml.",
-        },
-    )
-    outage: str = field(
-        default="spool",
-        metadata={
-            "help": "A tracking server that does not answer at start: spool (start all the "
-            "same; records wait under the work dir and are sent when it answers) | fail "
-            "(stop with one line). Mid-study, records always wait on disk."
-        },
-    )
-    exit_wait_seconds: float = field(
-        default=30.0,
-        metadata={
-            "help": "Before the study exits, how long to wait for a tracking server that does "
-            "not answer to take the records waiting on disk (0: do not wait; what is left "
-            "is sent by python -m hpo.tracking --replay)."
-        },
+    exit_wait_seconds: float = knob(
+        30.0,
+        "Before the study exits, how long to wait for a tracking server that does not answer "
+        "to take the records waiting on disk (0: do not wait; what is left is sent by "
+        "python -m hpo.tracking --replay).",
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require_choice("tracking_outage", self.outage, TRACKING_OUTAGES)
         require(
             self.exit_wait_seconds >= 0,
@@ -348,13 +306,6 @@ class StudyConfig:
             "not fit the device's memory."
         },
     )
-    system_metrics_seconds: float = field(
-        default=10.0,
-        metadata={
-            "help": "Seconds between samples of CPU, memory and GPU use on each trial's MLflow "
-            "run (MLflow system metrics; 0: none)."
-        },
-    )
     device: str = field(
         default="auto", metadata={"help": f"Training device: {' | '.join(DEVICES)}."}
     )
@@ -381,10 +332,6 @@ class StudyConfig:
         )
         require(
             self.probe_seconds >= 0, f"probe_seconds must be >= 0, but got {self.probe_seconds=}"
-        )
-        require(
-            self.system_metrics_seconds >= 0,
-            f"system_metrics_seconds must be >= 0, but got {self.system_metrics_seconds=}",
         )
         require_choice("objective", self.objective, OBJECTIVES)
         self._check_objectives()

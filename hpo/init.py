@@ -12,20 +12,24 @@ stops with one line naming the flag (exit 2). The file is checked by the same lo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import shlex
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from common.cli import EXIT_OK, run_cli
+from common.config import bound_violated
 from common.errors import BadInputError
 from common.files import write_atomic
+from hpo.config import Budget, load_config
+from trainers.run_options import RunWindow
 
 
 @dataclass(frozen=True)
@@ -62,28 +66,24 @@ def read_data(text: str, _: dict[str, Any]) -> str:
     return str(path.resolve())
 
 
-def _number(key: str, *, low: float, low_allowed: bool) -> Callable[[str, dict[str, Any]], float]:
-    def read(text: str, _: dict[str, Any]) -> float:
+def _budget_question(field: dataclasses.Field[Any]) -> Question:
+    """The question of a `Budget` field: its prompt, default and bounds come from the field."""
+
+    def read(text: str, values: dict[str, Any]) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise BadInputError(f"{key}: expected a number, but got {text!r}") from None
-        if value < low or (value == low and not low_allowed):
-            bound = f">= {low:g}" if low_allowed else f"> {low:g}"
-            raise BadInputError(f"{key}: must be {bound}, but got {text!r}")
+            raise BadInputError(f"{field.name}: expected a number, but got {text!r}") from None
+        problem = bound_violated(field, value)
+        if problem:
+            raise BadInputError(f"{field.name}: {problem}, but got {text!r}")
+        answered = {**values, field.name: value}
+        window: dict[str, Any] = {f.name: answered.get(f.name) for f in fields(RunWindow)}
+        if None not in window.values():
+            RunWindow(**window)  # the margin inside the window, once both are answered
         return value
 
-    return read
-
-
-def read_margin(text: str, values: dict[str, Any]) -> float:
-    minutes = _number("safety_margin_minutes", low=0, low_allowed=True)(text, values)
-    hours = values["window_hours"]
-    if minutes * 60 >= hours * 3600:
-        raise BadInputError(
-            f"safety_margin_minutes: {minutes:g} min must be shorter than the window ({hours:g} h)"
-        )
-    return minutes
+    return Question(field.name, field.metadata["ask"], read, f"{field.default:g}")
 
 
 def read_profiles(text: str, _: dict[str, Any]) -> list[str] | None:
@@ -109,26 +109,13 @@ QUESTIONS = (
         "prompt/completion, messages, Alpaca or ShareGPT)",
         read_data,
     ),
-    Question(
-        "window_hours",
-        "Window for the full run, in hours",
-        _number("window_hours", low=0, low_allowed=False),
-        "12",
-    ),
-    Question(
-        "safety_margin_minutes",
-        "Safety margin before the window ends, in minutes",
-        read_margin,
-        "30",
-    ),
-    Question(
-        "price_per_hour",
-        "Machine price per hour (0 if free)",
-        _number("price_per_hour", low=0, low_allowed=True),
-        "0",
-    ),
+    *(_budget_question(f) for f in fields(Budget) if "ask" in f.metadata),
     Question("profiles", "Profiles to search (comma-separated, or 'all')", read_profiles, "all"),
 )
+
+
+# Budget fields the set-up does not ask for, but takes as flags.
+_NOT_ASKED = tuple(f for f in fields(Budget) if f.name in ("search_hours", "search_budget_pct"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,11 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
             "--" + q.key.replace("_", "-"), dest=q.key, help=q.prompt + "." + default
         )
     # Not asked: the default (10 % of the full run's p50 from an hour of full run) suits most.
-    for flag, what in (
-        ("--search-hours", "GPU-hours the search may spend, all workers together."),
-        ("--search-budget-pct", "The search's GPU-hours as a %% of the full run's p50."),
-    ):
-        parser.add_argument(flag, type=float, help=what + " Not asked; default: 10 %% of the p50.")
+    for field in _NOT_ASKED:
+        help = f"{field.metadata['help']} Not asked.".replace("%", "%%")
+        parser.add_argument("--" + field.name.replace("_", "-"), type=float, help=help)
     parser.add_argument(
         "--out", default="study.yaml", help="The file to write. Default: study.yaml."
     )
@@ -265,10 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if out.exists() and not args.force:
         raise BadInputError(f"{out} exists; pass --force to replace it, or another --out")
-    search = {key: getattr(args, key) for key in ("search_hours", "search_budget_pct")}
-    for key, given in search.items():
-        if given is not None and not given > 0:
-            raise BadInputError(f"{key}: must be > 0, but got {given}")
+    search = {field.name: getattr(args, field.name) for field in _NOT_ASKED}
+    for field in _NOT_ASKED:
+        problem = bound_violated(field, search[field.name])
+        if problem:
+            raise BadInputError(f"{field.name}: {problem}, but got {search[field.name]:g}")
     interactive = not args.yes and sys.stdin.isatty()
     values: dict[str, Any] = {}
     found: Findings | None = None
@@ -288,8 +274,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_checked(out: Path, text: str) -> None:
     """Check `text` with the loader `hpo.study --config` uses, then write it atomically."""
-    from hpo.config import load_config
-
     with tempfile.TemporaryDirectory(prefix="hpo-init-") as folder:
         draft = Path(folder) / "study.yaml"
         draft.write_text(text, encoding="utf-8")

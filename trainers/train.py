@@ -11,14 +11,17 @@ Exit codes: 0 finished, 3 stopped by the window or a SIGTERM (resumable), 2 bad 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.cli import EXIT_FAILED, EXIT_OK, check_writable, check_writable_dir, run_cli
+from common.config import from_mapping
 from common.errors import BadInputError, GaveUp
 from common.files import write_json
 from common.flags import FieldFlags, add_field_flags
@@ -30,6 +33,7 @@ from trainers.preset import (
     Preset,
     full_run_spec,
 )
+from trainers.run_options import RunTracking, RunWindow
 from trainers.spec import TrainSpec
 from trainers.summary import predicted_seconds, resume_command, summary_lines
 
@@ -69,10 +73,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, FieldFlags]:
     parser.add_argument("--json", help="Write the run's measurements to this JSON file.")
     parser.add_argument("--quiet", action="store_true", help="No progress bar.")
     window = parser.add_argument_group("time window (defaults from the preset's estimate)")
-    window.add_argument("--window-hours", type=float, help="The run must end within this.")
-    window.add_argument(
-        "--safety-margin-minutes", type=float, help="Stop this long before the window ends."
-    )
+    add_field_flags(parser, RunWindow, group=window, show_defaults=False)
     window.add_argument(
         "--report-every",
         type=int,
@@ -80,17 +81,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, FieldFlags]:
         help="Steps between forecasts (0: every 1 %% of the run, at least 10).",
     )
     tracking = parser.add_argument_group("MLflow (off unless a tracking URI is given)")
-    tracking.add_argument(
-        "--tracking-uri", help="E.g. sqlite:///hpo-runs/mlflow.db ('off': no tracking)."
-    )
-    tracking.add_argument("--experiment-name", default="hpo-lora", help="When not the study's.")
-    tracking.add_argument(
-        "--system-metrics-seconds",
-        type=float,
-        default=10.0,
-        help="Seconds between samples of CPU, memory and GPU use (MLflow system metrics; "
-        "0: none). Default: 10.",
-    )
+    add_field_flags(parser, RunTracking, group=tracking)
     tracking.add_argument(
         "--register-model",
         metavar="NAME",
@@ -170,26 +161,19 @@ def window_guard(
     args: argparse.Namespace, estimate: dict[str, Any], started_at: float
 ) -> WindowGuard:
     """The window and margin from the flags, else from the preset's estimate."""
-    hours = _number("window_hours", args.window_hours, estimate)
-    minutes = _number("safety_margin_minutes", args.safety_margin_minutes, estimate)
+    hours = _number("window_hours", getattr(args, "window_hours", None), estimate)
+    flag_minutes = getattr(args, "safety_margin_minutes", None)
+    minutes = _number("safety_margin_minutes", flag_minutes, estimate)
     if hours is None:
-        minutes = args.safety_margin_minutes or 0.0  # the preset's margin is for its window
-    minutes = minutes or 0.0
-    if hours is not None and not hours > 0:
-        raise BadInputError(f"window hours must be > 0, but got window_hours={hours!r}")
-    if not minutes >= 0:
-        raise BadInputError(
-            f"safety margin must be >= 0, but got safety_margin_minutes={minutes!r}"
-        )
-    if hours is not None and minutes * 60 >= hours * 3600:
-        raise BadInputError(
-            f"the safety margin ({minutes:g} min) must be shorter than the window ({hours:g} h)"
-        )
+        minutes = flag_minutes  # the preset's margin is for its window
+    window = RunWindow(  # checked as a study's budget is: no window is an endless one
+        window_hours=math.inf if hours is None else hours, safety_margin_minutes=minutes or 0.0
+    )
     if args.report_every < 0:
         raise BadInputError(f"report_every must be >= 0, but got {args.report_every=}")
     return WindowGuard(
-        window_seconds=hours * 3600 if hours is not None else None,
-        margin_seconds=minutes * 60,
+        window_seconds=None if hours is None else window.window_hours * 3600,
+        margin_seconds=window.safety_margin_minutes * 60,
         report_every=args.report_every,
         started_at=started_at,
     )
@@ -207,22 +191,28 @@ def _number(name: str, flag: float | None, estimate: dict[str, Any]) -> float | 
     return float(value)
 
 
+def run_tracking(args: argparse.Namespace) -> RunTracking:
+    """The MLflow flags, checked; `--register-model` needs a name and a tracking URI."""
+    given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(RunTracking)}
+    tracking = from_mapping(
+        RunTracking, {k: v for k, v in given.items() if v is not None}, "tracking"
+    )
+    if args.register_model is not None and (
+        not args.register_model.strip() or tracking.uri in (None, "", "off")
+    ):
+        raise BadInputError(
+            f"--register-model needs a name and --tracking-uri, but got "
+            f"register_model={args.register_model!r}, tracking_uri={tracking.uri!r}"
+        )
+    return tracking
+
+
 def main(argv: list[str] | None = None) -> int:
     started_at = time.monotonic()  # the window opens when the command starts
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     parser, flags = build_parser()
     args = parser.parse_args(raw_argv)
-    if args.system_metrics_seconds < 0:
-        raise BadInputError(
-            f"system_metrics_seconds must be >= 0, but got {args.system_metrics_seconds=}"
-        )
-    if args.register_model is not None and (
-        not args.register_model.strip() or args.tracking_uri in (None, "", "off")
-    ):
-        raise BadInputError(
-            f"--register-model needs a name and --tracking-uri, but got "
-            f"register_model={args.register_model!r}, tracking_uri={args.tracking_uri!r}"
-        )
+    tracking = run_tracking(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     given = flags.given(args)
     preset = load_run(args.preset, given)
@@ -239,27 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainers.loop.run import train
 
     callbacks: list[Any] = [] if args.quiet else [TqdmProgress(file=sys.stderr)]
-    tracker = _tracker(args, preset, spec, predicted)
+    tracker = _tracker(args, tracking, preset, spec, predicted)
     if tracker is not None:
-        if args.system_metrics_seconds > 0:
-            from trainers.system_metrics import SystemMetrics
-
-            # Before the tracker, which closes the run the monitor writes into.
-            callbacks.append(
-                SystemMetrics(
-                    tracker.writer,
-                    tracker.run_id,
-                    interval_seconds=args.system_metrics_seconds,
-                    resume=tracker.continued,
-                )
-            )
-        callbacks.append(tracker)
-        from trainers.data.lineage import dataset_input
-
-        tracker.writer.log_input(
-            tracker.run_id,
-            dataset_input(spec.data, shape=data_stats.shape, rows=data_stats.records),
-        )
+        callbacks += _tracking_callbacks(tracker, tracking, spec, data_stats)
     failure: str | None = None
     stop = StopOnSignal()
     callbacks.append(stop)
@@ -278,15 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     report = run_report(result, preset, spec)
     if tracker is not None:
-        tracker.attach_report(report)
-        if result.status == "finished":
-            try:
-                tracker.log_adapter(
-                    result, spec, provenance=preset.provenance, register_as=args.register_model
-                )
-            except Exception as exc:  # the run and its checkpoints stand; say what is missing
-                log.warning("the adapter was not logged as an MLflow model: %s", exc)
-        tracker.close()  # records the server did not take wait in the output dir's spool
+        _close_tracker(tracker, result, report, preset, spec, args.register_model)
     if args.json:
         write_json(args.json, report)
     if failure is not None:
@@ -296,6 +260,50 @@ def main(argv: list[str] | None = None) -> int:
         print("resume with:\n  " + resume_command(raw_argv))
         return EXIT_RESUMABLE
     return EXIT_OK
+
+
+def _tracking_callbacks(
+    tracker: Any, tracking: RunTracking, spec: TrainSpec, data_stats: DatasetStats
+) -> list[Any]:
+    """The system-metrics monitor (when on) and the tracker; logs the run's data input."""
+    callbacks: list[Any] = []
+    if tracking.system_metrics_seconds > 0:
+        from trainers.system_metrics import SystemMetrics
+
+        # Before the tracker, which closes the run the monitor writes into.
+        callbacks.append(
+            SystemMetrics(
+                tracker.writer,
+                tracker.run_id,
+                interval_seconds=tracking.system_metrics_seconds,
+                resume=tracker.continued,
+            )
+        )
+    callbacks.append(tracker)
+    from trainers.data.lineage import dataset_input
+
+    tracker.writer.log_input(
+        tracker.run_id, dataset_input(spec.data, shape=data_stats.shape, rows=data_stats.records)
+    )
+    return callbacks
+
+
+def _close_tracker(
+    tracker: Any,
+    result: Any,
+    report: dict[str, Any],
+    preset: Preset,
+    spec: TrainSpec,
+    register_as: str | None,
+) -> None:
+    """Attach the report, log a finished run's adapter, send what waits in the spool."""
+    tracker.attach_report(report)
+    if result.status == "finished":
+        try:
+            tracker.log_adapter(result, spec, provenance=preset.provenance, register_as=register_as)
+        except Exception as exc:  # the run and its checkpoints stand; say what is missing
+            log.warning("the adapter was not logged as an MLflow model: %s", exc)
+    tracker.close()  # records the server did not take wait in the output dir's spool
 
 
 def run_report(result: Any, preset: Preset, spec: TrainSpec) -> dict[str, Any]:
@@ -317,10 +325,14 @@ def run_report(result: Any, preset: Preset, spec: TrainSpec) -> dict[str, Any]:
 
 
 def _tracker(
-    args: argparse.Namespace, preset: Preset, spec: TrainSpec, predicted: float | None
+    args: argparse.Namespace,
+    tracking: RunTracking,
+    preset: Preset,
+    spec: TrainSpec,
+    predicted: float | None,
 ) -> Any:
     """The MLflow run of this training, or None when tracking is off."""
-    uri = args.tracking_uri
+    uri = tracking.uri
     if not uri or uri == "off":
         return None
     from trainers.tracking import MlflowRun
@@ -338,7 +350,7 @@ def _tracker(
     earlier = _earlier_run_id(run_file) if args.resume else None
     tracker = MlflowRun(
         uri,
-        experiment_name=args.experiment_name,
+        experiment_name=tracking.experiment_name or "hpo-lora",
         run_name=f"full-{provenance.get('study', 'run')}",
         params=params,
         tags=tags,
