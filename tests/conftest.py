@@ -1,9 +1,10 @@
-"""Shared fixtures: the tiny model is built once per test session."""
+"""Shared fixtures: the tiny model, built once per test session, and the real servers."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from tests.servers import MlflowServer, postgres_server  # noqa: E402  (after the path)
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -21,3 +24,41 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from trainers.tiny import build_tiny
 
     return build_tiny(tmp_path_factory.mktemp("tiny") / "llama-xs", arch="llama", size="xs")
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """200 prompt/completion records of the bundled data: tokenized in a moment for each run."""
+    from trainers.data.paths import demo_data_path
+
+    path = tmp_path_factory.mktemp("data") / "data.jsonl"
+    lines = demo_data_path("prompt_completion").read_text().splitlines()[:200]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def _module_tracking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    server = MlflowServer(tmp_path_factory.mktemp("server-root"))
+    server.start()
+    yield server
+    server.stop(kill=True)
+
+
+@pytest.fixture
+def tracking_server(_module_tracking_server: MlflowServer) -> MlflowServer:
+    """A real `mlflow server` shared by a test module, answering when each test starts.
+
+    A test may kill it (an outage) and start it again; one that leaves it down gets it
+    started again for the next test, with the same store and port.
+    """
+    if _module_tracking_server.proc is None:
+        _module_tracking_server.start()
+    return _module_tracking_server
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A throw-away PostgreSQL cluster shared by a test module: its server URL."""
+    with postgres_server(tmp_path_factory.mktemp("pg")) as url:
+        yield url

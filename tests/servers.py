@@ -1,10 +1,16 @@
-"""Real servers for tests: an `mlflow server` and a PostgreSQL cluster on loopback."""
+"""Real servers for tests: an `mlflow server` and a PostgreSQL cluster on loopback.
+
+Any other server a test starts (optuna-dashboard, `make ui`) goes through the same
+`start_logged`, `wait_until_served` and `stop_group`. The module-scoped fixtures over these
+(`tracking_server`, `postgres`) are in tests/conftest.py.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -13,13 +19,59 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def start_logged(command: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """Start `command` in a process group of its own, its output appended to `log`.
+
+    A file, not a pipe: a pipe nobody reads fills up and stalls the server.
+    """
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def http_status(url: str, timeout: float) -> int | None:
+    """The HTTP status `url` answers with now (None: no answer, or an error status)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status)
+    except OSError:
+        return None
+
+
+def wait_until_served(
+    url: str, proc: subprocess.Popen[bytes], log: Path, seconds: float = 120
+) -> int:
+    """The HTTP status of `url` once it answers; the server must stay up meanwhile."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited: {log.read_text()[-2000:]}")
+        status = http_status(url, timeout=5)
+        if status is not None:
+            return status
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer within {seconds:.0f} s")
+        time.sleep(0.3)
+
+
+def stop_group(proc: subprocess.Popen[bytes], *, kill: bool = False) -> None:
+    """End the process group `proc` leads (SIGTERM, or SIGKILL with `kill` or after 20 s)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=20)
 
 
 class MlflowServer:
@@ -33,66 +85,28 @@ class MlflowServer:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
-        self._log: Any = None
 
     def start(self, timeout: float = 120) -> None:
         """Start the server and wait until it answers /health."""
-        self._log = open(self.root / "mlflow-server.log", "a")  # noqa: SIM115 - closed in stop
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mlflow",
-                "server",
-                "--backend-store-uri",
-                f"sqlite:///{self.root / 'server.db'}",
-                "--artifacts-destination",
-                str(self.root / "artifacts"),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--workers",
-                "1",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=self.root,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout
-        while not self.answers():
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"mlflow server exited: {(self.root / 'mlflow-server.log').read_text()[-2000:]}"
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not answer /health within {timeout:.0f} s")
-            time.sleep(0.5)
+        command = [
+            sys.executable, "-m", "mlflow", "server",
+            "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
+            "--artifacts-destination", str(self.root / "artifacts"),
+            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+        ]  # fmt: skip
+        log = self.root / "mlflow-server.log"
+        self.proc = start_logged(command, log, cwd=self.root)
+        wait_until_served(f"{self.url}/health", self.proc, log, timeout)
 
     def answers(self) -> bool:
         """Whether /health answers now."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
+        return http_status(f"{self.url}/health", timeout=2) == 200
 
     def stop(self, *, kill: bool = False) -> None:
         """Stop the server (SIGKILL with `kill`: an outage, not a shutdown)."""
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, 9 if kill else 15)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait(timeout=20)
-        self.proc = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        if self.proc is not None:
+            stop_group(self.proc, kill=kill)
+            self.proc = None
 
 
 @contextlib.contextmanager

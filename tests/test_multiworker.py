@@ -15,15 +15,8 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.cli import start_module
-from tests.servers import postgres_server
 
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-
-
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory: pytest.TempPathFactory):
-    with postgres_server(tmp_path_factory.mktemp("pg")) as url:
-        yield url
 
 
 def _database(server_url: str, name: str) -> str:

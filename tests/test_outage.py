@@ -27,25 +27,10 @@ from hpo.config import load_config
 from hpo.runner import run_study
 from hpo.states import STATE_NAMES
 from tests.cli import run_module
+from tests.configs import short_study
 from tests.servers import MlflowServer, free_port
 from trainers.events import EvalInfo, StepInfo
 from trainers.tracking import MlflowRun
-
-
-@pytest.fixture(scope="module")
-def shared_server(tmp_path_factory: pytest.TempPathFactory):
-    server = MlflowServer(tmp_path_factory.mktemp("server-root"))
-    server.start()
-    yield server
-    server.stop(kill=True)
-
-
-@pytest.fixture
-def server(shared_server: MlflowServer):
-    """The module's server, answering when the test starts (a test may kill it)."""
-    if shared_server.proc is None:
-        shared_server.start()
-    return shared_server
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -67,16 +52,16 @@ def test_unreachable_server_at_start_is_one_line_within_seconds(tmp_path: Path) 
 
 
 def test_writer_spools_while_the_server_is_away_and_sends_once(
-    server: MlflowServer, tmp_path: Path
+    tracking_server: MlflowServer, tmp_path: Path
 ) -> None:
-    writer = MlflowWriter(server.url, spool_root=tmp_path / "spool", backoff=(0.2, 1.0))
+    writer = MlflowWriter(tracking_server.url, spool_root=tmp_path / "spool", backoff=(0.2, 1.0))
     experiment = writer.experiment("outage")
     before = writer.create_run_later(experiment, run_name="before", tags={"k": "v"})
     writer.log_batch(before, metrics=[metric("loss", 1.0 / (i + 1), i) for i in range(5)])
     writer.flush()
     assert writer.waiting == 0 and writer.spool_folder is None
 
-    server.stop(kill=True)
+    tracking_server.stop(kill=True)
     started = time.monotonic()
     writer.log_batch(before, metrics=[metric("loss", 1.0 / (i + 1), i) for i in range(5, 10)])
     during = writer.create_run_later(experiment, run_name="during", tags={})
@@ -88,7 +73,7 @@ def test_writer_spools_while_the_server_is_away_and_sends_once(
     assert writer.waiting == 5 and during.result().startswith("hpo-run-")
     assert writer.spool_folder is not None and (writer.spool_folder / "records.jsonl").exists()
 
-    server.start()
+    tracking_server.start()
     deadline = time.monotonic() + 30
     while writer.waiting and time.monotonic() < deadline:
         time.sleep(0.2)  # the back-off timer finds the server back without new writes
@@ -96,7 +81,7 @@ def test_writer_spools_while_the_server_is_away_and_sends_once(
     assert writer.close() == 0
     assert not spool_folders(tmp_path / "spool")  # an empty spool is removed
 
-    client = MlflowClient(server.url)
+    client = MlflowClient(tracking_server.url)
     runs = client.search_runs([experiment])
     assert sorted(r.info.run_name for r in runs) == ["before", "during"]
     by_name = {r.info.run_name: r for r in runs}
@@ -109,14 +94,16 @@ def test_writer_spools_while_the_server_is_away_and_sends_once(
 
 
 def test_replay_sends_a_left_spool_once_even_when_a_create_had_reached_the_server(
-    server: MlflowServer, tmp_path: Path
+    tracking_server: MlflowServer, tmp_path: Path
 ) -> None:
-    writer = MlflowWriter(server.url, spool_root=tmp_path / "spool", backoff=(60.0, 60.0))
+    writer = MlflowWriter(tracking_server.url, spool_root=tmp_path / "spool", backoff=(60.0, 60.0))
     experiment = writer.experiment("replay")
     # A run whose creation reached the server; the reply is lost, so it is spooled too.
     reached = writer.create_run_later(experiment, run_name="reached", tags={}).result()
-    client_id = client_tag = MlflowClient(server.url).get_run(reached).data.tags[CLIENT_ID_TAG]
-    server.stop(kill=True)
+    client_id = client_tag = (
+        MlflowClient(tracking_server.url).get_run(reached).data.tags[CLIENT_ID_TAG]
+    )
+    tracking_server.stop(kill=True)
     writer.log_batch(reached, metrics=[metric("x", 1.0, 0)])  # the outage opens the spool
     writer.flush()
     assert writer.spool is not None
@@ -136,7 +123,7 @@ def test_replay_sends_a_left_spool_once_even_when_a_create_had_reached_the_serve
     folder = spool_folders(tmp_path / "spool")[0]
     assert "hunter2" not in (folder / "meta.json").read_text()
 
-    server.start()
+    tracking_server.start()
     command = ["hpo.tracking", "--replay", str(tmp_path / "spool")]
     done = run_module(*command, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -144,17 +131,17 @@ def test_replay_sends_a_left_spool_once_even_when_a_create_had_reached_the_serve
     again = run_module(*command, timeout=120)
     assert again.returncode == 2 and "no MLflow spool here" in again.stderr  # removed once sent
 
-    client = MlflowClient(server.url)
+    client = MlflowClient(tracking_server.url)
     runs = client.search_runs([experiment])
     assert [r.info.run_id for r in runs] == [reached]  # adopted, not created twice
     assert _history(client, reached, "x") == [(0, 1.0), (1, 2.0)]
 
 
 def test_full_runs_mlflow_run_goes_on_across_an_outage(
-    server: MlflowServer, tmp_path: Path
+    tracking_server: MlflowServer, tmp_path: Path
 ) -> None:
     run = MlflowRun(
-        server.url,
+        tracking_server.url,
         experiment_name="full",
         run_name="full-run",
         params={"lr": 1e-4},
@@ -167,9 +154,9 @@ def test_full_runs_mlflow_run_goes_on_across_an_outage(
     for step in range(1, steps + 1):
         if step == 5:
             run.writer.flush()
-            server.stop(kill=True)
+            tracking_server.stop(kill=True)
         if step == 9:
-            server.start()
+            tracking_server.start()
         run.on_step(StepInfo(step, steps, 2.0 - step / 100, 1e-4, 0.5, 100, 0.5 * step))
         if step % 4 == 0:
             run.on_eval(EvalInfo(step, 1.9 - step / 100, 0.1))
@@ -179,7 +166,7 @@ def test_full_runs_mlflow_run_goes_on_across_an_outage(
     assert run.writer.spooled > 0  # the outage was real
     assert run.close() == 0
 
-    client = MlflowClient(server.url)
+    client = MlflowClient(tracking_server.url)
     stored = client.get_run(run.run_id)
     assert stored.info.status == "FINISHED"
     assert [s for s, _ in _history(client, run.run_id, "train_loss")] == list(range(1, 13))
@@ -192,26 +179,16 @@ def test_full_runs_mlflow_run_goes_on_across_an_outage(
 def _study_config(
     tiny_model_dir: Path, tmp_path: Path, url: str, name: str, n_trials: int, **extra: Any
 ) -> Any:
-    return load_config(
-        None,
-        {
-            "model": str(tiny_model_dir),
-            "work_dir": str(tmp_path / "work"),
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
-            "study_name": name,
-            "n_trials": n_trials,
-            "trial_fraction": 0.02,
-            "trial_evals": 2,
-            "eval_samples": 8,
-            "profiles": ["fast"],
-            "pruner": "none",
-            "tracking_uri": url,
-            "experiment_name": f"{name}-exp",
-            # Sampled often, so that every trial has readings to lose or to keep.
-            "system_metrics_seconds": 0.5,
-            **extra,
-        },
-    )
+    values = {
+        "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
+        "study_name": name,
+        "n_trials": n_trials,
+        "tracking_uri": url,
+        "experiment_name": f"{name}-exp",
+        # Sampled often, so that every trial has readings to lose or to keep.
+        "system_metrics_seconds": 0.5,
+    }
+    return short_study(tmp_path / "work", tiny_model_dir, {**values, **extra})
 
 
 def _finished(config: Any) -> int:
@@ -273,19 +250,22 @@ def _check_runs(client: MlflowClient, summary: Any, trials: list[Any]) -> None:
 
 @pytest.mark.timeout(600)
 def test_study_goes_on_while_the_server_is_killed_and_restarted(
-    server: MlflowServer, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tracking_server: MlflowServer,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     config = _study_config(
-        tiny_model_dir, tmp_path, server.url, "outage", 5, tracking_exit_wait_seconds=120
+        tiny_model_dir, tmp_path, tracking_server.url, "outage", 5, tracking_exit_wait_seconds=120
     )
     outage: dict[str, float] = {}
 
     def kill_and_restart() -> None:
         # Killed once the first trial is in; started again at once (that takes seconds).
-        server.stop(kill=True)
+        tracking_server.stop(kill=True)
         outage["killed_at"] = _finished(config)
         time.sleep(3)
-        server.start()
+        tracking_server.start()
         outage["back_at"] = _finished(config)
 
     watcher = _when_finished(config, 1, kill_and_restart)
@@ -301,13 +281,13 @@ def test_study_goes_on_while_the_server_is_killed_and_restarted(
     study = optuna.load_study(study_name="outage", storage=config.storage_url)
     trials = study.get_trials()
     assert len(trials) == 5
-    _check_runs(MlflowClient(server.url), summary, trials)
+    _check_runs(MlflowClient(tracking_server.url), summary, trials)
     assert "tracking_records_waiting" in json.loads(json.dumps(summary.to_dict()))
 
 
 @pytest.mark.timeout(600)
 def test_a_server_that_stops_answering_for_good_costs_the_study_no_speed(
-    server: MlflowServer,
+    tracking_server: MlflowServer,
     tiny_model_dir: Path,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -321,13 +301,13 @@ def test_a_server_that_stops_answering_for_good_costs_the_study_no_speed(
     """
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")  # the writer's default
     config = _study_config(
-        tiny_model_dir, tmp_path, server.url, "silent", 6, tracking_exit_wait_seconds=3
+        tiny_model_dir, tmp_path, tracking_server.url, "silent", 6, tracking_exit_wait_seconds=3
     )
     outage: dict[str, float] = {}
 
     def stop_for_good() -> None:
-        assert server.proc is not None
-        os.killpg(server.proc.pid, signal.SIGSTOP)
+        assert tracking_server.proc is not None
+        os.killpg(tracking_server.proc.pid, signal.SIGSTOP)
         outage["at"] = time.time()
 
     watcher = _when_finished(config, 3, stop_for_good)
@@ -360,10 +340,10 @@ def test_a_server_that_stops_answering_for_good_costs_the_study_no_speed(
         assert any("waiting up to 3 s for it to answer before exiting" in x for x in lines)
         assert any(f"python -m hpo.tracking --replay {folder}" in x for x in lines)
     finally:
-        server.stop(kill=True)  # SIGKILL ends a stopped process too
-    server.start()
+        tracking_server.stop(kill=True)  # SIGKILL ends a stopped process too
+    tracking_server.start()
     assert replay(folder.parent) == (waiting, 0)
-    _check_runs(MlflowClient(server.url), summary, trials)
+    _check_runs(MlflowClient(tracking_server.url), summary, trials)
 
 
 def test_spool_keeps_order_and_survives_a_cut_line(tmp_path: Path) -> None:
@@ -383,24 +363,14 @@ def test_spool_keeps_order_and_survives_a_cut_line(tmp_path: Path) -> None:
 
 
 def _offline_config(tiny_model_dir: Path, tmp_path: Path, url: str, outage: str) -> Any:
-    return load_config(
-        None,
-        {
-            "model": str(tiny_model_dir),
-            "work_dir": str(tmp_path / "work"),
-            "study_name": "offline",
-            "n_trials": 1,
-            "trial_fraction": 0.02,
-            "trial_evals": 2,
-            "eval_samples": 8,
-            "profiles": ["fast"],
-            "pruner": "none",
-            "tracking_uri": url,
-            "experiment_name": "offline-exp",
-            "tracking_outage": outage,
-            "tracking_exit_wait_seconds": 0,  # away for good: sent later by a replay
-        },
-    )
+    values = {
+        "study_name": "offline",
+        "tracking_uri": url,
+        "experiment_name": "offline-exp",
+        "tracking_outage": outage,
+        "tracking_exit_wait_seconds": 0,  # away for good: sent later by a replay
+    }
+    return short_study(tmp_path / "work", tiny_model_dir, values)
 
 
 @pytest.mark.timeout(600)

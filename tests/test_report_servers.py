@@ -2,51 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.report_study import build_study
-from tests.servers import free_port
+from tests.servers import free_port, start_logged, stop_group, wait_until_served
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """Start `command` in a process group of its own, output to `log` (a pipe could fill up)."""
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
-def _wait_for(url: str, proc: subprocess.Popen[bytes], log: Path, seconds: float = 120) -> int:
-    """The HTTP status of `url` once it answers (the process must stay up meanwhile)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        assert proc.poll() is None, f"the server exited: {log.read_text()[-2000:]}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                return int(response.status)
-        except OSError:
-            assert time.monotonic() < deadline, f"{url} did not answer within {seconds} s"
-            time.sleep(0.3)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # the group this test started (make + its server)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def test_optuna_dashboard_serves_the_study(tmp_path: Path) -> None:
@@ -57,14 +22,16 @@ def test_optuna_dashboard_serves_the_study(tmp_path: Path) -> None:
     port = free_port()
     command = Path(sys.executable).with_name("optuna-dashboard")
     log = tmp_path / "dashboard.log"
-    proc = _start([str(command), storage, "--host", "127.0.0.1", "--port", str(port)], log)
+    proc = start_logged(
+        [str(command), storage, "--host", "127.0.0.1", "--port", str(port)], log, ROOT
+    )
     try:
         base = f"http://127.0.0.1:{port}"
-        assert _wait_for(f"{base}/dashboard", proc, log) == 200
+        assert wait_until_served(f"{base}/dashboard", proc, log) == 200
         with urllib.request.urlopen(f"{base}/api/studies", timeout=30) as response:
             assert b'"dashboard"' in response.read()
     finally:
-        _stop(proc)
+        stop_group(proc)
 
 
 def test_make_ui_serves_mlflow_and_prints_the_runs_view(tmp_path: Path) -> None:
@@ -77,13 +44,13 @@ def test_make_ui_serves_mlflow_and_prints_the_runs_view(tmp_path: Path) -> None:
     log = tmp_path / "make-ui.log"
     command = ["make", "-s", "-o", ".venv/.installed-stamp", "ui", f"PY={sys.executable}",
                f"UI_PORT={port}", f"UI_STORE={store}"]  # fmt: skip
-    proc = _start(command, log)
+    proc = start_logged(command, log, ROOT)
     try:
-        assert _wait_for(f"http://127.0.0.1:{port}/health", proc, log) == 200
+        assert wait_until_served(f"http://127.0.0.1:{port}/health", proc, log) == 200
         first = log.read_text().splitlines()[0]
         url = (
             f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs?workflowType=machine_learning"
         )
         assert url in first, first
     finally:
-        _stop(proc)
+        stop_group(proc)  # the group this test started (make + its server)
