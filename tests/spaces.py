@@ -1,11 +1,27 @@
-"""Search spaces for study-level tests."""
+"""Search spaces and samplers for study-level tests."""
 
 from __future__ import annotations
 
+import importlib.util
 from importlib import resources
 from pathlib import Path
 
+import pytest
+
+from hpo.samplers import SAMPLER_NAMES
+
 PACKING_CHOICE = "packing: {choice: [none, padding_free]}"
+# Every sampler `make_sampler` builds, as test parameters (cmaes only where installed).
+SAMPLERS = [
+    pytest.param(
+        name,
+        marks=pytest.mark.skipif(
+            name == "cmaes" and importlib.util.find_spec("cmaes") is None,
+            reason="the cmaes package is not installed",
+        ),
+    )
+    for name in SAMPLER_NAMES
+]
 
 
 def unpacked_default_space(folder: Path) -> str:

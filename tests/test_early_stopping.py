@@ -12,9 +12,9 @@ against overfitting.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,13 @@ from trainers.loop import checkpoint
 from trainers.loop.early_stopping import EarlyStopping, advise
 from trainers.spec import TrainSpec
 from trainers.train import DEFAULT_EARLY_STOPPING_PATIENCE, full_run_spec, main
+
+
+def _train_in(folder: Path, argv: list[str]) -> int:
+    """`trainers.train` in this process, run from `folder`: MLflow's SQLite store puts
+    artifacts under ./mlruns, so they stay in the test's folder."""
+    with contextlib.chdir(folder):
+        return run_cli(main, argv)
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +51,7 @@ def overfitting_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
         "--tracking-uri", tracking, "--system-metrics-seconds", "0.2",
         "--json", str(tmp / "result.json"), "--quiet",
     ]  # fmt: skip
-    # MLflow's SQLite store puts artifacts under ./mlruns: keep them in the test's folder.
-    cwd = os.getcwd()
-    os.chdir(tmp)
-    try:
-        code = run_cli(main, argv)
-    finally:
-        os.chdir(cwd)
+    code = _train_in(tmp, argv)
     report = json.loads((tmp / "result.json").read_text(encoding="utf-8"))
     return code, report, tracking
 
@@ -280,12 +281,7 @@ def test_a_run_that_cannot_move_its_adapter_is_told_to_raise_the_learning_rate(
         "--tracking-uri", tracking, "--system-metrics-seconds", "0",
         "--json", str(tmp_path / "result.json"), "--quiet",
     ]  # fmt: skip
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        assert run_cli(main, argv) == 0
-    finally:
-        os.chdir(cwd)
+    assert _train_in(tmp_path, argv) == 0
     report = json.loads((tmp_path / "result.json").read_text(encoding="utf-8"))
     assert report["status"] == "stopped_early" and report["final_step"] == 20
     (line,) = report["advice"]

@@ -20,12 +20,13 @@ from analysis.machine import model_profile, this_machine
 from analysis.records import CALIBRATION_FILE, TRIAL_ATTR
 from analysis.timemodel import Coefficients
 from common.errors import BadInputError
-from hpo.config import StudyConfig, load_config
+from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.prepare import Prepared, prepare
 from hpo.runner import run_study
 from hpo.what_fits import PROBE_BEFORE_REFUSING_SECONDS, TIME_NEUTRAL_PARAMS, check_space
 from tests.cli import run_module
+from tests.configs import short_study
 
 HARDWARE = this_machine()
 # Known rates: 10 ms a micro-step, 1 ms an optimizer step, a 1 s start-up, +-10 % band.
@@ -70,21 +71,8 @@ class PinnedEstimator(StudyEstimator):
 
 
 def config_for(work: Path, model: Path, **overrides: Any) -> StudyConfig:
-    values: dict[str, Any] = {
-        "model": str(model),
-        "work_dir": str(work),
-        "study_name": "budget",
-        "n_trials": 2,
-        "trial_fraction": 0.02,
-        "trial_evals": 2,
-        "eval_samples": 8,
-        "profiles": ["fast"],
-        "sampler": "random",
-        "pruner": "none",
-        "seed": 1,
-    }
-    values.update(overrides)
-    return load_config(None, values)
+    values = {"study_name": "budget", "n_trials": 2, "sampler": "random", "seed": 1}
+    return short_study(work, model, {**values, **overrides})
 
 
 def pinned(config: StudyConfig, prepared: Prepared) -> PinnedEstimator:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from trainers.data.paths import demo_data_path
+from tests.configs import demo_spec
 from trainers.loop.inputs import RunInputs
 from trainers.loop.run import train
 from trainers.spec import LoraSpec, TrainSpec
@@ -16,9 +16,6 @@ from trainers.spec import LoraSpec, TrainSpec
 
 def _full_run(model: Path, tmp_path: Path, **overrides: object) -> TrainSpec:
     values: dict[str, object] = {
-        "model": str(model),
-        "data": str(demo_data_path("prompt_completion")),
-        "output_dir": str(tmp_path / "out"),
         "lora": LoraSpec(r=8, alpha=16, dropout=0.0),
         "micro_batch_size": 8,
         "gradient_accumulation_steps": 2,
@@ -29,10 +26,8 @@ def _full_run(model: Path, tmp_path: Path, **overrides: object) -> TrainSpec:
         "eval_samples": 16,
         "max_length": 96,
         "eval_max_length": 128,
-        "cache_dir": str(tmp_path / "cache"),
     }
-    values.update(overrides)
-    return TrainSpec(**values)  # type: ignore[arg-type]
+    return demo_spec(model, tmp_path, **{**values, **overrides})
 
 
 def test_trial_losses_are_the_first_losses_of_its_full_run(

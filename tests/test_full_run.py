@@ -33,6 +33,9 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("token-cache")
 
 
+RECOVER = RecoverySpec(enabled=True)  # a failed step (out of memory, NaN loss) is retried
+
+
 def _spec(model: Path, out: Path, cache: Path, **overrides: object) -> TrainSpec:
     values: dict[str, object] = {
         "model": str(model),
@@ -179,13 +182,7 @@ def test_window_of_a_few_seconds_stops_before_it_ends(
 def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(
     tiny_model_dir: Path, cache_dir: Path, tmp_path: Path
 ) -> None:
-    spec = _spec(
-        tiny_model_dir,
-        tmp_path / "out",
-        cache_dir,
-        max_steps=8,
-        recovery=RecoverySpec(enabled=True),
-    )
+    spec = _spec(tiny_model_dir, tmp_path / "out", cache_dir, max_steps=8, recovery=RECOVER)
     steps = Steps(fail_at=6)
     result = train(spec, [steps])
     assert result.status == "finished" and result.final_step == 8
@@ -204,13 +201,7 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(
 def test_out_of_memory_at_micro_batch_one_gives_up(
     tiny_model_dir: Path, cache_dir: Path, tmp_path: Path
 ) -> None:
-    spec = _spec(
-        tiny_model_dir,
-        tmp_path / "out",
-        cache_dir,
-        micro_batch_size=1,
-        recovery=RecoverySpec(enabled=True),
-    )
+    spec = _spec(tiny_model_dir, tmp_path / "out", cache_dir, micro_batch_size=1, recovery=RECOVER)
     with pytest.raises(GaveUp, match="micro-batch 1") as caught:
         train(spec, [Steps(fail_at=1)])
     assert caught.value.result is not None and caught.value.result.status == "gave_up"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from trainers.data.paths import demo_data_path
+from tests.configs import demo_spec
 from trainers.events import StepInfo, TrainingCallback
 from trainers.loop.data_loading import choose_data_loading
 from trainers.loop.run import train
-from trainers.spec import LoraSpec, TrainSpec
+from trainers.spec import LoraSpec
 
 
 class Steps(TrainingCallback):
@@ -25,9 +25,9 @@ class Steps(TrainingCallback):
 def _run(model: Path, tmp: Path, max_grad_norm: float) -> list[StepInfo]:
     steps = Steps()
     result = train(
-        TrainSpec(
-            model=str(model),
-            data=str(demo_data_path("prompt_completion")),
+        demo_spec(
+            model,
+            tmp,
             output_dir=str(tmp / f"out-{max_grad_norm}"),
             lora=LoraSpec(r=8, alpha=16),
             micro_batch_size=8,
@@ -36,7 +36,6 @@ def _run(model: Path, tmp: Path, max_grad_norm: float) -> list[StepInfo]:
             eval_interval=0,
             eval_samples=8,
             max_grad_norm=max_grad_norm,
-            cache_dir=str(tmp / "cache"),
         ),
         [steps],
     )

@@ -33,6 +33,7 @@ from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial
 from hpo.runner import run_study
 from hpo.runspec import trial_schedule
 from hpo.summary import StudySummary
+from tests.configs import short_study
 from tests.spaces import unpacked_default_space
 from trainers.train import main as train_main
 
@@ -41,8 +42,6 @@ FRACTION = 0.05
 
 def _config(work: Path, model: Path, **overrides: Any) -> StudyConfig:
     values: dict[str, Any] = {
-        "model": str(model),
-        "work_dir": str(work),
         "study_name": "objective",
         "n_trials": 3,
         "trial_fraction": FRACTION,
@@ -53,11 +52,9 @@ def _config(work: Path, model: Path, **overrides: Any) -> StudyConfig:
         "epochs": 0.5,
         "profiles": ["fast", "balanced"],
         "sampler": "random",
-        "pruner": "none",
         "seed": 11,
     }
-    values.update(overrides)
-    return load_config(None, values)
+    return short_study(work, model, {**values, **overrides})
 
 
 @dataclasses.dataclass

@@ -15,43 +15,26 @@ from analysis.calibrate import PROBE_DESIGN
 from analysis.calibration.file import load
 from analysis.records import CALIBRATION_FILE
 from common.errors import BadInputError
-from hpo.config import StudyConfig, load_config
+from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.prepare import prepare
 from hpo.runner import run_study
-from trainers.data.dataset import demo_data_path
+from tests.configs import short_study
 
 FAST_PRIOR = lambda: 1e10  # noqa: E731  (the CPU probe of the priors: no timing in tests)
 
 
-@pytest.fixture(scope="module")
-def small_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """200 prompt/completion records: tokenized in a moment for every probe run."""
-    path = tmp_path_factory.mktemp("data") / "data.jsonl"
-    lines = demo_data_path("prompt_completion").read_text().splitlines()[:200]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def config_for(work: Path, model: Path, data: Path, **overrides: Any) -> StudyConfig:
     values: dict[str, Any] = {
-        "model": str(model),
         "data": str(data),
-        "work_dir": str(work),
         "study_name": "probed",
-        "n_trials": 1,
         "trial_fraction": 0.05,
-        "trial_evals": 2,
-        "eval_samples": 8,
-        "profiles": ["fast"],
         "sampler": "random",
-        "pruner": "none",
         # A budget of 1 s: the three probe runs that always run, then it stops.
         "probe_seconds": 1.0,
         "seed": 1,
     }
-    values.update(overrides)
-    return load_config(None, values)
+    return short_study(work, model, {**values, **overrides})
 
 
 def probe_shapes(count: int) -> set[tuple[int, int, int]]:

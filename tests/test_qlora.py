@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common.errors import BadInputError
-from trainers.data.paths import demo_data_path
+from tests.configs import demo_spec
 from trainers.loop.inputs import RunInputs
 from trainers.loop.run import train
 from trainers.loop.trainer_setup import PadCollator
@@ -23,9 +23,6 @@ def test_quantization_is_checked(tiny_model_dir: Path) -> None:
 
 def _spec(model: Path, tmp: Path, **changes: object) -> TrainSpec:
     values: dict[str, object] = {
-        "model": str(model),
-        "data": str(demo_data_path("prompt_completion")),
-        "output_dir": str(tmp / "out"),
         "lora": LoraSpec(r=8, alpha=16, dropout=0.0),
         "micro_batch_size": 4,
         "learning_rate": 2e-2,
@@ -33,11 +30,9 @@ def _spec(model: Path, tmp: Path, **changes: object) -> TrainSpec:
         "eval_interval": 0,
         "eval_samples": 8,
         "checkpoint_interval": 5,
-        "cache_dir": str(tmp / "cache"),
         "quantization": "nf4",
     }
-    values.update(changes)
-    return TrainSpec(**values)  # type: ignore[arg-type]
+    return demo_spec(model, tmp, **{**values, **changes})
 
 
 def test_nf4_run_trains_saves_and_reloads(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import warnings
 from collections.abc import Callable, Iterator
@@ -13,22 +12,12 @@ import pytest
 from optuna.trial import TrialState
 
 from common.errors import BadInputError
-from hpo.samplers import SAMPLER_NAMES, make_sampler
+from hpo.samplers import make_sampler
 from hpo.skopt_sampler import SkoptSampler
+from tests.spaces import SAMPLERS
 
 STARTUP = 3  # few random trials, so the short studies below exercise every model
 CHOICES = ("a", "b", None, 3)
-
-SAMPLERS = [
-    pytest.param(
-        name,
-        marks=pytest.mark.skipif(
-            name == "cmaes" and importlib.util.find_spec("cmaes") is None,
-            reason="the cmaes package is not installed",
-        ),
-    )
-    for name in SAMPLER_NAMES
-]
 
 
 @pytest.fixture(autouse=True)

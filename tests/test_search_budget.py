@@ -26,10 +26,10 @@ from hpo.prepare import prepare
 from hpo.runner import run_study
 from hpo.search_budget import BudgetStop, make_plan, spent_seconds
 from tests.cli import run_module
-from trainers.data.paths import demo_data_path
+from tests.configs import demo_spec, short_study
 from trainers.events import EvalInfo
 from trainers.loop.run import train
-from trainers.spec import LoraSpec, TrainSpec
+from trainers.spec import LoraSpec
 
 FAST_PRIOR = lambda: 1e10  # noqa: E731  (the priors' CPU probe: no timing in tests)
 
@@ -154,17 +154,15 @@ def test_budget_stop_stops_at_the_evaluation_nearest_the_end_of_the_budget() -> 
 def test_a_real_run_stops_at_its_next_evaluation_and_keeps_what_it_has(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    spec = TrainSpec(
-        model=str(tiny_model_dir),
-        data=str(demo_data_path("prompt_completion")),
-        output_dir=str(tmp_path / "out"),
+    spec = demo_spec(
+        tiny_model_dir,
+        tmp_path,
         lora=LoraSpec(r=8, alpha=16),
         micro_batch_size=8,
         learning_rate=3e-3,
         max_steps=12,
         eval_interval=2,
         eval_samples=16,
-        cache_dir=str(tmp_path / "cache"),
     )
     evals: list[int] = []
 
@@ -183,32 +181,18 @@ def test_a_real_run_stops_at_its_next_evaluation_and_keeps_what_it_has(
 
 
 # -- a real study -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def small_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "data.jsonl"
-    lines = demo_data_path("prompt_completion").read_text().splitlines()[:200]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def _config(work: Path, model: Path, data: Path, **overrides: Any) -> Any:
     values: dict[str, Any] = {
-        "model": str(model),
         "data": str(data),
-        "work_dir": str(work),
         "study_name": "budgeted",
         "n_trials": 40,
         "trial_fraction": 0.3,
         "trial_evals": 3,
-        "eval_samples": 8,
-        "profiles": ["fast"],
         "sampler": "random",
-        "pruner": "none",
         "system_metrics_seconds": 0,
         "seed": 3,
     }
-    values.update(overrides)
-    return load_config(None, values)
+    return short_study(work, model, {**values, **overrides})
 
 
 def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import warnings
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ import yaml
 from optuna.distributions import CategoricalDistribution
 
 from common.errors import BadInputError
-from hpo.samplers import SAMPLER_NAMES, make_sampler
+from hpo.samplers import make_sampler
 from search_spaces import (
     Choice,
     IntRange,
@@ -26,6 +25,7 @@ from search_spaces import (
     params_from_trial_params,
     sample,
 )
+from tests.spaces import SAMPLERS
 
 DROP = object()  # marks a key a case removes
 BASE: dict[str, Any] = {
@@ -224,16 +224,6 @@ def _objective(space: SearchSpace, configs: list[dict[str, Any]], allowed: list[
     return objective
 
 
-SAMPLERS = [
-    pytest.param(
-        name,
-        marks=pytest.mark.skipif(
-            name == "cmaes" and importlib.util.find_spec("cmaes") is None,
-            reason="the cmaes package is not installed",
-        ),
-    )
-    for name in SAMPLER_NAMES
-]
 SLOW = {"gp": 12, "skopt": 12}  # a model fit takes 0.3-1 s on 2 busy cores: fewer trials
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import run_module
+from tests.configs import demo_spec
 from trainers.data.paths import demo_data_path
 from trainers.events import EvalInfo, StepInfo, TrainingCallback
 from trainers.loop.run import train
@@ -17,19 +18,14 @@ from trainers.spec import LoraSpec, TrainSpec
 
 def _spec(model: Path, tmp_path: Path, **overrides: object) -> TrainSpec:
     values: dict[str, object] = {
-        "model": str(model),
-        "data": str(demo_data_path("prompt_completion")),
-        "output_dir": str(tmp_path / "out"),
         "lora": LoraSpec(r=16, alpha=32),
         "micro_batch_size": 8,
         "learning_rate": 3e-3,
         "max_steps": 30,
         "eval_interval": 10,
         "eval_samples": 32,
-        "cache_dir": str(tmp_path / "cache"),
     }
-    values.update(overrides)
-    return TrainSpec(**values)  # type: ignore[arg-type]
+    return demo_spec(model, tmp_path, **{**values, **overrides})
 
 
 class Recorder(TrainingCallback):

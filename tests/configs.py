@@ -1,0 +1,46 @@
+"""Study configurations and training specs of the tiny model, as the tests build them.
+
+Each test keeps the values it is about; these fill in what the tests' studies and runs
+otherwise write again each time (where the model, data and folders are, short trials).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hpo.config import StudyConfig, load_config
+from trainers.data.paths import demo_data_path
+from trainers.spec import TrainSpec
+
+# A short study of the tiny model: one configuration profile, few short trials, no pruner.
+SHORT_STUDY: dict[str, Any] = {
+    "n_trials": 1,
+    "trial_fraction": 0.02,
+    "trial_evals": 2,
+    "eval_samples": 8,
+    "profiles": ["fast"],
+    "pruner": "none",
+}
+
+
+def short_study(work: Path, model: Path, values: Mapping[str, Any]) -> StudyConfig:
+    """The validated config of a SHORT_STUDY of `model` in `work`; `values` win."""
+    return load_config(None, {"model": str(model), "work_dir": str(work), **SHORT_STUDY, **values})
+
+
+def demo_spec(model: Path, folder: Path, **fields: Any) -> TrainSpec:
+    """A run of `model` on the bundled prompt/completion data, writing under `folder`.
+
+    Its adapter and checkpoints go to `folder/out`, the tokenized data to `folder/cache`;
+    `fields` set the rest of the TrainSpec (and may move those two).
+    """
+    values: dict[str, Any] = {
+        "model": str(model),
+        "data": str(demo_data_path("prompt_completion")),
+        "output_dir": str(folder / "out"),
+        "cache_dir": str(folder / "cache"),
+        **fields,
+    }
+    return TrainSpec(**values)
