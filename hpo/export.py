@@ -21,6 +21,7 @@ from analysis.studies import load_study
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_atomic
+from common.flags import add_study_flags
 from common.workdir import WorkDir
 from hpo.final_loss import FIT_ATTR, correction_summary, loss_band
 from hpo.pick import pick_trial
@@ -202,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m hpo.export",
         description="Write the best complete trial of a study as a preset YAML file.",
     )
-    parser.add_argument("--study-name", required=True)
-    parser.add_argument("--storage", required=True, help="Optuna storage URL of the study")
+    add_study_flags(parser)
     parser.add_argument("--out", required=True, help="preset file to write")
     parser.add_argument(
         "--format",
