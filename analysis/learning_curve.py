@@ -228,25 +228,6 @@ class CurveFit:
         )
 
 
-def _check_inputs(x: FloatArray, losses: FloatArray, target: float) -> None:
-    if x.ndim != 1 or losses.ndim != 1:
-        raise ValueError(f"x and losses must be 1-D but got {x.shape=}, {losses.shape=}")
-    if x.size != losses.size:
-        raise ValueError(
-            f"x and losses must have the same length but got {x.size=}, {losses.size=}"
-        )
-    if x.size == 0:
-        raise ValueError(f"x must hold at least one point but got {x.size=}")
-    if not np.all(np.isfinite(x)) or np.any(x <= 0):
-        raise ValueError(f"x must be finite and > 0 but got {x=}")
-    if np.any(np.diff(x) <= 0):
-        raise ValueError(f"x must be strictly increasing but got {x=}")
-    if not np.all(np.isfinite(losses)) or np.any(losses < 0):
-        raise ValueError(f"losses must be finite and >= 0 but got {losses=}")
-    if not (math.isfinite(target) and target > 0):
-        raise ValueError(f"target must be a positive number but got {target=}")
-
-
 @dataclass(frozen=True)
 class _Curve:
     """The validated observations and what every prediction records of them."""
@@ -371,6 +352,25 @@ def _checked(
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
         raise ValueError(f"bootstrap must be an integer >= 0 but got {bootstrap=}")
     return x_arr, y, target
+
+
+def _check_inputs(x: FloatArray, losses: FloatArray, target: float) -> None:
+    if x.ndim != 1 or losses.ndim != 1:
+        raise ValueError(f"x and losses must be 1-D but got {x.shape=}, {losses.shape=}")
+    if x.size != losses.size:
+        raise ValueError(
+            f"x and losses must have the same length but got {x.size=}, {losses.size=}"
+        )
+    if x.size == 0:
+        raise ValueError(f"x must hold at least one point but got {x.size=}")
+    if not np.all(np.isfinite(x)) or np.any(x <= 0):
+        raise ValueError(f"x must be finite and > 0 but got {x=}")
+    if np.any(np.diff(x) <= 0):
+        raise ValueError(f"x must be strictly increasing but got {x=}")
+    if not np.all(np.isfinite(losses)) or np.any(losses < 0):
+        raise ValueError(f"losses must be finite and >= 0 but got {losses=}")
+    if not (math.isfinite(target) and target > 0):
+        raise ValueError(f"target must be a positive number but got {target=}")
 
 
 def _rising(curve: _Curve) -> CurveFit | None:
