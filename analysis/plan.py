@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model-config", required=True, help="config.json, its folder, or a shipped name."
     )
+    for add in (_gpu_flags, _data_flags, _run_flags, _setup_flags, _search_flags):
+        add(parser)
+    parser.add_argument("--json", help="Write the plan to this JSON file.")
+    return parser
+
+
+def _gpu_flags(parser: argparse.ArgumentParser) -> None:
+    """The GPU: a known one by name, or its peak and memory; calibrations of it."""
     gpu = parser.add_argument_group("GPU")
     gpu.add_argument(
         "--gpu",
@@ -81,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="Calibration file(s); one measured on this GPU replaces the priors.",
     )
+
+
+def _data_flags(parser: argparse.ArgumentParser) -> None:
+    """The data: its size (and tokens per sample), or a file to measure."""
     data = parser.add_argument_group("data (one of --samples or --data)")
     data.add_argument("--samples", type=int, help="Samples in the data set.")
     data.add_argument(
@@ -94,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Dataset.save_to_disk folder).",
     )
     data.add_argument("--tokenizer", help="Tokenizer folder for --data (default: characters / 4).")
+
+
+def _run_flags(parser: argparse.ArgumentParser) -> None:
+    """The run: a profile of the search space, or explicit values."""
     run = parser.add_argument_group("run (a --profile, or explicit values; explicit values win)")
     run.add_argument("--profile", help="A batch profile of the search space (fast, balanced, ...).")
     run.add_argument(
@@ -107,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None
     )
     run.add_argument("--epochs", type=float, default=1.0)
+
+
+def _setup_flags(parser: argparse.ArgumentParser) -> None:
+    """What moves time and memory beside the batch: kernels, targets, packing."""
     setup = parser.add_argument_group("setup (what moves time and memory; --json shows each value)")
     setup.add_argument(
         "--attention",
@@ -153,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="nf4: QLoRA, the base's linear layers in 4 bits (~0.52 byte per weight; slower "
         "steps: a prior x1.39, band x1.15-x1.8, until trials measure it).",
     )
+
+
+def _search_flags(parser: argparse.ArgumentParser) -> None:
+    """The window and price of the run, and the study before it."""
     budget = parser.add_argument_group("budget")
     budget.add_argument("--window-hours", type=float, help="The run must end within this (p90).")
     budget.add_argument("--price-per-hour", type=float, help="GPU price per hour, for the cost.")
@@ -178,8 +202,6 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument(
         "--trial-evals", type=int, default=6, help="Evaluations per trial (default 6)."
     )
-    parser.add_argument("--json", help="Write the plan to this JSON file.")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
