@@ -1,7 +1,8 @@
-"""Where the time model's evidence is kept: the calibration file and each trial's record.
+"""Each trial's record of what the time model's calibration is fitted from.
 
-A study writes both (`hpo.estimator`); `python -m analysis.calibrate` reads them back. The
-names live here, below both, so neither imports the other's module.
+A study writes it (`hpo.estimator`); `python -m analysis.calibrate` reads it back. The
+names live here, below both, so neither imports the other's module. The calibration file
+itself is `common.workdir.WorkDir.calibration`, read and written by `analysis.calibration.file`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from analysis.calibration.measurements import RunMeasurements
 from analysis.hardware import HardwareInfo
 from analysis.timemodel import ModelProfile
 
-CALIBRATION_FILE = "calibration.json"  # in the study's work dir
 TRIAL_ATTR = "time_model_run"  # user attribute of a trained trial: hardware, model, run
 
 

@@ -11,8 +11,9 @@ import pytest
 from analysis.calibrate import ProbeConfig, calibrate_from_results, main, run_probes
 from analysis.calibration.file import load
 from analysis.machine import this_machine
-from analysis.records import CALIBRATION_FILE, TRIAL_ATTR
+from analysis.records import TRIAL_ATTR
 from common.cli import run_cli
+from common.workdir import CALIBRATION_FILE
 from hpo.config import load_config
 from hpo.runner import run_study
 from tests.cli import run_module

@@ -17,9 +17,10 @@ from analysis.calibration.file import load
 from analysis.calibration.fit import fit
 from analysis.hardware import HardwareInfo, prior_coefficients
 from analysis.machine import model_profile, this_machine
-from analysis.records import CALIBRATION_FILE, TRIAL_ATTR
+from analysis.records import TRIAL_ATTR
 from analysis.timemodel import Coefficients
 from common.errors import BadInputError
+from common.workdir import CALIBRATION_FILE
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.prepare import Prepared, prepare

@@ -13,8 +13,8 @@ from mlflow import MlflowClient
 
 from analysis.calibrate import PROBE_DESIGN
 from analysis.calibration.file import load
-from analysis.records import CALIBRATION_FILE
 from common.errors import BadInputError
+from common.workdir import CALIBRATION_FILE
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.prepare import prepare
