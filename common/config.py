@@ -59,6 +59,23 @@ def knob(default: Any, help: str, **metadata: Any) -> Any:
     return dataclasses.field(default=default, metadata={"help": help, **metadata})
 
 
+def part(cls: type, help: str | None, **metadata: Any) -> Any:
+    """A part of the tree (a dataclass field), built from its class's defaults.
+
+    ``flat=True, prefix="trial_"`` reads it from the enclosing mapping's own keys; without,
+    it is a section of its own (`from_mapping`).
+    """
+    return dataclasses.field(default_factory=cls, metadata={"help": help, **metadata})
+
+
+def same_as(cls: type, name: str, **change: Any) -> Any:
+    """A field declared as `cls`'s field `name` is (help, bounds), its default changed by
+    ``default=...``: a knob two configs share is written once."""
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    default = change.pop("default", field.default)
+    return knob(default, **{**field.metadata, **change})
+
+
 _BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
     "above": (operator.gt, ">"),
     "at_least": (operator.ge, ">="),

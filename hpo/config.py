@@ -9,17 +9,19 @@ other parts keep flat keys (``trial_fraction``), as flags do (``--trial-fraction
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from common.config import (
     from_mapping,
     knob,
+    part,
     parts_from_mappings,
     require,
     require_choice,
     require_int,
+    same_as,
     to_mapping,
 )
 from common.errors import BadInputError
@@ -27,11 +29,10 @@ from common.files import read_yaml
 from common.redact import redact_values
 from trainers.run_options import RunTracking, RunWindow
 from trainers.spec import (
-    DEVICES,
-    PRECISIONS,
     STUDY_EVAL_SAMPLES,
     STUDY_FULL_CHECKPOINT_INTERVAL,
     STUDY_FULL_EVAL_INTERVAL,
+    TrainSpec,
 )
 
 SAMPLERS = ("tpe", "nsga2", "gp", "cmaes", "random", "skopt")
@@ -94,31 +95,22 @@ class Budget(RunWindow):
 class TrialConfig:
     """What one trial trains: a share of its full run, with evenly spaced evaluations."""
 
-    fraction: float = field(
-        default=0.1,
-        metadata={
-            "help": "Share of its full run's training data a trial trains on (the "
-            "fidelity): every configuration sees the same data."
-        },
+    fraction: float = knob(
+        0.1,
+        "Share of its full run's training data a trial trains on (the fidelity): every "
+        "configuration sees the same data.",
     )
-    evals: int = field(
-        default=6,
-        metadata={"help": "Evaluations per trial, evenly spaced: the learning curve's points."},
+    evals: int = knob(6, "Evaluations per trial, evenly spaced: the learning curve's points.")
+    promote: int = knob(
+        0,
+        "Continue the K best trials (by prediction) to promote_fraction of their full run, as "
+        "new points of the same configuration.",
+        key="promote",
     )
-    promote: int = field(
-        default=0,
-        metadata={
-            "key": "promote",
-            "help": "Continue the K best trials (by prediction) to promote_fraction of "
-            "their full run, as new points of the same configuration.",
-        },
-    )
-    promote_fraction: float = field(
-        default=0.3,
-        metadata={
-            "key": "promote_fraction",
-            "help": "Share of the full run a promoted trial trains on.",
-        },
+    promote_fraction: float = knob(
+        0.3,
+        "Share of the full run a promoted trial trains on.",
+        key="promote_fraction",
     )
 
     def __post_init__(self) -> None:
@@ -139,17 +131,14 @@ class TrialConfig:
 class FullRunConfig:
     """The full run a preset describes: its length, evaluations and checkpoints."""
 
-    epochs: float = field(
-        default=1.0,
-        metadata={"key": "epochs", "help": "Epochs of the full run the preset describes."},
+    epochs: float = knob(1.0, "Epochs of the full run the preset describes.", key="epochs")
+    eval_interval: int = knob(
+        STUDY_FULL_EVAL_INTERVAL,
+        "Steps between evaluations in the full run.",
     )
-    eval_interval: int = field(
-        default=STUDY_FULL_EVAL_INTERVAL,
-        metadata={"help": "Steps between evaluations in the full run."},
-    )
-    checkpoint_interval: int = field(
-        default=STUDY_FULL_CHECKPOINT_INTERVAL,
-        metadata={"help": "Steps between checkpoints in the full run."},
+    checkpoint_interval: int = knob(
+        STUDY_FULL_CHECKPOINT_INTERVAL,
+        "Steps between checkpoints in the full run.",
     )
 
     def __post_init__(self) -> None:
@@ -189,132 +178,82 @@ class TrackingConfig(RunTracking):
 class StudyConfig:
     """Everything `python -m hpo.study` needs. Defaults give the embedded demo study."""
 
-    model: str | None = field(
-        default=None, metadata={"help": "Local model folder. Default: the tiny demo model."}
+    model: str | None = knob(None, "Local model folder. Default: the tiny demo model.")
+    data: str | None = knob(
+        None,
+        "Training data: a JSONL, Parquet, CSV or JSON file or a Dataset.save_to_disk folder "
+        "(README: Data). Default: the bundled demo data.",
     )
-    data: str | None = field(
-        default=None,
-        metadata={
-            "help": "Training data: a JSONL, Parquet, CSV or JSON file or a "
-            "Dataset.save_to_disk folder (README: Data). Default: the bundled demo data."
-        },
+    space: str | None = knob(
+        None,
+        "Search-space YAML. Default: the model family's (search_spaces/families/, by "
+        "model_type), else search_spaces/default.yaml.",
     )
-    space: str | None = field(
-        default=None,
-        metadata={
-            "help": "Search-space YAML. Default: the model family's (search_spaces/families/, by model_type), else search_spaces/default.yaml."
-        },
+    profiles: tuple[str, ...] | None = knob(
+        None,
+        "Profiles allowed, comma-separated. Default: all.",
     )
-    profiles: tuple[str, ...] | None = field(
-        default=None, metadata={"help": "Profiles allowed, comma-separated. Default: all."}
+    objective: str = knob(
+        "predicted_full_run_loss",
+        "What a trial scores: predicted_full_run_loss (its full run's final validation loss, "
+        "extrapolated from its curve) | loss_at_fidelity (its last validation loss).",
     )
-    objective: str = field(
-        default="predicted_full_run_loss",
-        metadata={
-            "help": "What a trial scores: predicted_full_run_loss (its full run's final "
-            "validation loss, extrapolated from its curve) | loss_at_fidelity (its last "
-            "validation loss)."
-        },
+    objectives: tuple[str, ...] = knob(
+        ("loss",),
+        "What the study minimises: loss, or a Pareto front of loss and the full run's "
+        "predicted hours or cost (loss,hours | loss,cost). Multi-objective studies are not "
+        "pruned by learning curve; the window and memory still bound them.",
     )
-    objectives: tuple[str, ...] = field(
-        default=("loss",),
-        metadata={
-            "help": "What the study minimises: loss, or a Pareto front of loss and the full "
-            "run's predicted hours or cost (loss,hours | loss,cost). Multi-objective studies "
-            "are not pruned by learning curve; the window and memory still bound them."
-        },
+    trial: TrialConfig = part(TrialConfig, TrialConfig.__doc__, flat=True, prefix="trial_")
+    eval_samples: int = same_as(TrainSpec, "eval_samples", default=STUDY_EVAL_SAMPLES)
+    eval_max_length: int | None = knob(
+        None,
+        "Tokens per validation sample, for every run of the study. Default: the data's p99 "
+        "token length, capped by the model's context.",
     )
-    trial: TrialConfig = field(
-        default_factory=TrialConfig,
-        metadata={"help": TrialConfig.__doc__, "flat": True, "prefix": "trial_"},
+    full_run: FullRunConfig = part(FullRunConfig, FullRunConfig.__doc__, flat=True, prefix="full_")
+    probe_seconds: float = knob(
+        0.0,
+        "Before the first trial, when the work dir holds no calibration for this hardware and "
+        "model: train the probe design (as python -m analysis.calibrate --probe) for about "
+        "this many seconds (at least 3 runs) and calibrate from it; later studies reuse it. "
+        "0: no probe, the trials alone calibrate.",
     )
-    eval_samples: int = field(
-        default=STUDY_EVAL_SAMPLES, metadata={"help": "Validation samples per evaluation."}
+    budget: Budget = part(Budget, "The window a full run must fit into, and what an hour costs.")
+    sampler: str = knob("tpe", f"Optuna sampler: {' | '.join(SAMPLERS)}.")
+    pruner: str = knob("hyperband", f"Optuna pruner: {' | '.join(PRUNERS)}.")
+    n_trials: int = knob(10, "Trials in the study (all workers, all runs).")
+    timeout: float | None = knob(None, "Seconds this worker may spend. Default: no limit.")
+    seed: int = knob(0, "Random seed of the sampler and the trials.")
+    storage: str | None = knob(None, "Optuna storage URL. Default: SQLite in the work dir.")
+    heartbeat_seconds: int = knob(
+        30,
+        "Worker heartbeat (server storages): a silent worker's trial is retried.",
     )
-    eval_max_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Tokens per validation sample, for every run of the study. Default: the "
-            "data's p99 token length, capped by the model's context."
-        },
+    grace_seconds: int = knob(120, "Silence after which a worker counts as dead.")
+    study_name: str = knob("hpo-demo", "Study name (same name + storage = resume).")
+    work_dir: str = knob("hpo-runs", "Where databases, caches and presets go.")
+    tracking: TrackingConfig = part(
+        TrackingConfig,
+        TrackingConfig.__doc__,
+        flat=True,
+        prefix="tracking_",
     )
-    full_run: FullRunConfig = field(
-        default_factory=FullRunConfig,
-        metadata={"help": FullRunConfig.__doc__, "flat": True, "prefix": "full_"},
+    reuse_base_model: bool = knob(
+        True,
+        "Keep the base model, tokenizer and tokenized data in memory between a worker's "
+        "trials and swap only the LoRA adapter (false: load them for every trial, as a full "
+        "run does).",
     )
-    probe_seconds: float = field(
-        default=0.0,
-        metadata={
-            "help": "Before the first trial, when the work dir holds no calibration for this "
-            "hardware and model: train the probe design (as python -m analysis.calibrate "
-            "--probe) for about this many seconds (at least 3 runs) and calibrate from it; "
-            "later studies reuse it. 0: no probe, the trials alone calibrate."
-        },
+    allow_quantization: bool = knob(
+        False,
+        "Let the search propose QLoRA (an NF4 base) where the space has a quantization key; "
+        "without it only where the base in the run's precision does not fit the device's "
+        "memory.",
     )
-    budget: Budget = field(
-        default_factory=Budget,
-        metadata={"help": "The window a full run must fit into, and what an hour costs."},
-    )
-    sampler: str = field(
-        default="tpe", metadata={"help": f"Optuna sampler: {' | '.join(SAMPLERS)}."}
-    )
-    pruner: str = field(
-        default="hyperband", metadata={"help": f"Optuna pruner: {' | '.join(PRUNERS)}."}
-    )
-    n_trials: int = field(
-        default=10, metadata={"help": "Trials in the study (all workers, all runs)."}
-    )
-    timeout: float | None = field(
-        default=None, metadata={"help": "Seconds this worker may spend. Default: no limit."}
-    )
-    seed: int = field(default=0, metadata={"help": "Random seed of the sampler and the trials."})
-    storage: str | None = field(
-        default=None, metadata={"help": "Optuna storage URL. Default: SQLite in the work dir."}
-    )
-    heartbeat_seconds: int = field(
-        default=30,
-        metadata={
-            "help": "Worker heartbeat (server storages): a silent worker's trial is retried."
-        },
-    )
-    grace_seconds: int = field(
-        default=120, metadata={"help": "Silence after which a worker counts as dead."}
-    )
-    study_name: str = field(
-        default="hpo-demo", metadata={"help": "Study name (same name + storage = resume)."}
-    )
-    work_dir: str = field(
-        default="hpo-runs", metadata={"help": "Where databases, caches and presets go."}
-    )
-    tracking: TrackingConfig = field(
-        default_factory=TrackingConfig,
-        metadata={"help": TrackingConfig.__doc__, "flat": True, "prefix": "tracking_"},
-    )
-    reuse_base_model: bool = field(
-        default=True,
-        metadata={
-            "help": "Keep the base model, tokenizer and tokenized data in memory between a "
-            "worker's trials and swap only the LoRA adapter (false: load them for every "
-            "trial, as a full run does)."
-        },
-    )
-    allow_quantization: bool = field(
-        default=False,
-        metadata={
-            "help": "Let the search propose QLoRA (an NF4 base) where the space has a "
-            "quantization key; without it only where the base in the run's precision does "
-            "not fit the device's memory."
-        },
-    )
-    device: str = field(
-        default="auto", metadata={"help": f"Training device: {' | '.join(DEVICES)}."}
-    )
-    precision: str = field(
-        default="auto", metadata={"help": f"Training precision: {' | '.join(PRECISIONS)}."}
-    )
-    validation_fraction: float = field(
-        default=0.1, metadata={"help": "Share of the samples held out for validation."}
-    )
+    device: str = same_as(TrainSpec, "device")
+    precision: str = same_as(TrainSpec, "precision")
+    validation_fraction: float = same_as(TrainSpec, "validation_fraction")
 
     def __post_init__(self) -> None:
         parts_from_mappings(self)

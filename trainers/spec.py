@@ -8,7 +8,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from common.config import from_mapping, parts_from_mappings, require, require_choice, require_int
+from common.config import (
+    from_mapping,
+    knob,
+    part,
+    parts_from_mappings,
+    require,
+    require_choice,
+    require_int,
+)
 
 if TYPE_CHECKING:
     from trainers.data.dataset import DataSpec
@@ -30,16 +38,14 @@ QUANTIZATION_MODES = ("none", "nf4")  # trainers.model.quantization
 class LoraSpec:
     """LoRA adapter settings (PEFT's `LoraConfig` is built from these)."""
 
-    r: int = field(default=8, metadata={"help": "Adapter rank."})
-    alpha: float = field(default=16.0, metadata={"help": "Scaling numerator (scale = alpha / r)."})
-    dropout: float = field(default=0.05, metadata={"help": "Dropout on the adapter input."})
-    use_rslora: bool = field(default=False, metadata={"help": "Scale by alpha / sqrt(r)."})
-    target_modules: str | tuple[str, ...] = field(
-        default="auto",
-        metadata={
-            "help": "'auto' (every linear projection of attention and MLP) or module names.",
-            "flag": "targets",
-        },
+    r: int = knob(8, "Adapter rank.")
+    alpha: float = knob(16.0, "Scaling numerator (scale = alpha / r).")
+    dropout: float = knob(0.05, "Dropout on the adapter input.")
+    use_rslora: bool = knob(False, "Scale by alpha / sqrt(r).")
+    target_modules: str | tuple[str, ...] = knob(
+        "auto",
+        "'auto' (every linear projection of attention and MLP) or module names.",
+        flag="targets",
     )
 
     def __post_init__(self) -> None:
@@ -67,30 +73,22 @@ class LoraSpec:
 class RecoverySpec:
     """What a run does when it runs out of memory or its loss blows up (off: it fails)."""
 
-    enabled: bool = field(
-        default=False,
-        metadata={
-            "help": "Recover (halve the micro-batch, roll back) instead of failing.",
-            "flag": "recovery",
-        },
+    enabled: bool = knob(
+        False,
+        "Recover (halve the micro-batch, roll back) instead of failing.",
+        flag="recovery",
     )
-    max_rollbacks: int = field(
-        default=3, metadata={"help": "Rollbacks after NaN/inf or divergence before giving up."}
+    max_rollbacks: int = knob(3, "Rollbacks after NaN/inf or divergence before giving up.")
+    lr_factor: float = knob(
+        0.5,
+        "Learning-rate multiplier applied at each rollback.",
+        flag="rollback-lr-factor",
     )
-    lr_factor: float = field(
-        default=0.5,
-        metadata={
-            "help": "Learning-rate multiplier applied at each rollback.",
-            "flag": "rollback-lr-factor",
-        },
+    divergence_ratio: float = knob(
+        1.5,
+        "A validation loss above ratio x its running minimum is diverging.",
     )
-    divergence_ratio: float = field(
-        default=1.5,
-        metadata={"help": "A validation loss above ratio x its running minimum is diverging."},
-    )
-    divergence_evals: int = field(
-        default=3, metadata={"help": "Consecutive diverging evaluations that trigger a rollback."}
-    )
+    divergence_evals: int = knob(3, "Consecutive diverging evaluations that trigger a rollback.")
 
     def __post_init__(self) -> None:
         require_int("recovery.max_rollbacks", self.max_rollbacks, 0)
@@ -116,120 +114,76 @@ class TrainSpec:
             "prompt/completion, messages, Alpaca or ShareGPT records)."
         }
     )
-    output_dir: str = field(default="train-output", metadata={"help": "Checkpoints and logs."})
-    lora: LoraSpec = field(
-        default_factory=LoraSpec,
-        metadata={"help": "LoRA adapter settings.", "flag_prefix": "lora-"},
+    output_dir: str = knob("train-output", "Checkpoints and logs.")
+    lora: LoraSpec = part(LoraSpec, "LoRA adapter settings.", flag_prefix="lora-")
+    micro_batch_size: int = knob(8, "Samples per forward/backward.")
+    gradient_accumulation_steps: int = knob(1, "Micro-batches per optimizer step.")
+    learning_rate: float = knob(1e-3, "Peak learning rate.")
+    weight_decay: float = knob(0.0, "AdamW weight decay.")
+    scheduler: str = knob("linear", f"Learning-rate schedule: {' | '.join(SCHEDULERS)}.")
+    warmup_ratio: float = knob(0.0, "Share of the optimizer steps spent warming up.")
+    max_steps: int | None = knob(None, "Optimizer steps; overrides epochs when set.")
+    epochs: float = knob(1.0, "Passes over the training set.")
+    max_length: int = knob(128, "Tokens per training sample.")
+    eval_max_length: int | None = knob(
+        None,
+        "Tokens per validation sample (none: max_length). A study sets one length for every "
+        "run, so all its losses are on one scale.",
     )
-    micro_batch_size: int = field(default=8, metadata={"help": "Samples per forward/backward."})
-    gradient_accumulation_steps: int = field(
-        default=1, metadata={"help": "Micro-batches per optimizer step."}
+    overflow: str = knob("truncate", f"Samples over max_length: {' | '.join(OVERFLOW_MODES)}.")
+    packing: str = knob(
+        "none",
+        "Training samples per sequence: none (one, padded per micro-batch) | padding_free "
+        "(packed up to max_length tokens, attention kept inside each sample; micro_batch_size "
+        "then counts packed sequences). Validation is never packed.",
     )
-    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    scheduler: str = field(
-        default="linear", metadata={"help": f"Learning-rate schedule: {' | '.join(SCHEDULERS)}."}
+    skip_bad_lines: bool = knob(False, "Skip malformed records instead of failing.")
+    validation_fraction: float = knob(0.1, "Share of the samples held out for validation.")
+    eval_interval: int = knob(50, "Optimizer steps between evaluations (0: only at the end).")
+    eval_samples: int = knob(64, "Validation samples per evaluation.")
+    checkpoint_interval: int = knob(0, "Optimizer steps between checkpoints (0: none).")
+    stop_after_steps: int | None = knob(
+        None,
+        "Stop after this many optimizer steps of the schedule (a trial is the start of its "
+        "full run: same schedule, same data order, cut short).",
     )
-    warmup_ratio: float = field(
-        default=0.0, metadata={"help": "Share of the optimizer steps spent warming up."}
+    checkpoint_minutes: float = knob(0.0, "Minutes between checkpoints (0: by steps only).")
+    keep_checkpoints: int = knob(2, "Latest checkpoints kept (the best one is kept as well).")
+    max_grad_norm: float = knob(
+        1.0,
+        "Clip the gradient norm to this before each update (0: no clipping).",
     )
-    max_steps: int | None = field(
-        default=None, metadata={"help": "Optimizer steps; overrides epochs when set."}
+    early_stopping_patience: int = knob(
+        0,
+        "Stop when the validation loss has not improved by early_stopping_min_delta for this "
+        "many evaluations (0: off; a full run from trainers.train defaults to 5).",
     )
-    epochs: float = field(default=1.0, metadata={"help": "Passes over the training set."})
-    max_length: int = field(default=128, metadata={"help": "Tokens per training sample."})
-    eval_max_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Tokens per validation sample (none: max_length). A study sets one length "
-            "for every run, so all its losses are on one scale."
-        },
+    early_stopping_min_delta: float = knob(
+        1e-3,
+        "The least drop of the validation loss that counts as improving.",
     )
-    overflow: str = field(
-        default="truncate",
-        metadata={"help": f"Samples over max_length: {' | '.join(OVERFLOW_MODES)}."},
+    dataloader_workers: int | None = knob(
+        None,
+        "Data-loader worker processes (none: chosen from the device and CPU count).",
     )
-    packing: str = field(
-        default="none",
-        metadata={
-            "help": "Training samples per sequence: none (one, padded per micro-batch) | "
-            "padding_free (packed up to max_length tokens, attention kept inside each sample; "
-            "micro_batch_size then counts packed sequences). Validation is never packed."
-        },
+    recovery: RecoverySpec = part(
+        RecoverySpec,
+        "What the run does on out-of-memory errors and a diverging loss.",
     )
-    skip_bad_lines: bool = field(
-        default=False, metadata={"help": "Skip malformed records instead of failing."}
+    precision: str = knob("auto", f"Training precision: {' | '.join(PRECISIONS)}.")
+    device: str = knob("auto", f"Training device: {' | '.join(DEVICES)}.")
+    quantization: str = knob(
+        "none",
+        "Base model weights: none (training precision) | nf4 (QLoRA: 4-bit NormalFloat with "
+        "double quantization through bitsandbytes, computing in the training precision; needs "
+        "the qlora extra).",
     )
-    validation_fraction: float = field(
-        default=0.1, metadata={"help": "Share of the samples held out for validation."}
-    )
-    eval_interval: int = field(
-        default=50, metadata={"help": "Optimizer steps between evaluations (0: only at the end)."}
-    )
-    eval_samples: int = field(default=64, metadata={"help": "Validation samples per evaluation."})
-    checkpoint_interval: int = field(
-        default=0, metadata={"help": "Optimizer steps between checkpoints (0: none)."}
-    )
-    stop_after_steps: int | None = field(
-        default=None,
-        metadata={
-            "help": "Stop after this many optimizer steps of the schedule (a trial is the "
-            "start of its full run: same schedule, same data order, cut short)."
-        },
-    )
-    checkpoint_minutes: float = field(
-        default=0.0, metadata={"help": "Minutes between checkpoints (0: by steps only)."}
-    )
-    keep_checkpoints: int = field(
-        default=2, metadata={"help": "Latest checkpoints kept (the best one is kept as well)."}
-    )
-    max_grad_norm: float = field(
-        default=1.0,
-        metadata={"help": "Clip the gradient norm to this before each update (0: no clipping)."},
-    )
-    early_stopping_patience: int = field(
-        default=0,
-        metadata={
-            "help": "Stop when the validation loss has not improved by early_stopping_min_delta "
-            "for this many evaluations (0: off; a full run from trainers.train defaults to 5)."
-        },
-    )
-    early_stopping_min_delta: float = field(
-        default=1e-3,
-        metadata={"help": "The least drop of the validation loss that counts as improving."},
-    )
-    dataloader_workers: int | None = field(
-        default=None,
-        metadata={
-            "help": "Data-loader worker processes (none: chosen from the device and CPU count)."
-        },
-    )
-    recovery: RecoverySpec = field(
-        default_factory=RecoverySpec,
-        metadata={"help": "What the run does on out-of-memory errors and a diverging loss."},
-    )
-    precision: str = field(
-        default="auto", metadata={"help": f"Training precision: {' | '.join(PRECISIONS)}."}
-    )
-    device: str = field(
-        default="auto", metadata={"help": f"Training device: {' | '.join(DEVICES)}."}
-    )
-    quantization: str = field(
-        default="none",
-        metadata={
-            "help": "Base model weights: none (training precision) | nf4 (QLoRA: 4-bit "
-            "NormalFloat with double quantization through bitsandbytes, computing in the "
-            "training precision; needs the qlora extra)."
-        },
-    )
-    gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Recompute activations: less memory, slower steps."}
-    )
-    compile: bool = field(default=False, metadata={"help": "torch.compile the model (CUDA)."})
-    seed: int = field(default=0, metadata={"help": "Random seed (data order, adapter init)."})
-    cache_dir: str | None = field(
-        default=None,
-        metadata={"help": "Tokenized-data cache folder. Default: the project's cache root."},
+    gradient_checkpointing: bool = knob(False, "Recompute activations: less memory, slower steps.")
+    compile: bool = knob(False, "torch.compile the model (CUDA).")
+    seed: int = knob(0, "Random seed (data order, adapter init).")
+    cache_dir: str | None = knob(
+        None,
+        "Tokenized-data cache folder. Default: the project's cache root.",
     )
 
     def __post_init__(self) -> None:
