@@ -9,6 +9,7 @@ A package's `__init__` is a module like any other: a submodule that names its ow
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def test_the_walk_sees_the_imports_it_must_see() -> None:
     assert "trainers.loop.run" in graph["hpo.objective"] or any(
         "trainers" in t for t in graph["hpo.objective"]
     )
-    assert "common.errors" in graph["trainers.spec"]
+    assert "common.config" in graph["trainers.spec"]
     assert "trainers.result" in graph["trainers.events"]  # under TYPE_CHECKING
 
 
@@ -148,4 +149,42 @@ def test_no_import_from_a_higher_layer(package: str) -> None:
         for target in targets
         if target.split(".")[0] not in ALLOWED[package] | {package}
     )
+    assert not wrong, "\n".join(wrong)
+
+
+# -- the README's layout says the same ------------------------------------------------------
+def readme_layout() -> str:
+    """The README's `## Layout` section."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_draws_the_allowed_imports() -> None:
+    drawn: dict[str, set[str]] = {}
+    for line in readme_layout().splitlines():
+        arrow = re.fullmatch(r"(\w+)\s+->\s+(.*)", line.strip())
+        if arrow and arrow[1] in PACKAGES:
+            drawn[arrow[1]] = set(re.findall(r"\w+", arrow[2])) & set(PACKAGES)
+    assert drawn == ALLOWED
+
+
+def test_the_readme_layout_names_every_module_and_only_those() -> None:
+    """Each package's own modules are named under it; a sub-package by its folder."""
+    named: dict[str, set[str]] = {package: set() for package in PACKAGES}
+    package = None
+    for line in readme_layout().splitlines():
+        top = re.match(r"(\w+)/\s", line)
+        if top:
+            package = top[1] if top[1] in PACKAGES else None
+        elif package:
+            named[package] |= set(re.findall(r"\b\w+\.py\b", line))
+            named[package] |= set(re.findall(r"^\s+(\w+/)\s", line))
+    wrong = []
+    for package in PACKAGES:
+        folder = ROOT / package
+        own = {p.name for p in folder.glob("*.py")} - {"__init__.py", "__main__.py"}
+        own |= {f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()}
+        wrong += [f"{package}/{name}: not in the README" for name in sorted(own - named[package])]
+        there = {p.name for p in folder.rglob("*.py")} | {f"{p.name}/" for p in folder.rglob("*")}
+        wrong += [f"{package}/…/{name}: no such module" for name in sorted(named[package] - there)]
     assert not wrong, "\n".join(wrong)
