@@ -20,7 +20,7 @@ import numpy as np
 
 from analysis.timemodel import DEVICE_KINDS, Coefficients, ModelProfile
 from analysis.workload import PRECISION_BYTES
-from common.config import require
+from common.checks import require
 
 # Dense peak FLOP/s (half precision tensor cores, fp32 without TF32), from vendor data sheets.
 # More specific names come first so that "A100" is not taken for "A10", "L40S" for "L4" and

@@ -34,7 +34,7 @@ from analysis.workload import (
     packed_averages,
     weight_bytes,
 )
-from common.config import require
+from common.checks import require
 from common.errors import BadInputError
 from trainers.spec import PACKING_MODES, QUANTIZATION_MODES, eval_batch_size, optimizer_steps
 

@@ -17,36 +17,14 @@ a *part* of the tree:
 from __future__ import annotations
 
 import dataclasses
-import operator
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
+from common.checks import require
 from common.errors import BadInputError
 
 T = TypeVar("T")
-
-
-def require(condition: bool, message: str) -> None:
-    """Raise `BadInputError(message)` unless `condition` holds: the check of every config field."""
-    if not condition:
-        raise BadInputError(message)
-
-
-def require_int(name: str, value: Any, low: int, *, optional: bool = False) -> None:
-    """`value` is an integer (not a bool) >= `low`; None passes when `optional`."""
-    require(
-        (optional and value is None)
-        or (isinstance(value, int) and not isinstance(value, bool) and value >= low),
-        f"{name} must be an integer >= {low}, but got {name}={value!r}",
-    )
-
-
-def require_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    """`value` is one of `allowed`."""
-    require(
-        value in allowed, f"{name} must be one of {', '.join(allowed)}, but got {name}={value!r}"
-    )
 
 
 def knob(default: Any, help: str, **metadata: Any) -> Any:
@@ -74,31 +52,6 @@ def same_as(cls: type, name: str, **change: Any) -> Any:
     field = next(f for f in dataclasses.fields(cls) if f.name == name)
     default = change.pop("default", field.default)
     return knob(default, **{**field.metadata, **change})
-
-
-_BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
-    "above": (operator.gt, ">"),
-    "at_least": (operator.ge, ">="),
-    "below": (operator.lt, "<"),
-    "at_most": (operator.le, "<="),
-}
-
-
-def bound_violated(field: dataclasses.Field[Any], value: Any) -> str | None:
-    """``must be > 0`` when `value` breaks a bound of `field` (None is not checked), else None."""
-    for name, (holds, sign) in _BOUNDS.items():
-        bound = field.metadata.get(name)
-        if bound is not None and value is not None and not holds(value, bound):
-            return f"must be {sign} {bound:g}"
-    return None
-
-
-def check_bounds(config: Any, where: str = "") -> None:
-    """Every field of `config` within the bounds its metadata states (`knob`)."""
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        problem = bound_violated(field, value)
-        require(problem is None, f"{where}{field.name} {problem}, but got {field.name}={value!r}")
 
 
 def part_type(cls: type, field: dataclasses.Field[Any]) -> type | None:

@@ -13,17 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from common.config import (
-    from_mapping,
-    knob,
-    part,
-    parts_from_mappings,
-    require,
-    require_choice,
-    require_int,
-    same_as,
-    to_mapping,
-)
+from common.checks import require, require_choice, require_int
+from common.config import from_mapping, knob, part, same_as, to_mapping
 from common.errors import BadInputError
 from common.files import read_yaml
 from common.redact import redact_values
@@ -256,7 +247,6 @@ class StudyConfig:
     validation_fraction: float = same_as(TrainSpec, "validation_fraction")
 
     def __post_init__(self) -> None:
-        parts_from_mappings(self)
         for name in ("objectives", "profiles"):
             value = getattr(self, name)
             if isinstance(value, (list, str)):

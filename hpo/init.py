@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
+from common.checks import bound_violated
 from common.cli import EXIT_OK, run_cli
-from common.config import bound_violated
 from common.errors import BadInputError
 from common.files import write_atomic
 from hpo.config import Budget, load_config

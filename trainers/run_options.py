@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from common.config import check_bounds, knob, require
+from common.checks import check_bounds, require
+from common.config import knob
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from common.config import (
-    from_mapping,
-    knob,
-    part,
-    parts_from_mappings,
-    require,
-    require_choice,
-    require_int,
-)
+from common.checks import require, require_choice, require_int
+from common.config import from_mapping, knob, part, parts_from_mappings
 
 if TYPE_CHECKING:
     from trainers.data.dataset import DataSpec
