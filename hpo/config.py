@@ -18,6 +18,7 @@ from common.config import from_mapping, knob, part, same_as, to_mapping
 from common.errors import BadInputError
 from common.files import read_yaml
 from common.redact import redact_values
+from common.workdir import WorkDir
 from trainers.run_options import RunTracking, RunWindow
 from trainers.spec import (
     STUDY_EVAL_SAMPLES,
@@ -322,7 +323,7 @@ class StudyConfig:
     def storage_url(self) -> str:
         if self.storage:
             return self.storage
-        return f"sqlite:///{Path(self.work_dir).resolve() / 'optuna.db'}"
+        return WorkDir(self.work_dir).optuna_url
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, flat as in the YAML, without the storage URL, passwords in URLs hidden

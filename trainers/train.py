@@ -25,6 +25,7 @@ from common.config import from_mapping
 from common.errors import BadInputError, GaveUp
 from common.files import write_json
 from common.flags import FieldFlags, add_field_flags
+from common.workdir import SPOOL_DIR
 from trainers.loop.preemption import StopOnSignal
 from trainers.loop.window import WindowGuard
 from trainers.preset import (
@@ -358,7 +359,7 @@ def _tracker(
         predicted_seconds=predicted,
         continue_run_id=earlier,
         run_id_file=run_file,
-        spool_dir=Path(spec.output_dir) / "mlflow-spool",
+        spool_dir=Path(spec.output_dir) / SPOOL_DIR,
     )
     if earlier and not tracker.continued:
         log.warning("MLflow run %s is not in this tracking store: starting a new run", earlier)
