@@ -41,7 +41,7 @@ from analysis.studies import load_study
 from analysis.timemodel import ModelProfile
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
-from common.flags import add_study_flags
+from common.flags import study_parser
 from common.redact import redact
 from common.workdir import WorkDir
 from trainers.spec import TrainSpec
@@ -223,11 +223,11 @@ def calibrate_from_results(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis.calibrate",
-        description="Fit the time model from a study's trials, or from a short probe.",
+    parser = study_parser(
+        "python -m analysis.calibrate",
+        "Fit the time model from a study's trials, or from a short probe.",
+        required=False,
     )
-    add_study_flags(parser, required=False)  # the study whose trials to fit from
     parser.add_argument(
         "--probe", action="store_true", help="train a short probe design instead (about 1 min)"
     )

@@ -179,12 +179,14 @@ def _name_or_names(text: str) -> str | tuple[str, ...]:
     return names[0] if len(names) == 1 else names
 
 
-def add_study_flags(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """``--study-name`` and ``--storage``: the Optuna study a command reads (dests
-    ``study_name``, ``storage``), declared once for every command that reads a study."""
+def study_parser(prog: str, description: str, *, required: bool = True) -> argparse.ArgumentParser:
+    """A command's parser that starts with ``--study-name`` and ``--storage``: the Optuna study
+    it reads (dests ``study_name``, ``storage``), declared once for every such command."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--study-name", required=required, help="The Optuna study's name.")
     parser.add_argument(
         "--storage",
         required=required,
         help="Its Optuna storage URL, e.g. sqlite:////abs/path/optuna.db.",
     )
+    return parser

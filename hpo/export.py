@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from analysis.studies import load_study
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_atomic
-from common.flags import add_study_flags
+from common.flags import study_parser
 from common.workdir import WorkDir
 from hpo.final_loss import FIT_ATTR, correction_summary, loss_band
 from hpo.pick import pick_trial
@@ -199,11 +198,10 @@ def _attach(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hpo.export",
-        description="Write the best complete trial of a study as a preset YAML file.",
+    parser = study_parser(
+        "python -m hpo.export",
+        "Write the best complete trial of a study as a preset YAML file.",
     )
-    add_study_flags(parser)
     parser.add_argument("--out", required=True, help="preset file to write")
     parser.add_argument(
         "--format",

@@ -235,15 +235,9 @@ class TrainSpec:
         """How this run reads and tokenizes its data."""
         from trainers.data.dataset import DataSpec
 
-        return DataSpec(
-            path=self.data,
-            max_length=self.max_length,
-            overflow=self.overflow,
-            skip_bad_lines=self.skip_bad_lines,
-            validation_fraction=self.validation_fraction,
-            seed=self.seed,
-            cache_dir=self.cache_dir,
-        )
+        # Every field of DataSpec but its path is the TrainSpec field of the same name.
+        names = [f.name for f in dataclasses.fields(DataSpec) if f.name != "path"]
+        return DataSpec(path=self.data, **{name: getattr(self, name) for name in names})
 
     @property
     def effective_batch_size(self) -> int:

@@ -16,16 +16,15 @@ from analysis.report.document import write_report
 from analysis.report.rows import read_full_runs
 from analysis.studies import load_study
 from common.cli import EXIT_OK, check_writable, run_cli
-from common.flags import add_study_flags
+from common.flags import study_parser
 from common.redact import redact
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis.report",
-        description="Write a study's plots (PNG) and a report.md that embeds them into a folder.",
+    parser = study_parser(
+        "python -m analysis.report",
+        "Write a study's plots (PNG) and a report.md that embeds them into a folder.",
     )
-    add_study_flags(parser)
     parser.add_argument("--out", required=True, help="report folder (replaced when it exists)")
     parser.add_argument(
         "--tracking-uri", help="MLflow tracking URI: report.md links the study's run there"
