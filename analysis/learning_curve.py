@@ -45,6 +45,7 @@ from scipy.stats import t as student_t
 
 from analysis.curve_noise import MAD_TO_SD, Z90, chord_deviations
 from analysis.power_law_fit import N_PARAMETERS, best_fit, bootstrap_spread
+from common.config import require_keys
 
 FloatArray = NDArray[np.float64]
 
@@ -88,16 +89,6 @@ def rounded_dict(record: Any) -> dict[str, Any]:
         name: float(f"{value:.6g}") if isinstance(value, float) else value
         for name, value in asdict(record).items()
     }
-
-
-def check_keys(cls: type, data: Mapping[str, object]) -> None:
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{cls.__name__} has no fields {unknown}")
-    missing = sorted(names - set(data))
-    if missing:
-        raise ValueError(f"{cls.__name__} is missing fields {missing}")
 
 
 def number(name: str, value: object) -> float:
@@ -211,7 +202,7 @@ class CurveFit:
             ValueError: A field is unknown, missing or of the wrong type, or the values
                 are inconsistent.
         """
-        check_keys(cls, data)
+        require_keys(cls, data, cls.__name__, every=True)
         for name in ("method", "reason"):
             if not isinstance(data[name], str):
                 raise ValueError(f"{name} must be a string but got {data[name]=}")

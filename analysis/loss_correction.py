@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from analysis.curve_noise import MAD_TO_SD, Z90
-from analysis.learning_curve import CurveFit, check_keys, integer, number, rounded_dict
+from analysis.learning_curve import CurveFit, integer, number, rounded_dict
+from common.config import require_keys
 
 CORRECTION_VERSION = 1
 
@@ -80,7 +81,7 @@ class LossCorrection:
         Raises:
             ValueError: A field is unknown, missing or of the wrong type, or a value is bad.
         """
-        check_keys(cls, data)
+        require_keys(cls, data, cls.__name__, every=True)
         return cls(
             scale=number("scale", data["scale"]),
             log_sd=number("log_sd", data["log_sd"]),

@@ -35,6 +35,7 @@ from analysis.workload import (
     weight_bytes,
 )
 from common.checks import require
+from common.config import require_keys
 from common.errors import BadInputError
 from trainers.spec import PACKING_MODES, QUANTIZATION_MODES, eval_batch_size, optimizer_steps
 
@@ -224,10 +225,7 @@ class Coefficients:
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Coefficients:
         """Build from `to_dict` output; missing optional fields take their defaults."""
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise BadInputError(f"unknown coefficient fields {unknown}")
+        require_keys(cls, data, "coefficient")
         values: dict[str, object] = {}
         for name, value in data.items():
             if name == "source":

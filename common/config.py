@@ -78,6 +78,44 @@ def flat_fields(
             yield field.name, None, field
 
 
+def _required(field: dataclasses.Field[Any]) -> bool:
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+
+def require_keys(
+    cls: type,
+    values: Any,
+    where: str,
+    *,
+    every: bool = False,
+    ignore_unknown: bool = False,
+    renamed: Mapping[str, str] | None = None,
+) -> None:
+    """A mapping for the dataclass `cls` holds no unknown key and misses none it needs.
+
+    Args:
+        cls: The dataclass.
+        values: The mapping.
+        where: What the mapping is, for messages ("unknown training field(s): micro_batch").
+        every: Every field is needed (a record written whole), not only those without defaults.
+        ignore_unknown: Skip keys `cls` does not know (a config stored by another version).
+        renamed: Keys of earlier versions -> what replaced them, named in the message.
+
+    Raises:
+        BadInputError: Not a mapping, an unknown or renamed key, or a missing one.
+    """
+    require(
+        isinstance(values, Mapping), f"{where} must be a mapping, but got {type(values).__name__}"
+    )
+    keyed = list(flat_fields(cls))
+    unknown = sorted(set(values) - {key for key, _, _ in keyed})
+    old = [f"{key} (now {renamed[key]})" for key in unknown if renamed and key in renamed]
+    require(not old, f"{where} field(s) replaced: {', '.join(old)}")
+    require(ignore_unknown or not unknown, f"unknown {where} field(s): {', '.join(unknown)}")
+    missing = [key for key, _, f in keyed if key not in values and (every or _required(f))]
+    require(not missing, f"missing {where} field(s): {', '.join(missing)}")
+
+
 def from_mapping(
     cls: type[T],
     values: Any,
@@ -100,15 +138,9 @@ def from_mapping(
         BadInputError: Not a mapping, an unknown or renamed key, a missing required field,
             or a value the class refuses.
     """
-    require(
-        isinstance(values, Mapping), f"{where} must be a mapping, but got {type(values).__name__}"
-    )
-    keyed = list(flat_fields(cls))
-    unknown = sorted(set(values) - {key for key, _, _ in keyed})
-    old = [f"{key} (now {renamed[key]})" for key in unknown if renamed and key in renamed]
-    require(not old, f"{where} field(s) replaced: {', '.join(old)}")
-    require(ignore_unknown or not unknown, f"unknown {where} field(s): {', '.join(unknown)}")
+    require_keys(cls, values, where, ignore_unknown=ignore_unknown, renamed=renamed)
     given: dict[str, Any] = {}
+    keyed = list(flat_fields(cls))
     flat: dict[str, dict[str, Any]] = {}
     for key, part, field in keyed:
         if key not in values:
@@ -124,14 +156,6 @@ def from_mapping(
     for name, inner in flat.items():
         kind = part_type(cls, next(f for f in dataclasses.fields(cls) if f.name == name))  # type: ignore[arg-type]
         given[name] = from_mapping(kind, inner, where)  # type: ignore[arg-type]
-    missing = [
-        f.name
-        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-        if f.name not in given
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    ]
-    require(not missing, f"missing {where} field(s): {', '.join(missing)}")
     try:
         return cls(**given)
     except TypeError as exc:  # a value of a type the dataclass cannot take
