@@ -32,9 +32,9 @@ from analysis.plan_report import plan_lines, plan_report
 from analysis.planning import (
     Fit,
     RunShape,
+    Target,
     best_of_profile,
     coefficients_for,
-    evaluate,
     toggled_checkpointing,
 )
 from analysis.run_setup import (
@@ -43,7 +43,6 @@ from analysis.run_setup import (
     MemoryTerms,
     RunSetup,
 )
-from analysis.timemodel import Coefficients, ModelProfile
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_json
@@ -236,23 +235,18 @@ def main(argv: list[str] | None = None) -> int:
         quantization=args.quantization,
     )
     model = config_profile(config, source=str(config_path), target_modules=setup.peft_targets)
-    terms = _memory_terms()
-    chosen = _chosen(args, space, model, lengths, gpu, coefficients, setup, terms)
-    other = toggled_checkpointing(
-        chosen, model, lengths, gpu, coefficients, args.window_hours, setup=setup, memory=terms
+    target = Target(
+        model, lengths, gpu, coefficients, args.window_hours, setup, memory=_memory_terms()
     )
+    chosen = _chosen(args, space, target)
+    other = toggled_checkpointing(chosen, target)
     profiles = {
         name: best_of_profile(
-            profile, lora_r=args.lora_r, epochs=args.epochs, model=model, lengths=lengths,
-            gpu=gpu, coefficients=coefficients, window_hours=args.window_hours,
-            max_length=args.max_length, setup=setup, memory=terms,
+            profile, target, lora_r=args.lora_r, epochs=args.epochs, max_length=args.max_length
         )
         for name, profile in space.profiles.items()
-    }  # fmt: skip
-    report = plan_report(
-        args, gpu, model, config, source, measured, lengths, chosen, other, profiles,
-        (setup, terms),
-    )  # fmt: skip
+    }
+    report = plan_report(args, target, config, source, measured, (chosen, other), profiles)
     if args.search_hours is not None or args.search_budget_pct is not None:
         report["search"] = _search(args, chosen)
     for line in plan_lines(report):
@@ -320,16 +314,7 @@ def _lengths(args: argparse.Namespace, max_length: int) -> tuple[tuple[int, ...]
     return lengths_from_count(args.samples, per_sample), f"{per_sample} tokens per sample ({how})"
 
 
-def _chosen(
-    args: argparse.Namespace,
-    space: Any,
-    model: ModelProfile,
-    lengths: tuple[int, ...],
-    gpu: GpuSpec,
-    coefficients: Coefficients,
-    setup: RunSetup,
-    terms: MemoryTerms,
-) -> Fit:
+def _chosen(args: argparse.Namespace, space: Any, target: Target) -> Fit:
     """The run asked for: a profile's best choice, with any explicit value put over it."""
     if args.profile is not None:
         if args.profile not in space.profiles:
@@ -337,9 +322,8 @@ def _chosen(
                 f"--profile: unknown profile {args.profile!r}; known: {', '.join(space.profiles)}"
             )
         base = best_of_profile(
-            space.profiles[args.profile], lora_r=args.lora_r, epochs=args.epochs, model=model,
-            lengths=lengths, gpu=gpu, coefficients=coefficients, window_hours=args.window_hours,
-            max_length=args.max_length, setup=setup, memory=terms,
+            space.profiles[args.profile], target, lora_r=args.lora_r, epochs=args.epochs,
+            max_length=args.max_length,
         ).shape  # fmt: skip
     else:
         base = RunShape(**{**DEFAULT_SHAPE.__dict__, "epochs": args.epochs, "lora_r": args.lora_r})
@@ -350,39 +334,28 @@ def _chosen(
         if getattr(args, name) is not None
     }  # fmt: skip
     shape = RunShape(**{**base.__dict__, **given})
-    return evaluate(
-        shape, model, lengths, gpu, coefficients, window_hours=args.window_hours, setup=setup,
-        memory=terms,
-    )  # fmt: skip
+    return target.evaluate(shape)
 
 
 def _search(args: argparse.Namespace, chosen: Fit) -> dict[str, Any]:
     """The study's plan before the run (analysis.search_plan), and both together."""
-    from analysis.search_plan import budget_hours, plan_search, trial_cost
+    from analysis.search_plan import plan_search_for_run
 
     full = chosen.estimate
-    hours = full.seconds_p50 / 3600
-    budget, source = budget_hours(
+    plan = plan_search_for_run(
+        full,
         search_hours=args.search_hours,
         search_budget_pct=args.search_budget_pct,
-        full_run_hours_p50=hours,
-    )
-    plan = plan_search(
-        trial_cost(full, evals=args.trial_evals),
-        budget_hours=budget,
-        source=source,
         n_trials=args.n_trials,
         max_fidelity=args.trial_fraction,
-        full_run_steps=full.optimizer_steps,
         evals=args.trial_evals,
-        full_run_hours_p50=hours,
         price_per_hour=args.price_per_hour or 0.0,
     )
     total_p90 = plan.planned_hours + full.seconds_p90 / 3600
     return {
         **plan.to_dict(),
         "lines": plan.lines(),
-        "search_and_run_hours_p50": plan.planned_hours + hours,
+        "search_and_run_hours_p50": plan.planned_hours + full.seconds_p50 / 3600,
         "search_and_run_hours_p90": total_p90,
     }
 

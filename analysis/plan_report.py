@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from analysis.gpus import GpuSpec
-from analysis.planning import Fit, plan_of_shape, with_setup
+from analysis.planning import Fit, Target, plan_of_shape
 from analysis.run_setup import MemoryTerms, RunSetup, memory_parts
-from analysis.timemodel import ModelProfile
 from common.fmt import format_duration
 
 GIB = 2**30
@@ -32,24 +30,31 @@ def _fit_dict(fit: Fit, price: float | None) -> dict[str, Any]:
 
 def plan_report(
     args: argparse.Namespace,
-    gpu: GpuSpec,
-    model: ModelProfile,
+    target: Target,
     config: Any,
     source: str,
     measured: str,
-    lengths: tuple[int, ...],
-    chosen: Fit,
-    other: Fit,
+    runs: tuple[Fit, Fit],
     profiles: dict[str, Fit],
-    setup_terms: tuple[RunSetup, MemoryTerms],
 ) -> dict[str, Any]:
-    """The plan as one JSON-ready dict (what --json writes and the text shows)."""
-    setup, terms = setup_terms
+    """The plan as one JSON-ready dict (what --json writes and the text shows).
+
+    Args:
+        args: The command's flags.
+        target: What the runs were planned for (with a setup and its memory terms).
+        config: The model's configuration.
+        source: Where the coefficients come from.
+        measured: How the data's lengths were measured.
+        runs: The run asked for, and the same run with checkpointing switched.
+        profiles: Each profile's best run.
+    """
+    chosen, other = runs
+    model, lengths, gpu = target.model, target.lengths, target.gpu
+    setup, terms = target.setup or RunSetup(), target.memory or MemoryTerms()
+    setup_terms = (setup, terms)
     memory = {
         key: value / GIB
-        for key, value in memory_parts(
-            with_setup(plan_of_shape(chosen.shape, model, lengths, gpu), setup), setup, terms
-        ).items()
+        for key, value in memory_parts(target.plan(chosen.shape), setup, terms).items()
     }
     with_gc, without_gc = (other, chosen) if other.shape.gradient_checkpointing else (chosen, other)
     return {
@@ -65,22 +70,19 @@ def plan_report(
         "plan": _fit_dict(chosen, args.price_per_hour),
         "memory_gib": memory,
         "activations_gib": {
-            "without_gradient_checkpointing": _activations(without_gc, model, lengths, gpu, setup_terms),
-            "with_gradient_checkpointing": _activations(with_gc, model, lengths, gpu, setup_terms),
+            "without_gradient_checkpointing": _activations(without_gc, target, setup_terms),
+            "with_gradient_checkpointing": _activations(with_gc, target, setup_terms),
         },
         "other_checkpointing": _fit_dict(other, args.price_per_hour),
         "profiles": {name: _fit_dict(fit, args.price_per_hour) for name, fit in profiles.items()},
     }  # fmt: skip
 
 
-def _activations(
-    fit: Fit,
-    model: ModelProfile,
-    lengths: tuple[int, ...],
-    gpu: GpuSpec,
-    setup_terms: tuple[RunSetup, MemoryTerms],
-) -> float:
-    parts = memory_parts(plan_of_shape(fit.shape, model, lengths, gpu), *setup_terms)
+def _activations(fit: Fit, target: Target, setup_terms: tuple[RunSetup, MemoryTerms]) -> float:
+    """Activations and logits of `fit`'s run (its plan unpacked), in GiB."""
+    parts = memory_parts(
+        plan_of_shape(fit.shape, target.model, target.lengths, target.gpu), *setup_terms
+    )
     return (parts["activations"] + parts["logits"]) / GIB
 
 

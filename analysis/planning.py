@@ -269,28 +269,61 @@ def evaluate(
     return Fit(shape, estimate, fits_memory, window)
 
 
+@dataclass(frozen=True)
+class Target:
+    """What runs are planned for: the model, the data's lengths, the GPU, the window, the setup.
+
+    Attributes:
+        model: The model's profile.
+        lengths: Token lengths of the training samples.
+        gpu: The GPU.
+        coefficients: The time model's coefficients there (`coefficients_for`).
+        window_hours: The window a run must end in (p90); None: no window.
+        setup: Attention kernel, logits precision, longest sample, memory measure (see
+            `evaluate`).
+        memory: The memory terms with `setup`.
+    """
+
+    model: ModelProfile
+    lengths: Sequence[int]
+    gpu: GpuSpec
+    coefficients: Coefficients
+    window_hours: float | None = None
+    setup: RunSetup | None = None
+    memory: MemoryTerms | None = None
+
+    def evaluate(self, shape: RunShape) -> Fit:
+        """Predict a run of `shape` here (`evaluate`)."""
+        return evaluate(
+            shape, self.model, self.lengths, self.gpu, self.coefficients,
+            window_hours=self.window_hours, setup=self.setup, memory=self.memory,
+        )  # fmt: skip
+
+    def plan(self, shape: RunShape) -> Plan:
+        """The time model's plan of a full run of `shape` here, with the setup's packing."""
+        plan = plan_of_shape(shape, self.model, self.lengths, self.gpu)
+        return plan if self.setup is None else with_setup(plan, self.setup)
+
+
 def best_of_profile(
     profile: Any,
+    target: Target,
     *,
     lora_r: int,
     epochs: float,
-    model: ModelProfile,
-    lengths: Sequence[int],
-    gpu: GpuSpec,
-    coefficients: Coefficients,
-    window_hours: float | None,
     max_length: int | None = None,
-    setup: RunSetup | None = None,
-    memory: MemoryTerms | None = None,
 ) -> Fit:
     """The profile's fastest fitting micro-batch x accumulation (by p90), else its leanest.
 
     Args:
         profile: A `search_spaces.Profile`.
+        target: What the run is planned for.
+        lora_r: The adapter's rank.
+        epochs: The run's epochs.
         max_length: Instead of the profile's own.
     """
     fits = [
-        evaluate(
+        target.evaluate(
             RunShape(
                 micro_batch_size=mb,
                 gradient_accumulation_steps=ga,
@@ -298,14 +331,7 @@ def best_of_profile(
                 lora_r=lora_r,
                 gradient_checkpointing=profile.gradient_checkpointing,
                 epochs=epochs,
-            ),
-            model,
-            lengths,
-            gpu,
-            coefficients,
-            window_hours=window_hours,
-            setup=setup,
-            memory=memory,
+            )
         )
         for mb in profile.micro_batch_size
         for ga in profile.gradient_accumulation_steps
@@ -316,21 +342,9 @@ def best_of_profile(
     return min(fits, key=lambda f: f.estimate.peak_memory_bytes_p90)
 
 
-def toggled_checkpointing(
-    fit: Fit,
-    model: ModelProfile,
-    lengths: Sequence[int],
-    gpu: GpuSpec,
-    coefficients: Coefficients,
-    window_hours: float | None,
-    setup: RunSetup | None = None,
-    memory: MemoryTerms | None = None,
-) -> Fit:
+def toggled_checkpointing(fit: Fit, target: Target) -> Fit:
     """The same run with gradient checkpointing switched the other way."""
     shape = dataclasses.replace(
         fit.shape, gradient_checkpointing=not fit.shape.gradient_checkpointing
     )
-    return evaluate(
-        shape, model, lengths, gpu, coefficients, window_hours=window_hours, setup=setup,
-        memory=memory,
-    )  # fmt: skip
+    return target.evaluate(shape)

@@ -225,3 +225,48 @@ def plan_search(
         before_trials_hours=before_trials_hours,
         workers=workers,
     )
+
+
+def plan_search_for_run(
+    full: Estimate,
+    *,
+    search_hours: float | None,
+    search_budget_pct: float | None,
+    n_trials: int,
+    max_fidelity: float,
+    evals: int,
+    price_per_hour: float = 0.0,
+    before_trials_hours: float = 0.0,
+    workers: int = 1,
+) -> SearchPlan:
+    """The search before the full run `full`: its budget (`budget_hours`), then `plan_search`.
+
+    Args:
+        full: The full run's prediction.
+        search_hours: GPU-hours the search may spend; None: not given.
+        search_budget_pct: The search's GPU-hours as a % of the full run's p50; None: not
+            given.
+        n_trials: Trials asked for.
+        max_fidelity: The largest share of its full run a trial trains.
+        evals: Evaluations per trial.
+        price_per_hour: The machine's price.
+        before_trials_hours: Already spent before the trials (set-up, probe).
+        workers: Processes sharing the budget.
+    """
+    hours = full.seconds_p50 / 3600
+    budget, source = budget_hours(
+        search_hours=search_hours, search_budget_pct=search_budget_pct, full_run_hours_p50=hours
+    )
+    return plan_search(
+        trial_cost(full, evals=evals),
+        budget_hours=budget,
+        source=source,
+        n_trials=n_trials,
+        max_fidelity=max_fidelity,
+        full_run_steps=full.optimizer_steps,
+        evals=evals,
+        full_run_hours_p50=hours,
+        price_per_hour=price_per_hour,
+        before_trials_hours=before_trials_hours,
+        workers=workers,
+    )

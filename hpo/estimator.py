@@ -273,6 +273,12 @@ class StudyEstimator:
     ) -> dict[str, float]:
         """Calibrate with the trial's measurements; return the honesty metrics.
 
+        Args:
+            trial: The trial.
+            runs: Its full run and its own run, as `check` judged them and the trial trained.
+            result: What the trial's run measured.
+            verdict: What `check` said before it trained.
+
         Returns:
             `predicted_trial_seconds` (made before the run, for the steps it ran),
             `predicted_trial_steps` (those steps), `predicted_trial_train_seconds` (their

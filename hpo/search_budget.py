@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from analysis.search_plan import SearchPlan, budget_hours, plan_search, trial_cost
+from analysis.search_plan import SearchPlan, plan_search_for_run
 from common.mlflow_store import metric
 from hpo.config import StudyConfig
 from trainers.events import EvalInfo, TrainingCallback
@@ -57,22 +57,13 @@ def make_plan(
     workers: int = 1,
 ) -> SearchPlan:
     """The study's search plan from its time model (before any trial)."""
-    full = typical_full_run(estimator).full_run
-    hours = full.seconds_p50 / 3600
-    budget, source = budget_hours(
+    return plan_search_for_run(
+        typical_full_run(estimator).full_run,
         search_hours=config.budget.search_hours,
         search_budget_pct=config.budget.search_budget_pct,
-        full_run_hours_p50=hours,
-    )
-    return plan_search(
-        trial_cost(full, evals=config.trial.evals),
-        budget_hours=budget,
-        source=source,
         n_trials=config.n_trials,
         max_fidelity=config.trial.fraction,
-        full_run_steps=full.optimizer_steps,
         evals=config.trial.evals,
-        full_run_hours_p50=hours,
         price_per_hour=config.budget.price_per_hour,
         before_trials_hours=before_trials_seconds / 3600,
         workers=workers,

@@ -19,6 +19,9 @@ from typing import Any, Protocol
 from common.workdir import WorkDir
 from trainers.spec import LoraSpec, TrainSpec
 
+# What a run takes from its settings and its settings' full run, each a `TrainSpec` field.
+_SHARED = ("eval_samples", "eval_max_length", "validation_fraction", "device", "precision", "seed")
+_FULL_RUN = ("epochs", "eval_interval", "checkpoint_interval")
 # The sampled keys a run reads, each a `TrainSpec` field; a key a choice lacks takes the
 # field's default (and `lora_alpha` twice the rank).
 _RUN_KEYS = {
@@ -138,25 +141,18 @@ def run_spec(
         alpha=float(choice.get("lora_alpha", 2.0 * rank)),
         dropout=float(choice.get("lora_dropout", LoraSpec.dropout)),
     )
-    chosen: dict[str, Any] = {
-        key: kind(choice[key]) for key, kind in _RUN_KEYS.items() if key in choice
-    }
-    full, work_dir = settings.full_run, settings.work_dir
+    chosen: dict[str, Any] = {k: kind(choice[k]) for k, kind in _RUN_KEYS.items() if k in choice}
+    shared = {name: getattr(settings, name) for name in _SHARED}
+    full_run = {name: getattr(settings.full_run, name) for name in _FULL_RUN}
+    work_dir = settings.work_dir
     return TrainSpec(
         model=model,
         data=data,
         output_dir=str(output_dir),
         lora=lora,
-        **chosen,
         max_steps=max_steps,
-        epochs=full.epochs,
-        eval_interval=full.eval_interval,
-        checkpoint_interval=full.checkpoint_interval,
-        eval_samples=settings.eval_samples,
-        eval_max_length=settings.eval_max_length,
-        validation_fraction=settings.validation_fraction,
-        device=settings.device,
-        precision=settings.precision,
-        seed=settings.seed,
         cache_dir=None if work_dir is None else str(WorkDir(work_dir).cache),
+        **chosen,
+        **shared,
+        **full_run,
     )
