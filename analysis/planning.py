@@ -36,6 +36,16 @@ from trainers.spec import (
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+# The fields a `Plan` takes from its `TrainSpec` as they are.
+_SAME_IN_PLAN = (
+    "epochs",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "max_length",
+    "gradient_checkpointing",
+    "packing",
+    "quantization",
+)
 # What a planned full run evaluates and saves: a study's defaults.
 STUDY_SETTINGS = Settings(
     eval_interval=STUDY_FULL_EVAL_INTERVAL,
@@ -79,21 +89,15 @@ def plan_of_spec(
     return Plan(
         model=model,
         token_lengths=tuple(token_lengths),
-        epochs=spec.epochs,
-        micro_batch_size=spec.micro_batch_size,
-        gradient_accumulation_steps=spec.gradient_accumulation_steps,
-        max_length=spec.max_length,
         lora_r=spec.lora.r,
         eval_interval_steps=spec.eval_interval,
         eval_samples=min(spec.eval_samples, n_validation),
         checkpoint_interval_steps=spec.checkpoint_interval,
-        gradient_checkpointing=spec.gradient_checkpointing,
         precision=hardware.precision,
         device_kind=hardware.device_kind,
         # A trial stops early in its full run's schedule: it takes only those steps.
         max_steps=spec.stop_after_steps or spec.max_steps,
-        packing=spec.packing,
-        quantization=spec.quantization,
+        **{name: getattr(spec, name) for name in _SAME_IN_PLAN},
     )
 
 
