@@ -68,6 +68,11 @@ def _model_without_config(tmp: Path, model: Path) -> str:
     return str(broken)
 
 
+def _study_yaml(text: str, expected: str) -> Row:
+    """The row of a study YAML (`--config s.yaml`) holding `text`."""
+    return lambda tmp, m: (["--config", _file(tmp / "s.yaml", text)], expected)
+
+
 _GOOD = {"prompt": "Say hi.", "completion": " hi"}
 
 STUDY_ROWS: dict[str, Row] = {
@@ -75,22 +80,12 @@ STUDY_ROWS: dict[str, Row] = {
     "unknown pruner": lambda tmp, m: (["--pruner", "bogus"], "pruner"),
     "zero trials": lambda tmp, m: (["--n-trials", "0"], "n_trials"),
     "data file not found": lambda tmp, m: (["--data", str(tmp / "nope.jsonl")], "nope.jsonl"),
-    "unknown field in the study YAML": lambda tmp, m: (
-        ["--config", _file(tmp / "s.yaml", "trial_fraction: 0.1\nbogus_field: 1\n")],
-        "bogus_field",
+    "unknown field in the study YAML": _study_yaml(
+        "trial_fraction: 0.1\nbogus_field: 1\n", "bogus_field"
     ),
-    "zero budget in the study YAML": lambda tmp, m: (
-        ["--config", _file(tmp / "s.yaml", "budget:\n  window_hours: 0\n")],
-        "window_hours",
-    ),
-    "study YAML that is not YAML": lambda tmp, m: (
-        ["--config", _file(tmp / "s.yaml", "sampler: [unclosed\n")],
-        "not valid YAML",
-    ),
-    "space file not found": lambda tmp, m: (
-        ["--config", _file(tmp / "s.yaml", "space: missing-space.yaml\n")],
-        "missing-space.yaml",
-    ),
+    "zero budget in the study YAML": _study_yaml("budget:\n  window_hours: 0\n", "window_hours"),
+    "study YAML that is not YAML": _study_yaml("sampler: [unclosed\n", "not valid YAML"),
+    "space file not found": _study_yaml("space: missing-space.yaml\n", "missing-space.yaml"),
     "malformed JSONL (line number)": lambda tmp, m: (
         ["--data", _file(tmp / "bad.jsonl", json.dumps(_GOOD) + "\n{not json\n")],
         "bad.jsonl:2: not valid JSON",
