@@ -68,6 +68,32 @@ class FullRun:
         except (TypeError, ValueError):
             return None
 
+    def shape_curve(self) -> dict[str, Any] | None:
+        """The finished run's whole validation curve on its schedule, for the study's joint
+        fit: the keys of `hpo.final_loss.TrialCurve.to_attr` (steps, samples, losses and the
+        schedule: scheduler, warm-up ratio, peak rate, the run's optimizer steps). None when
+        it stopped early (its schedule's end is not where it stopped) or has no curve."""
+        report, spec = self.report, self.report.get("spec") or {}
+        total = int(report.get("final_step") or 0)
+        if report.get("status") != "finished" or total < 1 or "scheduler" not in spec:
+            return None
+        points = {
+            int(r["step"]): (int(r.get("samples_seen", 0)), float(r["loss"]))
+            for r in report.get("eval_records") or []
+            if 1 <= int(r.get("step", 0)) <= total and r.get("loss") is not None
+        }
+        if report.get("final_eval_loss") is not None:
+            points.setdefault(total, (0, float(report["final_eval_loss"])))
+        if not points:
+            return None
+        steps = sorted(points)
+        return {
+            "steps": steps, "samples": [points[s][0] for s in steps],
+            "losses": [points[s][1] for s in steps], "scheduler": spec["scheduler"],
+            "warmup_ratio": spec.get("warmup_ratio", 0.0),
+            "learning_rate": spec.get("learning_rate"), "full_run_steps": total,
+        }  # fmt: skip
+
     def measurements(self) -> RunMeasurements | None:
         """The run's step times, when it finished or was stopped after measuring steps."""
         if self.report.get("status") not in ("finished", *_STOPPED_EARLY):

@@ -322,9 +322,7 @@ def predict_final(
     if not peers and n < _OWN_MIN_POINTS:
         return _fallback(target, peers, f"{n} points and no other trial to share the shape")
     curves = [*peers, target]
-    noise = max(noise_sd(curves), _NOISE_FLOOR * float(np.median(target.losses)))
-    max_annealing = _MAX_ANNEALING if _annealing_seen(curves) else 0.0
-    fit = fit_joint(curves, f_scale=2.0 * noise, max_annealing=max_annealing)
+    fit, noise, max_annealing = fit_shared(curves)
     p50 = fit.predict_end(len(curves) - 1, target)
     if not (math.isfinite(p50) and p50 > 0):
         return _fallback(target, peers, f"the law gives {p50:.4g} at the run's end")
@@ -337,6 +335,22 @@ def predict_final(
         method=JOINT if peers else OWN, reason="", n_points=n, n_curves=len(curves),
         extrapolation_log_sd=extrapolation,
     )  # fmt: skip
+
+
+def fit_shared(curves: Sequence[CurveData]) -> tuple[JointFit, float, float]:
+    """The law fitted jointly to `curves` (the last one's level sets the noise floor).
+
+    C is fitted (bounded by 1 loss unit per peak-rate step of annealing) only when some
+    curve saw at least 20 % of its run's annealing, else held at 0: a curve that ran through
+    a decay of its own (the study's reference run, a full run that reported back) is what
+    identifies it.
+
+    Returns:
+        The fit, one evaluation's noise it assumed, and C's upper bound.
+    """
+    noise = max(noise_sd(curves), _NOISE_FLOOR * float(np.median(curves[-1].losses)))
+    max_annealing = _MAX_ANNEALING if _annealing_seen(curves) else 0.0
+    return fit_joint(curves, f_scale=2.0 * noise, max_annealing=max_annealing), noise, max_annealing
 
 
 def _annealing_seen(curves: Sequence[CurveData]) -> bool:

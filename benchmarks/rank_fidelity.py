@@ -44,6 +44,7 @@ from analysis.loss_correction import fit_loss_correction  # noqa: E402
 from benchmarks._common import machine, table, write_json  # noqa: E402
 from hpo.config import FullRunConfig, StudyConfig, TrialConfig  # noqa: E402
 from hpo.prepare import prepare  # noqa: E402
+from hpo.reference_run import REFERENCE_AFTER  # noqa: E402
 from hpo.runspec import train_spec  # noqa: E402
 from search_spaces import load_space, sample  # noqa: E402
 from trainers.tiny import default_tiny_model  # noqa: E402
@@ -56,14 +57,21 @@ FRACTIONS = (0.01, 0.02, 0.05, 0.1)
 
 
 def draw_configs(n: int, seed: int) -> list[dict[str, Any]]:
-    """`n` configurations from the default space, learning rate in its upper decade."""
+    """`n` unpacked, unquantized configurations from the default space, learning rate in its upper decade."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(None)
-    space = dataclasses.replace(
-        space, domains={**space.domains, "learning_rate": _loguniform(*LR_UPPER_DECADE)}
-    )
+    from search_spaces.domains import parse_domain
+
+    # Unpacked only (a packed trial's length counts packed sequences: the study's estimator
+    # knows them, this benchmark does not) and unquantized (a CPU has no bitsandbytes).
+    domains = {
+        **space.domains,
+        "learning_rate": _loguniform(*LR_UPPER_DECADE),
+        **{key: parse_domain(key, {"choice": ["none"]}) for key in ("packing", "quantization")},
+    }
+    space = dataclasses.replace(space, domains=domains)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     return [sample(study.ask(), space) for _ in range(n)]
 
@@ -135,18 +143,57 @@ def _curve(row: dict[str, Any], fraction: str) -> TrialCurve | None:
     )
 
 
-def predictions(rows: list[dict[str, Any]], fraction: str) -> list[dict[str, Any]]:
-    """What a study records for each trial, trial i fitted with trials 0..i-1."""
+def run_reference(
+    config: StudyConfig, row: dict[str, Any], prepared: Any, work: Path, fraction: float
+) -> dict[str, Any]:
+    """The study's loss-shape reference run of `row`'s configuration (`hpo.reference_run`)."""
+    from hpo.reference_run import reference_curve, reference_spec
+    from trainers.loop.run import train
+
+    full_spec = train_spec(
+        config, row["params"], model=prepared.model_path, data=prepared.data_path,
+        full_run=True, output_dir=str(work / f"reference-{row['config']}-{fraction}"),
+    )  # fmt: skip
+    spec = reference_spec(
+        full_spec, row["full_run_steps"], fraction=fraction, evals=2 * config.trial.evals
+    )
+    started = time.perf_counter()
+    result = train(spec)
+    curve = reference_curve(spec, result)
+    assert curve is not None
+    return {"config": row["config"], "fraction": fraction, "curve": curve.to_attr(),
+            "seconds": time.perf_counter() - started}  # fmt: skip
+
+
+def reference_pick(rows: list[dict[str, Any]], fraction: str) -> int:
+    """The configuration a study runs its reference with: the best of the first trials."""
+    from hpo.reference_run import REFERENCE_AFTER
+
+    first = rows[:REFERENCE_AFTER]
+    return int(
+        min(first, key=lambda r: r["trials"][fraction]["eval_records"][-1]["loss"])["config"]
+    )
+
+
+def predictions(
+    rows: list[dict[str, Any]], fraction: str, reference: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """What a study records for each trial, trial i fitted with trials 0..i-1 (and, from
+    trial `REFERENCE_AFTER` on, the `reference` run's curve when given: its seconds count
+    in the first of those trials' search time)."""
     from analysis.loss_correction import LossCorrection
-    from hpo.final_loss import predict_final_loss
+    from hpo.final_loss import TrialCurve, predict_final_loss
+    from hpo.reference_run import REFERENCE_AFTER
 
     out: list[dict[str, Any]] = []
     peers: list[TrialCurve] = []
+    shape = TrialCurve.from_attr(reference["curve"]) if reference else None
     for index, row in enumerate(rows):
         curve = _curve(row, fraction)
         assert curve is not None
+        extra = [shape] if shape is not None and index >= REFERENCE_AFTER else []
         final = predict_final_loss(
-            curve, peers=peers, full_run_samples=row["full_run_samples"],
+            curve, peers=[*peers, *extra], full_run_samples=row["full_run_samples"],
             correction=LossCorrection(), seed=index,
         )  # fmt: skip
         assert final is not None
@@ -158,7 +205,8 @@ def predictions(rows: list[dict[str, Any]], fraction: str) -> list[dict[str, Any
                 "p10": fit.p10, "p50": fit.p50, "p90": fit.p90, "method": final.method,
                 "n_points": final.n_points, "loss_at_fidelity": final.last_loss,
                 "full_run_loss": row["full_run_loss"],
-                "seconds": row["trials"][fraction]["seconds"],
+                "seconds": row["trials"][fraction]["seconds"]
+                + (reference["seconds"] if reference and index == REFERENCE_AFTER else 0.0),
             }
         )  # fmt: skip
     return out
@@ -215,6 +263,10 @@ def report(payload: dict[str, Any]) -> dict[str, Any]:
         key = str(fraction)
         preds = predictions(rows, key)
         scores[key] = {**score(preds), "predictions": preds}
+        for reference in payload.get("references", {}).get(key, []):
+            preds = predictions(rows, key, reference)
+            label = f"{key} ref {reference['fraction']:g}"
+            scores[label] = {**score(preds), "predictions": preds}
     print(
         f"{len(rows)} configurations, pretrain_steps {payload['pretrain_steps']}, "
         f"data {payload['data']}"
@@ -232,7 +284,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     fractions = tuple(float(f) for f in args.fractions.split(","))
     payload: dict[str, Any] = {
         "pretrain_steps": args.pretrain_steps, "data": args.data, "fractions": fractions,
-        "trial_evals": args.trial_evals, "machine": machine(), "rows": [],
+        "trial_evals": args.trial_evals, "machine": machine(), "rows": [], "references": {},
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="hpo-rank-") as folder:
         work = Path(folder)
@@ -254,8 +306,31 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
                 f"{row['full_run_loss']:.3f} in {row['full_run_seconds']:.0f} s",
                 flush=True,
             )
+            if len(payload["rows"]) == REFERENCE_AFTER:
+                payload["references"] = references(
+                    config, payload["rows"], prepared, work, fractions, args.reference_fractions
+                )
             write_json(args.json, payload)
     return payload
+
+
+def references(
+    config: StudyConfig, rows: list[dict[str, Any]], prepared: Any, work: Path,
+    fractions: tuple[float, ...], reference_fractions: str,
+) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    """Per trial fraction, the reference run at each of `reference_fractions` (one run per
+    configuration and reference fraction, shared by the trial fractions that pick it)."""
+    done: dict[tuple[int, float], dict[str, Any]] = {}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for fraction in fractions:
+        pick = reference_pick(rows, str(fraction))
+        for share in (float(f) for f in reference_fractions.split(",") if f):
+            if (pick, share) not in done:
+                done[pick, share] = run_reference(config, rows[pick], prepared, work, share)
+                print(f"reference run: config {pick} to {share:g} in "
+                      f"{done[pick, share]['seconds']:.0f} s", flush=True)  # fmt: skip
+            out.setdefault(str(fraction), []).append(done[pick, share])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="prompt_completion", help="bundled data set")
     parser.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS))
     parser.add_argument("--trial-evals", type=int, default=6)
+    parser.add_argument(
+        "--reference-fractions", default="0.1,0.2,0.3",
+        help="loss-shape reference runs' shares of their full run (empty: none)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", help="write the runs and scores here")

@@ -104,6 +104,13 @@ class TrialConfig:
         "Share of the full run a promoted trial trains on.",
         key="promote_fraction",
     )
+    reference_fraction: float = knob(
+        0.2,
+        "Once the first trials finished, run the best so far once more as a run of this share "
+        "of its full run's steps with a decay of its own: the study's loss law learns the "
+        "decay's effect from it (0: no reference run; its time counts in the search budget).",
+        key="reference_fraction",
+    )
 
     def __post_init__(self) -> None:
         require_int("trial_evals", self.evals, 1)
@@ -116,6 +123,11 @@ class TrialConfig:
             self.promote == 0 or self.fraction < self.promote_fraction <= 1,
             f"promote_fraction must be in (trial_fraction, 1], but got "
             f"promote_fraction={self.promote_fraction!r}",
+        )
+        require(
+            0 <= self.reference_fraction <= 1,
+            f"reference_fraction must be in [0, 1], but got "
+            f"reference_fraction={self.reference_fraction!r}",
         )
 
 

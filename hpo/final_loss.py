@@ -18,7 +18,7 @@ from typing import Any
 from analysis.curve_noise import Z90
 from analysis.learning_curve import CurveFit
 from analysis.loss_correction import LossCorrection
-from analysis.loss_law import CurveData, LawPrediction, curve_data, predict_final
+from analysis.loss_law import CurveData, LawPrediction, curve_data, fit_shared, predict_final
 from analysis.lr_schedule import learning_rates, warmup_steps
 
 CURVE_ATTR = "val_curve"  # [[samples_seen, val_loss], ...] of a trial
@@ -34,6 +34,11 @@ SCORED_BY_ATTR = "scored_by"  # "prediction", or "loss_at_fidelity" where it is 
 # fractions 0.01-0.1 on the tiny models).
 TRUSTED_LOG_HALF_WIDTH = math.log(1.2)
 MAX_PEERS = 24  # the most recent trials a prediction is fitted with (time grows with them)
+# On the study: {source: TrialCurve.to_attr()} of runs that went through a decay of their own
+# (the loss-shape reference run, full runs that reported back): every trial's fit takes them.
+SHAPE_CURVES_ATTR = "loss_shape_curves"
+REFERENCE_KEY = "reference"  # the reference run's key in SHAPE_CURVES_ATTR
+MAX_SHAPE_CURVES = 8  # the reference and the most recent full runs
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,35 @@ def peer_curves(user_attrs: Iterable[Mapping[str, Any]]) -> list[TrialCurve]:
     """The curves other trials recorded (the last `MAX_PEERS`), malformed ones left out."""
     curves = [TrialCurve.from_attr(attrs.get(LAW_CURVE_ATTR)) for attrs in user_attrs]
     return [c for c in curves if c is not None][-MAX_PEERS:]
+
+
+def shape_curves(study_attrs: Mapping[str, Any]) -> list[TrialCurve]:
+    """The study's curves through a decay (`SHAPE_CURVES_ATTR`), malformed ones left out."""
+    value = study_attrs.get(SHAPE_CURVES_ATTR)
+    if not isinstance(value, Mapping):
+        return []
+    curves = [TrialCurve.from_attr(v) for v in value.values()]
+    return [c for c in curves if c is not None][-MAX_SHAPE_CURVES:]
+
+
+def add_shape_curves(study: Any, curves: Mapping[str, Mapping[str, Any]]) -> None:
+    """Store `curves` ({source: TrialCurve.to_attr()}) with the study's others (an Optuna study)."""
+    if curves:
+        held = dict(study.user_attrs.get(SHAPE_CURVES_ATTR) or {})
+        study.set_user_attr(SHAPE_CURVES_ATTR, {**held, **curves})
+
+
+def study_peers(
+    trial_attrs: Iterable[Mapping[str, Any]], study_attrs: Mapping[str, Any]
+) -> list[TrialCurve]:
+    """What a trial is fitted with: the other trials' curves and the study's shape curves."""
+    return [*peer_curves(trial_attrs), *shape_curves(study_attrs)]
+
+
+def shared_shape(curves: Sequence[TrialCurve]) -> dict[str, Any]:
+    """The law's shared exponent and annealing coefficient, fitted to `curves` jointly."""
+    fit, _, _ = fit_shared([c.data() for c in curves])
+    return {"alpha": fit.shared[2], "annealing": fit.shared[4], "curves": len(curves)}
 
 
 @dataclass(frozen=True)

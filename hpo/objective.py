@@ -18,14 +18,15 @@ from hpo.estimator import StudyEstimator
 from hpo.final_loss import (
     SCORED_BY_ATTR,
     FinalLoss,
-    peer_curves,
     predict_final_loss,
+    study_peers,
     trial_curve,
 )
 from hpo.pick import PROMOTED_FROM_ATTR
 from hpo.prepare import Prepared
 from hpo.runspec import trial_spec
 from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
+from hpo.trial_attrs import set_user_attrs
 from search_spaces import sample
 from trainers.events import EvalInfo, TrainingCallback
 from trainers.result import TrainResult
@@ -129,8 +130,7 @@ class Objective:
             fraction=fraction,
             output_dir=WorkDir(config.work_dir).trial(trial.number),
         )
-        for key, value in {**params, **derived}.items():
-            trial.set_user_attr(key, value)
+        set_user_attrs(trial, {**params, **derived})
         promoted_from = trial.user_attrs.get(PROMOTED_FROM_ATTR)
         first_run = None if promoted_from is None else _first_run_id(trial.study, promoted_from)
         if first_run is not None:
@@ -174,13 +174,11 @@ class Objective:
         result, seconds = self._train(trial, spec, reporter, run_id)
         measured = self._measurements(result, derived["full_run_steps"], seconds)
         measured.update(ctx.estimator.observe(trial, runs, result, verdict))
-        for key, value in measured.items():
-            trial.set_user_attr(key, value)
         final = self._final_loss(trial, spec, result, derived)
+        # The trial's measurements and its curve in one write (Optuna writes one per key).
+        set_user_attrs(trial, {**measured, **(final.user_attrs() if final else {})})
         tags: dict[str, str] = {}
         if final is not None:
-            for key, value in final.user_attrs().items():
-                trial.set_user_attr(key, value)
             ctx.estimator.add_final_loss(trial, final)
             measured.update(final.metrics())
             tags.update(final.tags())
@@ -239,7 +237,10 @@ class Objective:
         others = trial.study.get_trials(deepcopy=False)
         return predict_final_loss(
             curve,
-            peers=peer_curves(t.user_attrs for t in others if t.number != trial.number),
+            peers=study_peers(
+                (t.user_attrs for t in others if t.number != trial.number),
+                trial.study.user_attrs,
+            ),
             full_run_samples=derived["full_run_samples"],
             correction=self.context.estimator.loss_correction,
             seed=trial.number,

@@ -22,6 +22,7 @@ from hpo.pick import PROMOTED_FROM_ATTR
 from hpo.prepare import Prepared, prepare
 from hpo.progress import StudyProgress
 from hpo.pruners import make_pruner
+from hpo.reference_run import ReferenceRun, add_full_run_curves
 from hpo.samplers import make_sampler
 from hpo.states import FINISHED_STATES, trial_loss
 from hpo.storage import has_heartbeats, make_storage
@@ -105,7 +106,7 @@ def run_study(
     _log_data_input(tracker, parent, prepared)
     if not has_heartbeats(config.storage_url) and fail_dead_workers_trials(study):
         tracker.reconcile(parent, study)  # their MLflow runs: FAILED, state=failed
-    _learn_from_full_runs(tracker, estimator)
+    _learn_from_full_runs(tracker, estimator, study)
     # Set-up and any probe (no calibration yet, or measuring before refusing) are search time.
     keeper, config = search_budget.start(
         study, config, estimator, before_trials_seconds=time.perf_counter() - started
@@ -183,7 +184,8 @@ def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> 
         tracker.update_parent(parent, study)
 
     keeper = context.budget
-    callbacks: list[Any] = [keeper.after_trial] if keeper else []
+    # The reference run before the budget's check: the check then counts its time.
+    callbacks: list[Any] = [ReferenceRun(context), *([keeper.after_trial] if keeper else [])]
     try:
         if remaining and (keeper is None or keeper.before_start()):
             study.optimize(
@@ -281,8 +283,11 @@ def _report(
     summary.report_path = str(report.markdown)
 
 
-def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator) -> None:
-    """Full runs of this experiment that reported back correct this study's predictions."""
+def _learn_from_full_runs(
+    tracker: Tracker, estimator: StudyEstimator, study: optuna.Study
+) -> None:
+    """Full runs of this experiment that reported back correct this study's predictions;
+    this study's own ones join its loss law's shared fit with their whole curve."""
     from analysis.full_runs import from_mlflow
 
     calibration = estimator.calibration
@@ -292,6 +297,7 @@ def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator) -> None:
     except Exception as exc:  # the study goes on with what it has
         log.warning("could not read full runs from MLflow: %s", redact(str(exc)))
         return
+    add_full_run_curves(study, runs)
     losses, timed = estimator.absorb_full_runs(runs)
     if losses or timed:
         log.info("learnt from full runs: %d final losses, %d timed runs", losses, timed)

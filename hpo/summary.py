@@ -17,6 +17,7 @@ from hpo.config import StudyConfig
 from hpo.export import PARAM_KEYS, current_correction, estimate_section, export_study
 from hpo.final_loss import SCORED_BY_ATTR
 from hpo.pick import best_complete_trial, standing_trials
+from hpo.reference_run import REFERENCE_ATTR, reference_line
 from hpo.states import state_counts, trial_loss
 from hpo.tracking import PARENT_ATTR, Tracker
 
@@ -51,6 +52,8 @@ class StudySummary:
     # "loss_at_fidelity" (its loss at the trials' share of the data, where the prediction
     # was less sure than the study's promise).
     best_scored_by: str | None = None
+    # The loss-shape reference run (`hpo.reference_run`): what it ran, spent and fitted.
+    reference_run: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -74,6 +77,7 @@ def summarize(
         tracking_uri=tracker.tracking_uri,
         objective=config.objective,
         objectives=list(config.objectives),
+        reference_run=dict(study.user_attrs.get(REFERENCE_ATTR) or {}),
     )
     if not summary.states["complete"]:
         return summary
@@ -137,6 +141,8 @@ def print_summary(summary: StudySummary, server: dict[str, Any]) -> None:
         f"{states['failed']} failed in {summary.elapsed_seconds:.0f} s"
     )
     _print_search(summary.search or {})
+    if summary.reference_run:
+        print(reference_line(summary.reference_run))
     if summary.best_value is None:
         print("no trial completed: nothing to export")
     else:

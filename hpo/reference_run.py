@@ -1,0 +1,210 @@
+"""The study's loss-shape reference run: one configuration through a decay of its own.
+
+A trial is the first few percent of its full run, where the learning rate has not begun to
+fall: no trial shows the annealing term C * S2 of Tissue et al.'s law ("Scaling Law with
+Learning Rate Annealing", arXiv 2408.11029), so C is not identified and every predicted
+level misses the decay. Once `REFERENCE_AFTER` trials have finished, the study runs the best
+configuration so far once more as a short complete run: `trial.reference_fraction` of its
+full run's steps, its scheduler's warm-up and decay over that horizon (`max_steps`), so
+its last evaluations lie in the decay. Its curve is stored on the study
+(`hpo.final_loss.SHAPE_CURVES_ATTR`) and joins every later trial's joint fit, where it
+carries the shared exponent and C; full runs that report back join the same way.
+
+It is not a trial (Optuna knows nothing of it, the pick never sees it): it is the same
+configuration as a trial, with another schedule. It runs in the session's own time, between
+two trials, so the search budget's ledger (this session's wall clock) counts it and the
+budget's stop sees it; it runs only when the budget has room for it. The summary and the
+parent MLflow run say what it ran, for how long and what it fitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from common.redact import redact
+from common.workdir import WorkDir
+from hpo.final_loss import (
+    REFERENCE_KEY,
+    TrialCurve,
+    add_shape_curves,
+    shared_shape,
+    study_peers,
+    trial_curve,
+)
+from hpo.states import FINISHED_STATES, trial_loss
+from trainers.run_spec import run_spec
+from trainers.spec import TrainSpec, full_run_steps
+
+if TYPE_CHECKING:
+    from analysis.full_runs import FullRun
+    from hpo.objective import StudyContext
+    from hpo.search_budget import BudgetKeeper
+
+log = logging.getLogger(__name__)
+
+REFERENCE_ATTR = "reference_run"  # on the study: what the reference run ran and fitted
+REFERENCE_AFTER = 3  # finished trials before the reference run (its pick needs a few)
+_EVALS_PER_TRIAL_EVALS = 2  # the reference evaluates twice as often as a trial: the decay
+
+
+def reference_spec(
+    full_run: TrainSpec, full_steps: int, *, fraction: float, evals: int
+) -> TrainSpec:
+    """`full_run` as a complete run of `fraction` of its `full_steps` optimizer steps.
+
+    The scheduler's horizon is the reference's own length (`max_steps`), so the rate warms
+    up and decays to its end inside it; it evaluates about `evals` times, evenly spaced, and
+    saves no checkpoint.
+    """
+    steps = min(full_steps, max(2, round(fraction * full_steps)))
+    return dataclasses.replace(
+        full_run,
+        max_steps=steps,
+        stop_after_steps=None,
+        eval_interval=max(1, steps // evals),
+        checkpoint_interval=0,
+    )
+
+
+def reference_curve(spec: TrainSpec, result: Any) -> TrialCurve | None:
+    """The reference run's evaluations on its own schedule (its last loss included)."""
+    records = list(result.eval_records)
+    if result.final_eval_loss is not None and result.final_step:
+        records.append({"step": result.final_step, "loss": result.final_eval_loss})
+    assert spec.max_steps is not None
+    return trial_curve(
+        records,
+        scheduler=spec.scheduler,
+        warmup_ratio=spec.warmup_ratio,
+        learning_rate=spec.learning_rate,
+        full_run_steps=spec.max_steps,
+    )
+
+
+class ReferenceRun:
+    """Optuna callback: after `REFERENCE_AFTER` finished trials, run the reference once."""
+
+    def __init__(self, context: StudyContext) -> None:
+        self.context = context
+
+    def __call__(self, study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
+        fraction = self.context.config.trial.reference_fraction
+        budget = self.context.budget
+        if fraction <= 0 or REFERENCE_ATTR in study.user_attrs or (budget and budget.stopped):
+            return
+        best = _best_so_far(study, self.context.config.n_trials)
+        if best is None or not _affordable(budget, fraction / self.context.config.trial.fraction):
+            return
+        study.set_user_attr(REFERENCE_ATTR, {"trial": best.number, "state": "running"})
+        try:
+            record = self._run(study, best, fraction)
+        except Exception as exc:  # the study goes on without it: trials fall back as before
+            log.warning("the loss-shape reference run failed: %s", redact(str(exc)))
+            record = {"trial": best.number, "state": "failed", "reason": redact(str(exc))[:300]}
+        study.set_user_attr(REFERENCE_ATTR, record)
+        self._track(record)
+
+    def _run(
+        self, study: optuna.Study, best: optuna.trial.FrozenTrial, fraction: float
+    ) -> dict[str, Any]:
+        from trainers.loop.run import train
+
+        ctx = self.context
+        config, prepared = ctx.config, ctx.prepared
+        output = (
+            WorkDir(config.work_dir).trial(best.number).with_name(f"reference-{best.number:03d}")
+        )
+        # A trial's user attributes hold its sampled configuration.
+        full_run = run_spec(
+            best.user_attrs, config, model=prepared.model_path, data=prepared.data_path,
+            output_dir=str(output),
+        )  # fmt: skip
+        steps = full_run_steps(full_run, ctx.estimator.train_lengths(full_run.max_length))
+        spec = reference_spec(
+            full_run, steps, fraction=fraction, evals=_EVALS_PER_TRIAL_EVALS * config.trial.evals
+        )
+        started = time.perf_counter()
+        try:
+            result = train(spec)
+        finally:
+            shutil.rmtree(output, ignore_errors=True)  # nothing of it is kept but its curve
+        seconds = time.perf_counter() - started
+        curve = reference_curve(spec, result)
+        if curve is None:
+            raise ValueError(f"no finite validation loss (got {result.final_eval_loss})")
+        add_shape_curves(study, {REFERENCE_KEY: curve.to_attr()})
+        trials = study.get_trials(deepcopy=False)
+        curves = study_peers((t.user_attrs for t in trials), study.user_attrs)
+        return {
+            "trial": best.number, "state": "complete", "fraction": fraction,
+            "steps": spec.max_steps, "seconds": seconds, "final_loss": curve.losses[-1],
+            **shared_shape(curves),
+        }  # fmt: skip
+
+    def _track(self, record: dict[str, Any]) -> None:
+        """The reference run on the parent MLflow run: params once, its outcome as a tag."""
+        ctx = self.context
+        params = {f"reference_run.{k}": v for k, v in record.items() if v is not None}
+        ctx.tracker.writer.log_batch(
+            ctx.parent_run_id, params=params, tags={"reference_run": reference_line(record)}
+        )
+
+
+def _best_so_far(study: optuna.Study, n_trials: int) -> optuna.trial.FrozenTrial | None:
+    """The best complete trial once `REFERENCE_AFTER` trials finished, else None."""
+    trials = study.get_trials(deepcopy=False)
+    finished = sum(t.state in FINISHED_STATES for t in trials)
+    if not REFERENCE_AFTER <= finished < n_trials:  # none left to learn from it: not run
+        return None
+    scored = [
+        (loss, t.number, t)
+        for t in trials
+        if t.state == optuna.trial.TrialState.COMPLETE and (loss := trial_loss(t)) is not None
+    ]
+    return min(scored, key=lambda item: item[:2])[2] if scored else None
+
+
+def add_full_run_curves(study: optuna.Study, runs: Sequence[FullRun]) -> int:
+    """Store the whole curves of `study`'s finished full runs with its shape curves.
+
+    Returns:
+        How many curves were stored.
+    """
+    curves = {
+        f"full_run:{run.run_id}": curve
+        for run in runs
+        if (run.report.get("provenance") or {}).get("study") == study.study_name
+        and (curve := run.shape_curve()) is not None
+        and TrialCurve.from_attr(curve) is not None
+    }
+    add_shape_curves(study, curves)
+    return len(curves)
+
+
+def _affordable(budget: BudgetKeeper | None, trials_worth: float) -> bool:
+    """Whether the budget has room for the reference run (`trials_worth` typical trials)."""
+    if budget is None or budget.budget_seconds is None:
+        return True
+    return budget.budget_seconds - budget.spent() >= trials_worth * budget.typical_trial_seconds()
+
+
+def reference_line(record: dict[str, Any] | None) -> str:
+    """One line on the reference run for the summary ("" when the study ran none)."""
+    if not record:
+        return ""
+    if record.get("state") != "complete":
+        reason = record.get("reason") or record.get("state")
+        return f"loss-shape reference run: trial {record.get('trial')}'s configuration, {reason}"
+    return (
+        f"loss-shape reference run: trial {record['trial']}'s configuration to "
+        f"{record['fraction']:.3g} of its full run ({record['steps']} steps, own decay) in "
+        f"{record['seconds']:.0f} s; fitted alpha {record['alpha']:.3g}, "
+        f"annealing C {record['annealing']:.3g} from {record['curves']} curves"
+    )

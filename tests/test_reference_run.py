@@ -1,0 +1,105 @@
+"""The loss-shape reference run: it identifies the annealing term, is budgeted and listed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+
+from analysis.loss_law import JointFit
+from hpo.final_loss import SHAPE_CURVES_ATTR, TrialCurve, predict_final_loss, shared_shape
+from hpo.reference_run import REFERENCE_ATTR, reference_line, reference_spec
+from tests.configs import demo_spec, short_study
+
+SHARED = (1.5, 4.0, 0.7, 2.0, 0.004)  # L0, D, alpha, beta, C: the law the curves follow
+FULL_STEPS = 1000
+
+
+def _law_curve(
+    steps: list[int], total: int, log_tau: float, rng: np.random.Generator
+) -> TrialCurve:
+    """A curve that follows the law with C = SHARED[4] on a linear schedule of `total` steps."""
+    curve = TrialCurve(
+        steps=tuple(steps), samples=tuple(steps), losses=tuple(0.0 for _ in steps),
+        scheduler="linear", warmup_ratio=0.05, learning_rate=1e-3, full_run_steps=total,
+    )  # fmt: skip
+    data = curve.data()
+    law = JointFit(SHARED, (log_tau,), 0.0, 0)
+    losses = law.loss(0, data.s1, data.s2) + rng.normal(0.0, 0.003, data.s1.size)
+    return TrialCurve(**{**curve.to_attr(), "steps": tuple(steps), "losses": tuple(losses)})
+
+
+def test_the_reference_run_identifies_the_annealing_term(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    # Trials: the first 3 % of their 1000-step runs, where the rate has not begun to fall.
+    trials = [_law_curve(list(range(5, 31, 5)), FULL_STEPS, tau, rng) for tau in (2, 2.5, 3, 3.5)]
+    spec = reference_spec(
+        demo_spec(tmp_path / "model", tmp_path, scheduler="linear", warmup_ratio=0.05),
+        FULL_STEPS, fraction=0.2, evals=12,
+    )  # fmt: skip
+    assert spec.max_steps == 200 and spec.stop_after_steps is None and spec.eval_interval == 16
+    steps = list(range(spec.eval_interval, 201, spec.eval_interval)) + [200]
+    reference = _law_curve(sorted(set(steps)), spec.max_steps, 2.5, rng)
+
+    without = shared_shape(trials)
+    assert without["annealing"] < 1e-9  # no trial saw a decay: C is held at 0
+    shape = shared_shape([*trials, reference])
+    assert shape["annealing"] == pytest.approx(SHARED[4], rel=0.3)
+    assert shape["alpha"] == pytest.approx(SHARED[2], rel=0.3)
+
+    # A trial's predicted final loss: within 10 % of the law's with the reference; without
+    # it, the law holds C at 0 and misses the decay by far more.
+    target = trials[0]
+    data = target.data()
+    truth = float(JointFit(SHARED, (2.0,), 0.0, 0).loss(0, data.s1_end, data.s2_end))
+    from analysis.loss_correction import LossCorrection
+
+    def p50(peers: list[TrialCurve]) -> float:
+        final = predict_final_loss(
+            target, peers=peers, full_run_samples=FULL_STEPS, correction=LossCorrection()
+        )
+        return final.fit.p50
+
+    assert p50([*trials[1:], reference]) == pytest.approx(truth, rel=0.1)
+    assert abs(p50(trials[1:]) / truth - 1) > 0.5
+
+
+def test_a_study_runs_its_reference_once_budgeted_and_listed(
+    tiny_model_dir: Path, small_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpo.runner import run_study
+    from hpo.summary import print_summary
+
+    values: dict[str, Any] = {
+        "data": str(small_data), "study_name": "shaped", "n_trials": 4, "trial_fraction": 0.05,
+        "trial_evals": 3, "sampler": "random", "system_metrics_seconds": 0, "seed": 3,
+        "reference_fraction": 0.15, "search_hours": 1.0,
+    }  # fmt: skip
+    config = short_study(tmp_path / "w", tiny_model_dir, values)
+    summary = run_study(config, progress=False)
+    record = summary.reference_run
+    assert record["state"] == "complete" and record["fraction"] == 0.15
+    assert record["seconds"] > 0 and record["curves"] >= 4  # 3 trials and the reference
+    study = optuna.load_study(study_name="shaped", storage=config.storage_url)
+    assert len(study.trials) == 4  # the reference is no trial: nothing the pick could take
+    assert study.user_attrs[REFERENCE_ATTR] == record
+    assert "reference" in study.user_attrs[SHAPE_CURVES_ATTR]
+    # Its seconds are search time: the ledger's spent covers the trials and the reference.
+    trials = sum(
+        (t.datetime_complete - t.datetime_start).total_seconds()
+        for t in study.trials
+        if t.datetime_complete and t.datetime_start
+    )
+    assert summary.search["spent_hours"] * 3600 >= trials + record["seconds"]
+    print_summary(summary, {})
+    assert reference_line(record) in capsys.readouterr().out
+    assert "fitted alpha" in reference_line(record)
+
+    from mlflow import MlflowClient
+
+    run = MlflowClient(summary.tracking_uri).get_run(summary.mlflow_parent_run_id)
+    assert run.data.params["reference_run.fraction"] == "0.15"
+    assert run.data.tags["reference_run"] == reference_line(record)
