@@ -201,6 +201,13 @@ def _search_flags(parser: argparse.ArgumentParser) -> None:
     search.add_argument(
         "--trial-evals", type=int, default=6, help="Evaluations per trial (default 6)."
     )
+    search.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="Worker processes of the study (default 1): the search budget counts the "
+        "GPU-hours of all of them; wall clock is about GPU-hours / workers.",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,7 +277,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise BadInputError(f"--{name.replace('_', '-')} must be >= 1, but got {value}")
-    for name in ("n_trials", "trial_evals"):
+    for name in ("n_trials", "trial_evals", "workers"):
         if getattr(args, name) < 1:
             raise BadInputError(
                 f"--{name.replace('_', '-')} must be >= 1, but got {getattr(args, name)}"
@@ -350,6 +357,7 @@ def _search(args: argparse.Namespace, chosen: Fit) -> dict[str, Any]:
         max_fidelity=args.trial_fraction,
         evals=args.trial_evals,
         price_per_hour=args.price_per_hour or 0.0,
+        workers=args.workers,
     )
     total_p90 = plan.planned_hours + full.seconds_p90 / 3600
     return {

@@ -14,7 +14,7 @@ Pure functions of the time model's estimates: `hpo` plans a study with them and
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from analysis.timemodel import Estimate
@@ -35,33 +35,49 @@ MIN_FIT_EVALS = 3
 
 @dataclass(frozen=True)
 class TrialCost:
-    """One trial's predicted seconds: `fixed` + `per_fidelity` x its fidelity."""
+    """One trial's predicted seconds: `fixed` + `per_fidelity` x its fidelity, and `once`.
+
+    `once` is paid once per worker, not per trial: loading the base model (and the warm-up
+    of its first steps) where a worker keeps it between trials. `fixed_source` says where
+    `fixed` comes from: the time model's prior, or what this study's trials measured.
+    """
 
     fixed: float
     per_fidelity: float
+    once: float = 0.0
+    fixed_source: str = "prior"
 
     def seconds(self, fidelity: float) -> float:
         return self.fixed + self.per_fidelity * fidelity
 
+    def measured(self, fixed_seconds: float, trials: int) -> TrialCost:
+        """The same cost with `fixed` measured on `trials` trials (their load included)."""
+        return replace(
+            self, fixed=fixed_seconds, once=0.0, fixed_source=f"measured on {trials} trials"
+        )
 
-def trial_cost(full_run: Estimate, *, evals: int) -> TrialCost:
+
+def trial_cost(full_run: Estimate, *, evals: int, reuse_base_model: bool = False) -> TrialCost:
     """A trial of `full_run`'s configuration, from the time model's breakdown of the full run.
 
-    The trial keeps the full run's start-up and warm-up, evaluates `evals` times and saves
-    one checkpoint (timed for the full run's saves); its training and data loading are the
-    fidelity's share of the full run's. The breakdown is the median's, scaled to the p50.
+    The trial keeps the full run's start-up and warm-up (once per worker where it reuses its
+    base model), evaluates `evals` times and saves one checkpoint (timed for the full run's
+    saves); its training and data loading are the fidelity's share of the full run's. The
+    breakdown is the median's, scaled to the p50.
     """
     parts = full_run.breakdown
     total = sum(parts.values()) or 1.0
     scale = full_run.seconds_p50 / total
-    fixed = (
-        parts.get("startup", 0.0)
-        + parts.get("warmup", 0.0)
-        + evals * full_run.extra.get("eval_seconds_each", 0.0)
-        + full_run.extra.get("checkpoint_seconds_each", 0.0)
+    load = parts.get("startup", 0.0) + parts.get("warmup", 0.0)
+    fixed = evals * full_run.extra.get("eval_seconds_each", 0.0) + full_run.extra.get(
+        "checkpoint_seconds_each", 0.0
     )
     per_fidelity = parts.get("train", 0.0) + parts.get("data_loading", 0.0)
-    return TrialCost(fixed=fixed * scale, per_fidelity=per_fidelity * scale)
+    return TrialCost(
+        fixed=(fixed + (0.0 if reuse_base_model else load)) * scale,
+        per_fidelity=per_fidelity * scale,
+        once=load * scale if reuse_base_model else 0.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -79,7 +95,11 @@ class SearchPlan:
             set-up to its first trial, a probe).
         full_run_hours_p50: The full run's predicted p50, for comparison.
         price_per_hour: The machine's price.
-        workers: Processes sharing the budget; wall-clock hours are about GPU-hours / workers.
+        workers: Processes sharing the budget (GPU-hours of all of them); wall-clock hours
+            are about GPU-hours / workers.
+        fixed_hours: The part of `trial_hours` that does not shrink with the fidelity.
+        fixed_source: Where `fixed_hours` comes from (the prior, or measured trials).
+        once_hours: Paid once per worker (loading the base model it keeps between trials).
     """
 
     budget_hours: float | None
@@ -92,10 +112,21 @@ class SearchPlan:
     price_per_hour: float = 0.0
     before_trials_hours: float = 0.0
     workers: int = 1
+    fixed_hours: float = 0.0
+    fixed_source: str = "prior"
+    once_hours: float = 0.0
 
     @property
     def planned_hours(self) -> float:
-        return self.before_trials_hours + self.trials * self.trial_hours
+        return (
+            self.before_trials_hours
+            + self.workers * self.once_hours
+            + self.trials * self.trial_hours
+        )
+
+    @property
+    def trials_per_worker(self) -> int:
+        return math.ceil(self.trials / self.workers)
 
     def cost(self, hours: float) -> float:
         return hours * self.price_per_hour
@@ -118,17 +149,24 @@ class SearchPlan:
         cost = f", cost {self.cost(self.planned_hours):.2f}" if priced else ""
         lines = [
             f"{budget}: planned {self.trials} trials at {self.fidelity:.3g} of their full run "
-            f"(min {self.min_fidelity:.3g}), {format_hours(self.trial_hours)} each, "
+            f"(min {self.min_fidelity:.3g}), {format_hours(self.trial_hours)} each (fixed "
+            f"{format_hours(self.fixed_hours)}: {self.fixed_source}), "
             f"{format_hours(self.planned_hours)} of GPU time in all{cost}",
         ]
         if self.workers > 1:
             lines.append(
-                f"  {self.workers} workers: about {format_hours(self.planned_hours / self.workers)} "
-                "of wall clock"
+                f"  {self.workers} workers share the budget (GPU-hours of all of them): about "
+                f"{self.trials_per_worker} trials each, "
+                f"{format_hours(self.planned_hours / self.workers)} of wall clock"
+            )
+        if self.once_hours > 0:
+            lines.append(
+                f"  loading the base model once per worker: {format_hours(self.once_hours)}"
             )
         if self.before_trials_hours > 0:
             lines.append(
-                f"  of which set-up and probe before the trials: {format_hours(self.before_trials_hours)}"
+                "  of which set-up and probe before the trials: "
+                f"{format_hours(self.before_trials_hours)}"
             )
         full_cost = f", cost {self.cost(self.full_run_hours_p50):.2f}" if priced else ""
         lines.append(
@@ -205,7 +243,7 @@ def plan_search(
     min_fidelity = min(max_fidelity, max(MIN_FIDELITY, min_steps / full_run_steps))
     trials, fidelity = n_trials, max_fidelity
     if budget_hours is not None:
-        left = max(0.0, budget_hours - before_trials_hours) * 3600
+        left = max(0.0, (budget_hours - before_trials_hours) * 3600 - workers * cost.once)
         # The largest fidelity at which all n_trials fit, within [min_fidelity, max_fidelity].
         each = left / n_trials
         if cost.per_fidelity > 0:
@@ -224,6 +262,9 @@ def plan_search(
         price_per_hour=price_per_hour,
         before_trials_hours=before_trials_hours,
         workers=workers,
+        fixed_hours=cost.fixed / 3600,
+        fixed_source=cost.fixed_source,
+        once_hours=cost.once / 3600,
     )
 
 
@@ -238,6 +279,8 @@ def plan_search_for_run(
     price_per_hour: float = 0.0,
     before_trials_hours: float = 0.0,
     workers: int = 1,
+    reuse_base_model: bool = True,
+    measured_fixed: tuple[float, int] | None = None,
 ) -> SearchPlan:
     """The search before the full run `full`: its budget (`budget_hours`), then `plan_search`.
 
@@ -252,13 +295,20 @@ def plan_search_for_run(
         price_per_hour: The machine's price.
         before_trials_hours: Already spent before the trials (set-up, probe).
         workers: Processes sharing the budget.
+        reuse_base_model: Each worker keeps its base model between trials (the study's
+            default): the load is paid once per worker, not per trial.
+        measured_fixed: A trial's fixed seconds as measured (by this machine's trials) and
+            on how many trials; None: the time model's prior.
     """
     hours = full.seconds_p50 / 3600
+    cost = trial_cost(full, evals=evals, reuse_base_model=reuse_base_model)
+    if measured_fixed is not None:
+        cost = cost.measured(*measured_fixed)
     budget, source = budget_hours(
         search_hours=search_hours, search_budget_pct=search_budget_pct, full_run_hours_p50=hours
     )
     return plan_search(
-        trial_cost(full, evals=evals),
+        cost,
         budget_hours=budget,
         source=source,
         n_trials=n_trials,
@@ -269,4 +319,22 @@ def plan_search_for_run(
         price_per_hour=price_per_hour,
         before_trials_hours=before_trials_hours,
         workers=workers,
+    )
+
+
+def refit(plan: SearchPlan, cost: TrialCost, *, n_trials: int) -> SearchPlan:
+    """`plan` at its fidelity (the study's trials compare at equal data) with a trial's cost
+    as measured since: its trial hours and the trials that now fit, at most `n_trials`."""
+    trials = n_trials
+    if plan.budget_hours is not None:
+        left = (plan.budget_hours - plan.before_trials_hours) * 3600 - plan.workers * cost.once
+        each = max(cost.seconds(plan.fidelity), 1e-9)
+        trials = max(1, min(n_trials, math.floor(max(0.0, left) * (1 + 1e-9) / each)))
+    return replace(
+        plan,
+        trials=trials,
+        trial_hours=cost.seconds(plan.fidelity) / 3600,
+        fixed_hours=cost.fixed / 3600,
+        fixed_source=cost.fixed_source,
+        once_hours=cost.once / 3600,
     )

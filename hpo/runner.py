@@ -86,6 +86,7 @@ def run_study(
     *,
     progress: bool = True,
     estimator_factory: EstimatorFactory = StudyEstimator,
+    since_launch: float = 0.0,
 ) -> StudySummary:
     """Run (or continue) the study described by `config` until it holds `n_trials` trials.
 
@@ -93,12 +94,13 @@ def run_study(
         config: The study.
         progress: Show a progress bar.
         estimator_factory: Builds the study's time model (tests pin its coefficients).
+        since_launch: Seconds this process ran before the call (its imports): search time.
 
     Raises:
         BadInputError: Bad input, or nothing in the space fits the budget; either stops
             before a study or an MLflow run is written.
     """
-    started = time.perf_counter()
+    started = time.perf_counter() - since_launch
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     config, prepared, estimator, study = _open(config, estimator_factory)
     tracker = Tracker.for_study(config)
@@ -109,14 +111,20 @@ def run_study(
     _learn_from_full_runs(tracker, estimator, study)
     # Set-up and any probe (no calibration yet, or measuring before refusing) are search time.
     keeper, config = search_budget.start(
-        study, config, estimator, before_trials_seconds=time.perf_counter() - started
+        study,
+        config,
+        estimator,
+        before_trials_seconds=time.perf_counter() - started,
+        launched=started,
     )
     search_budget.record_plan(tracker, parent, keeper)
     context = StudyContext(config, prepared, tracker, parent, estimator, keeper)
     _optimize(study, context, progress=progress)
     if not keeper.stopped:
         promote(study, context, progress=progress)
+    keeper.trials_ended = time.perf_counter()
     summary = _close(study, context)
+    summary.search = keeper.finish(summary.search)  # launch to exit, the close included
     summary.elapsed_seconds = time.perf_counter() - started
     return summary
 
@@ -245,7 +253,7 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
                 claimed(Objective(context)),
                 n_trials=len(chosen),
                 catch=(TrainingFailed,),
-                callbacks=[bar],
+                callbacks=[bar, *([context.budget.record] if context.budget else [])],
                 gc_after_trial=True,
             )
         finally:

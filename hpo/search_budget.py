@@ -1,12 +1,17 @@
 """The study's own budget: planned before the first trial, kept during the study.
 
 The plan (`analysis.search_plan`) sizes the trials from the time model's prediction of a
-typical feasible configuration. The ledger is the study's storage: every trial's wall time
-from Optuna's start and completion stamps (running trials up to now, so all workers count)
-plus what each session spent before its first trial (set-up, a probe: the GPU is rented
-then too). A trial that would cross the budget stops at its next
-evaluation and is scored on what it has (`BudgetStop`, a plain training callback); the
-study stops when what is left would not buy half a trial (`BudgetKeeper.after_trial`).
+typical feasible configuration, with a trial's fixed cost as this study's trials measured
+it once there are some (refitted after every trial), the prior before. The ledger counts
+from launch to exit: this session's own wall clock since its process started (set-up, a
+probe, the gaps between trials), the other sessions' trials from Optuna's start and
+completion stamps (running ones up to now, so all workers count) and what they spent
+outside their trials (stored on the study). The work after the last trial (closing the
+runs, the summary, the report, MLflow's finish) is reserved: a trial that would cross the
+budget less that reserve stops at its next evaluation and is scored on what it has
+(`BudgetStop`, a plain training callback); the study stops when what is left would not buy
+half a trial (`BudgetKeeper.after_trial`). The reserve is the longest close a session of
+this study measured, before any the smaller of this session's set-up and 5 % of the budget.
 """
 
 from __future__ import annotations
@@ -14,13 +19,15 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import os
 import statistics
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from analysis.search_plan import SearchPlan, plan_search_for_run
+from analysis.search_plan import SearchPlan, TrialCost, plan_search_for_run, refit, trial_cost
 from common.mlflow_store import metric
 from hpo.config import StudyConfig
 from trainers.events import EvalInfo, TrainingCallback
@@ -31,10 +38,50 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PLAN_ATTR = "search_plan"  # on the study: the plan its first session made (fidelity kept)
-# On the study: seconds its sessions spent before their first trial (set-up, probe).
+# On the study: seconds its sessions spent outside their trials (set-up, probe, the gaps
+# between trials, closing); a session adds its set-up when its trials start, the rest at exit.
 BEFORE_TRIALS_ATTR = "search_before_trials_seconds"
+# On the study: the longest close (last trial's end to the session's exit) a session measured.
+TAIL_ATTR = "search_tail_seconds"
 STOPPED_ATTR = "stopped_by"  # on a trial the budget cut short
 ENDED_BY = ("search budget", "n_trials", "timeout")
+WORKERS_ENV = "HPO_WORKERS"  # set by `--workers N` for its workers: they share one budget
+# The reserve for the close before any session measured it: at most this share of the budget.
+TAIL_PRIOR_SHARE = 0.05
+
+
+def seconds_since_launch() -> float:
+    """Seconds since this process started (its imports are search time too); 0 if unknown."""
+    try:
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:  # noqa: BLE001 - no process table: count from the call
+        return 0.0
+
+
+def session_workers() -> int:
+    """Workers sharing the study's budget: `--workers N` tells its workers through the env."""
+    try:
+        return max(1, int(os.environ.get(WORKERS_ENV, "1")))
+    except ValueError:
+        return 1
+
+
+def measured_fixed(trials: Iterable[optuna.trial.FrozenTrial]) -> tuple[float, int] | None:
+    """A trial's fixed seconds as this study's trained trials measured them, and how many.
+
+    Per finished trial that trained: its wall time (Optuna's stamps: sampling, the checks,
+    the trainer's set-up, evaluations, the timed save, tracking) less its optimizer steps'
+    time. The median, so a worker's first trial (it loads the base model) weighs little.
+    """
+    fixed = [
+        (t.datetime_complete - t.datetime_start).total_seconds()
+        - float(t.user_attrs["steps_seconds"])
+        for t in trials
+        if t.datetime_start and t.datetime_complete and "steps_seconds" in t.user_attrs
+    ]
+    return (max(0.0, statistics.median(fixed)), len(fixed)) if fixed else None
 
 
 def typical_full_run(estimator: StudyEstimator) -> Any:
@@ -55,10 +102,13 @@ def make_plan(
     *,
     before_trials_seconds: float = 0.0,
     workers: int = 1,
+    measured: tuple[float, int] | None = None,
+    full: Any = None,
 ) -> SearchPlan:
-    """The study's search plan from its time model (before any trial)."""
+    """The study's search plan from its time model (before any trial; `measured`: a trial's
+    fixed seconds as measured, see `measured_fixed`)."""
     return plan_search_for_run(
-        typical_full_run(estimator).full_run,
+        typical_full_run(estimator).full_run if full is None else full,
         search_hours=config.budget.search_hours,
         search_budget_pct=config.budget.search_budget_pct,
         n_trials=config.n_trials,
@@ -67,6 +117,8 @@ def make_plan(
         price_per_hour=config.budget.price_per_hour,
         before_trials_hours=before_trials_seconds / 3600,
         workers=workers,
+        reuse_base_model=config.reuse_base_model,
+        measured_fixed=measured,
     )
 
 
@@ -120,22 +172,47 @@ class BudgetStop(TrainingCallback):
 
 
 class BudgetKeeper:
-    """Keeps one study inside its plan's budget; tells which limit ended it."""
+    """Keeps one study inside its plan's budget from launch to exit; tells which limit ended it.
+
+    Args:
+        study: The study.
+        plan: Its search plan.
+        n_trials: Trials asked for (the most a refitted plan makes).
+        cost: One trial's cost as planned from the time model, refitted to what the trials
+            measure (None: the plan is not refitted).
+        launched: This session's start on `clock` (its process's start where known).
+        stored_seconds: What this session already added to the study's outside-trials
+            seconds (its set-up; not counted twice).
+    """
 
     def __init__(
         self,
         study: optuna.Study,
         plan: SearchPlan,
         *,
+        n_trials: int | None = None,
+        cost: TrialCost | None = None,
+        launched: float | None = None,
+        stored_seconds: float = 0.0,
         now: Callable[[], dt.datetime] = dt.datetime.now,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        import time
-
         self.study = study
         self.plan = plan
+        self.n_trials = plan.trials if n_trials is None else n_trials
+        self.cost = cost
         self.now = now
         self.clock = clock or time.perf_counter
+        self.launched = self.clock() if launched is None else launched
+        self.stored_seconds = stored_seconds
+        attrs = study.user_attrs
+        self.others_outside = float(attrs.get(BEFORE_TRIALS_ATTR, 0.0)) - stored_seconds
+        tail = attrs.get(TAIL_ATTR)
+        prior = min(stored_seconds, TAIL_PRIOR_SHARE * (self.budget_seconds or 0.0))
+        self.reserve_seconds = prior if tail is None else float(tail)
+        self.own: dict[int, float] = {}  # this session's finished trials: their seconds
+        self.current: int | None = None  # this session's trial in training
+        self.trials_ended: float | None = None  # on `clock`: this session's trials are over
         self.stopped = False
         self.first_session = True  # the study's first plan (its MLflow params are written once)
 
@@ -144,44 +221,71 @@ class BudgetKeeper:
         hours = self.plan.budget_hours
         return None if hours is None else hours * 3600
 
+    @property
+    def usable_seconds(self) -> float | None:
+        """The budget less the reserve for the close after the last trial."""
+        budget = self.budget_seconds
+        return None if budget is None else budget - self.reserve_seconds
+
     def spent(self) -> float:
-        before = float(self.study.user_attrs.get(BEFORE_TRIALS_ATTR, 0.0))
-        trials = self.study.get_trials(deepcopy=False)
-        return spent_seconds(trials, now=self.now(), before_trials_seconds=before)
+        """GPU-seconds spent: this session's wall clock since launch, the other sessions'
+        trials (running ones up to now) and their time outside trials."""
+        others = [
+            t
+            for t in self.study.get_trials(deepcopy=False)
+            if t.number not in self.own and t.number != self.current
+        ]
+        own = self.clock() - self.launched
+        return own + self.others_outside + spent_seconds(others, now=self.now())
 
     def trial_callbacks(self, trial: optuna.Trial) -> list[TrainingCallback]:
         """The stop at the budget for one trial's run (none without a budget)."""
-        budget = self.budget_seconds
-        if budget is None:
+        self.current = trial.number
+        usable = self.usable_seconds
+        if usable is None:
             return []
 
         def mark() -> None:
             trial.set_user_attr(STOPPED_ATTR, "search budget")
 
-        return [BudgetStop(self.spent, budget, clock=self.clock, on_stop=mark)]
+        return [BudgetStop(self.spent, usable, clock=self.clock, on_stop=mark)]
 
-    def after_trial(self, study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
-        """Optuna callback: stop the study when the rest would not buy half a typical trial."""
-        budget = self.budget_seconds
-        if budget is None:
-            return
-        if budget - self.spent() < 0.5 * self.typical_trial_seconds():
+    def record(self, _study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """Optuna callback: a trial of this session is over (the ledger counts it once)."""
+        if trial.datetime_start and trial.datetime_complete:
+            self.own[trial.number] = (
+                trial.datetime_complete - trial.datetime_start
+            ).total_seconds()
+        self.current = None
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """Optuna callback: refit the plan to what the trials measured; stop the study when
+        the rest would not buy half a typical trial."""
+        self.record(study, trial)
+        trials = study.get_trials(deepcopy=False)
+        measured = measured_fixed(trials)
+        if measured is not None and self.cost is not None:
+            self.plan = refit(self.plan, self.cost.measured(*measured), n_trials=self.n_trials)
+        usable = self.usable_seconds
+        if usable is not None and usable - self.spent() < 0.5 * self.typical_trial_seconds(trials):
             self.stopped = True
             study.stop()
 
     def before_start(self) -> bool:
         """Whether any budget is left for a first trial of this session."""
-        budget = self.budget_seconds
-        if budget is None or budget - self.spent() >= 0.5 * self.typical_trial_seconds():
+        usable = self.usable_seconds
+        if usable is None or usable - self.spent() >= 0.5 * self.typical_trial_seconds():
             return True
         self.stopped = True
         return False
 
-    def typical_trial_seconds(self) -> float:
+    def typical_trial_seconds(self, trials: list[optuna.trial.FrozenTrial] | None = None) -> float:
         """The median trained trial's wall time so far, else the plan's prediction."""
+        if trials is None:
+            trials = self.study.get_trials(deepcopy=False)
         done = [
             (t.datetime_complete - t.datetime_start).total_seconds()
-            for t in self.study.get_trials(deepcopy=False)
+            for t in trials
             if t.datetime_start and t.datetime_complete and not t.user_attrs.get("never_trained")
         ]
         return statistics.median(done) if done else self.plan.trial_hours * 3600
@@ -193,7 +297,7 @@ class BudgetKeeper:
         return "n_trials" if finished >= n_trials else "timeout"
 
     def report(self, ended_by: str) -> dict[str, Any]:
-        """Planned against spent, for the summary and --json."""
+        """Planned against spent (up to now), for the summary and --json."""
         spent = self.spent() / 3600
         budget = self.plan.budget_hours
         return {
@@ -202,7 +306,25 @@ class BudgetKeeper:
             "spent_cost": self.plan.cost(spent),
             "spent_over_budget": None if not budget else spent / budget,
             "ended_by": ended_by,
+            "reserve_seconds": self.reserve_seconds,
         }
+
+    def finish(self, report: dict[str, Any]) -> dict[str, Any]:
+        """At the session's exit: `report` with what it spent up to now, and on the study
+        this session's time outside its trials and its close (the next session's reserve)."""
+        final = {**report, **self.report(report["ended_by"])}
+        outside = self.clock() - self.launched - sum(self.own.values())
+        attrs = self.study.user_attrs
+        before = float(attrs.get(BEFORE_TRIALS_ATTR, 0.0))
+        self.study.set_user_attr(
+            BEFORE_TRIALS_ATTR, before + max(0.0, outside - self.stored_seconds)
+        )
+        self.stored_seconds = max(self.stored_seconds, outside)
+        if self.trials_ended is not None:
+            tail = self.clock() - self.trials_ended
+            final["tail_seconds"] = tail
+            self.study.set_user_attr(TAIL_ATTR, max(tail, float(attrs.get(TAIL_ATTR) or 0.0)))
+        return final
 
 
 def start(
@@ -211,24 +333,44 @@ def start(
     estimator: StudyEstimator,
     *,
     before_trials_seconds: float,
+    launched: float | None = None,
 ) -> tuple[BudgetKeeper, StudyConfig]:
     """Plan the search (or take the plan a first session stored) and the config it runs.
 
     The trials of one study are compared at equal data, so a resumed study keeps the
-    fidelity its first budgeted session planned. This session's seconds before its first
-    trial (set-up, a probe) are added to the study's ledger.
+    fidelity its first budgeted session planned (its trials refitted to what its trials
+    measured). This session's seconds before its first trial (launch, set-up, a probe) are
+    added to the study's ledger; `launched` is the session's start on `time.perf_counter`.
     """
     if before_trials_seconds > 0:
         before = float(study.user_attrs.get(BEFORE_TRIALS_ATTR, 0.0))
         study.set_user_attr(BEFORE_TRIALS_ATTR, before + before_trials_seconds)
     spent_before = float(study.user_attrs.get(BEFORE_TRIALS_ATTR, 0.0))
-    plan = make_plan(config, estimator, before_trials_seconds=spent_before)
+    full = typical_full_run(estimator).full_run
+    measured = measured_fixed(study.get_trials(deepcopy=False))
+    plan = make_plan(
+        config,
+        estimator,
+        before_trials_seconds=spent_before,
+        workers=session_workers(),
+        measured=measured,
+        full=full,
+    )
+    cost = trial_cost(full, evals=config.trial.evals, reuse_base_model=config.reuse_base_model)
     stored = study.user_attrs.get(PLAN_ATTR)
     if stored and stored.get("budget_hours") is not None and plan.budget_hours is not None:
         plan = dataclasses.replace(plan, fidelity=float(stored["fidelity"]))
+        plan = refit(plan, cost.measured(*measured) if measured else cost, n_trials=config.n_trials)
     elif not stored:
         study.set_user_attr(PLAN_ATTR, plan.to_dict())
-    keeper = BudgetKeeper(study, plan)
+    keeper = BudgetKeeper(
+        study,
+        plan,
+        n_trials=config.n_trials,
+        cost=cost,
+        launched=launched,
+        stored_seconds=max(0.0, before_trials_seconds),
+    )
     keeper.first_session = not stored
     if plan.fidelity != config.trial.fraction:
         trial = dataclasses.replace(config.trial, fraction=plan.fidelity)

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     _check_tracking_server(config)
 
     from hpo.runner import run_study
+    from hpo.search_budget import seconds_since_launch
     from hpo.summary import print_summary
     from hpo.workers import run_workers
 
@@ -58,7 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         finished = run_workers(config, args.workers, argv)
         # The summary of the whole study, from this process: no trial is added.
         config = dataclasses.replace(config, n_trials=max(1, min(config.n_trials, finished)))
-    summary = run_study(config, progress=not args.no_progress and args.workers == 1)
+    summary = run_study(
+        config,
+        progress=not args.no_progress and args.workers == 1,
+        # The imports are search time too (not the workers' time: they keep their own).
+        since_launch=seconds_since_launch() if args.workers == 1 else 0.0,
+    )
     if args.json:
         write_json(args.json, redact_values(summary.to_dict()))
     print_summary(summary, mlflow_defaults().get("server") or {})

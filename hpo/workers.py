@@ -213,6 +213,9 @@ def run_workers(config: StudyConfig, n_workers: int, argv: list[str]) -> int:
     make_storage(url, heartbeat_seconds=config.heartbeat_seconds)
     _create_experiment(config)
     work.workers.mkdir(parents=True, exist_ok=True)
+    from hpo.search_budget import WORKERS_ENV
+
+    os.environ[WORKERS_ENV] = str(n_workers)  # they share one budget: each plans with it
     procs = []
     for index, gpu in enumerate(gpus):
         env = {**os.environ, "HPO_WORKER_INDEX": str(index)}
