@@ -103,3 +103,42 @@ def test_a_study_runs_its_reference_once_budgeted_and_listed(
     run = MlflowClient(summary.tracking_uri).get_run(summary.mlflow_parent_run_id)
     assert run.data.params["reference_run.fraction"] == "0.15"
     assert run.data.tags["reference_run"] == reference_line(record)
+
+
+class _Study:
+    """What `add_full_run_curves` reads and writes of an Optuna study."""
+
+    def __init__(self, name: str) -> None:
+        self.study_name = name
+        self.user_attrs: dict[str, Any] = {}
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        self.user_attrs[key] = value
+
+
+def _report(study: str, status: str = "finished") -> dict[str, Any]:
+    return {
+        "status": status, "final_step": 100, "final_eval_loss": 1.2,
+        "eval_records": [{"step": s, "samples_seen": 8 * s, "loss": 3.0 - s / 50} for s in (20, 40, 60, 80)],
+        "spec": {"scheduler": "linear", "warmup_ratio": 0.05, "learning_rate": 1e-3},
+        "provenance": {"study": study},
+    }  # fmt: skip
+
+
+def test_full_runs_of_the_study_join_the_shared_fit_with_their_whole_curve() -> None:
+    from analysis.full_runs import FullRun
+    from hpo.final_loss import study_peers
+    from hpo.reference_run import add_full_run_curves
+
+    study = _Study("mine")
+    runs = [
+        FullRun("a", _report("mine")),
+        FullRun("b", _report("another study")),
+        FullRun("c", _report("mine", status="stopped_by_window")),  # its schedule's end unseen
+    ]
+    assert add_full_run_curves(study, runs) == 1  # type: ignore[arg-type]
+    (curve,) = study_peers([], study.user_attrs)
+    assert curve.full_run_steps == 100 and curve.steps == (20, 40, 60, 80, 100)
+    assert curve.losses[-1] == 1.2
+    data = curve.data()
+    assert data.s2[-1] == data.s2_end > 0  # it saw its whole decay: it identifies C
