@@ -26,6 +26,7 @@ from hpo.pick import PROMOTED_FROM_ATTR
 from hpo.prepare import Prepared
 from hpo.runspec import trial_spec
 from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
+from hpo.trial_attrs import set_user_attrs
 from search_spaces import sample
 from trainers.events import EvalInfo, TrainingCallback
 from trainers.result import TrainResult
@@ -129,8 +130,7 @@ class Objective:
             fraction=fraction,
             output_dir=WorkDir(config.work_dir).trial(trial.number),
         )
-        for key, value in {**params, **derived}.items():
-            trial.set_user_attr(key, value)
+        set_user_attrs(trial, {**params, **derived})
         promoted_from = trial.user_attrs.get(PROMOTED_FROM_ATTR)
         first_run = None if promoted_from is None else _first_run_id(trial.study, promoted_from)
         if first_run is not None:
@@ -174,13 +174,11 @@ class Objective:
         result, seconds = self._train(trial, spec, reporter, run_id)
         measured = self._measurements(result, derived["full_run_steps"], seconds)
         measured.update(ctx.estimator.observe(trial, runs, result, verdict))
-        for key, value in measured.items():
-            trial.set_user_attr(key, value)
         final = self._final_loss(trial, spec, result, derived)
+        # The trial's measurements and its curve in one write (Optuna writes one per key).
+        set_user_attrs(trial, {**measured, **(final.user_attrs() if final else {})})
         tags: dict[str, str] = {}
         if final is not None:
-            for key, value in final.user_attrs().items():
-                trial.set_user_attr(key, value)
             ctx.estimator.add_final_loss(trial, final)
             measured.update(final.metrics())
             tags.update(final.tags())

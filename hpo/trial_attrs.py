@@ -1,0 +1,53 @@
+"""A trial's user attributes written in one transaction where the storage allows it.
+
+Optuna has no batch write for user attributes: each `Trial.set_user_attr` is a transaction
+of its own (on SQLite a commit and its sync: 16 ms each on the loaded 2-vCPU VM, and a trial
+wrote about thirty). On an RDB storage (SQLite, PostgreSQL, MySQL) `set_user_attrs` writes
+them in one; on others (the journal file, in memory) one by one as before. The keys and
+values are the same either way, so every reader of `trial.user_attrs` (the report, the
+export, the summary, workers, a resumed study) reads them as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+
+
+def set_user_attrs(trial: optuna.Trial, values: Mapping[str, Any]) -> None:
+    """Set `values` as `trial`'s user attributes: one transaction on an RDB storage."""
+    if not values:
+        return
+    backend = _rdb_backend(trial)
+    if backend is None:
+        for key, value in values.items():
+            trial.set_user_attr(key, value)
+        return
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    trial_id = trial._trial_id
+    with _create_scoped_session(backend.scoped_session, True) as session:
+        for key, value in values.items():
+            backend._set_trial_attr_without_commit(
+                session, models.TrialUserAttributeModel, trial_id, key, value
+            )
+    # What `Trial.set_user_attr` does after its write: the trial's own view sees them.
+    trial._cached_frozen_trial.user_attrs.update(values)
+
+
+def _rdb_backend(trial: optuna.Trial) -> Any:
+    """The RDB storage under `trial`'s (cached) storage whose private per-session write
+    `set_user_attrs` uses; None where there is none (or Optuna changed it)."""
+    from optuna.storages import RDBStorage
+
+    storage = getattr(trial, "storage", None)
+    backend = getattr(storage, "_backend", storage)
+    needed = ("scoped_session", "_set_trial_attr_without_commit")
+    if not isinstance(backend, RDBStorage) or not all(hasattr(backend, n) for n in needed):
+        return None
+    if not hasattr(trial, "_trial_id") or not hasattr(trial, "_cached_frozen_trial"):
+        return None
+    return backend
