@@ -9,8 +9,9 @@ wall-clock budget (`--minutes`):
 1. `hpo`: `python -m hpo.study` with its defaults, the task's window and epochs,
    `--search-hours` equal to the peers' wall-clock budget (and `--n-trials` large, so the
    budget ends it), in its own work dir; its pick is the preset it exports.
-   `search_spent_over_budget`: its wall time from launch to exit over that budget (the
-   study's own ledger, trials and probe only, is `search.spent_over_budget` in its row);
+   `search_spent_over_budget`: its wall time from launch to exit over that budget, measured
+   here around the process (the study's own ledger, also launch to exit since issue 24's
+   close reserve, is `search.spent_over_budget` in its row);
 2. `hf`: transformers' `Trainer.hyperparameter_search(backend="optuna")`, TPE, no pruning;
 3. `optuna_mlflow`: plain Optuna TPE with optuna-integration's `MLflowCallback`;
 4. `random`: Optuna's RandomSampler.
