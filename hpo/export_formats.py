@@ -106,7 +106,9 @@ def trl_config(
         "seed": int(training.get("seed") or 0),
         "report_to": "none",
         # Beside the config, like the converted data: `<config stem>-output`.
-        "output_dir": str(data_out.resolve().with_name(f"{data_out.name.removesuffix('.data.jsonl')}-output")),
+        "output_dir": str(
+            data_out.resolve().with_name(f"{data_out.name.removesuffix('.data.jsonl')}-output")
+        ),
     }
     config.update(_packing(training.get("packing", "none"), data.get("overflow", "truncate")))
     if training.get("max_steps"):
@@ -130,11 +132,17 @@ def _packing(packing: str, overflow: str) -> dict[str, Any]:
 
 def _save_cadence(training: dict[str, Any], estimate: dict[str, Any]) -> dict[str, Any]:
     """Checkpoints every N optimizer steps; a cadence in minutes becomes steps at the estimate."""
-    keep = {"save_total_limit": int(training["keep_checkpoints"])} if training.get(
-        "keep_checkpoints"
-    ) else {}
+    keep = (
+        {"save_total_limit": int(training["keep_checkpoints"])}
+        if training.get("keep_checkpoints")
+        else {}
+    )
     if training.get("checkpoint_interval"):
-        return {"save_strategy": "steps", "save_steps": int(training["checkpoint_interval"]), **keep}
+        return {
+            "save_strategy": "steps",
+            "save_steps": int(training["checkpoint_interval"]),
+            **keep,
+        }
     minutes = training.get("checkpoint_minutes")
     hours = (estimate.get("duration_hours") or {}).get("p50")
     steps = estimate.get("full_run_steps")
