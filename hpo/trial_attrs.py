@@ -21,12 +21,15 @@ def set_user_attrs(trial: optuna.Trial, values: Mapping[str, Any]) -> None:
     if not values:
         return
     backend = _rdb_backend(trial)
+    try:  # Optuna's private modules: a version that moved them writes one by one.
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+    except ImportError:
+        backend = None
     if backend is None:
         for key, value in values.items():
             trial.set_user_attr(key, value)
         return
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
 
     trial_id = trial._trial_id
     with _create_scoped_session(backend.scoped_session, True) as session:
