@@ -112,6 +112,7 @@ def budget_study(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         n_trials=6,
         window_hours=window / 3600,
         safety_margin_minutes=0.0,
+        reference_fraction=0.0,  # trials only: the loss-shape reference run is not counted here
     )
     calls: list[str] = []
     import trainers.loop.run
