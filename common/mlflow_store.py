@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.outage import is_http
 from common.redact import redact
+from common.retry import retry_schema_race
 from common.spool import Spool
 
 if TYPE_CHECKING:
@@ -157,7 +158,9 @@ class MlflowStore:
 
         tags = [InputTag(MLFLOW_DATASET_CONTEXT, record["context"])]
         inputs = [DatasetInput(Dataset(**record["dataset"]), tags=tags)]
-        self.client.log_inputs(self.resolve(record["run"]), datasets=inputs)
+        run_id = self.resolve(record["run"])
+        # Workers logging one dataset at once both insert it; the loser finds it on a retry.
+        retry_schema_race(lambda: self.client.log_inputs(run_id, datasets=inputs))
 
     def _log_model(self, record: dict[str, Any], path: Path) -> None:
         """Create the LoggedModel, upload the folder, link it to the run; register it if asked."""

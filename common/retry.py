@@ -18,9 +18,10 @@ SCHEMA_RACE_ATTEMPTS = 10
 
 
 def lost_schema_race(exc: BaseException) -> bool:
-    """Whether `exc` is another worker having created a table or row first."""
+    """Whether `exc` is another worker having created a table or row first (PostgreSQL:
+    duplicate key; SQLite: UNIQUE constraint failed, as when two workers log one dataset)."""
     text = str(exc).lower()
-    return "duplicate" in text or "already exists" in text
+    return any(sign in text for sign in ("duplicate", "already exists", "unique constraint failed"))
 
 
 def retry_schema_race(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,11 @@ from common.mlflow_store import (
     metric,
 )
 from common.mlflow_writer import MlflowWriter
-from common.retry import SCHEMA_RACE_ATTEMPTS, retry_schema_race
+from common.retry import SCHEMA_RACE_ATTEMPTS, lost_schema_race, retry_schema_race
 from trainers.events import EvalInfo, StepInfo
 from trainers.tracking import StepMetrics
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class FailsFirst:
@@ -193,3 +196,57 @@ def test_step_metrics_buffer_and_flush_under_the_one_set_of_names(
         "val_loss": 1.5,
     }
     assert len(writer.client.get_metric_history(run_id, "train_loss")) == steps
+
+
+def test_sqlite_unique_violation_counts_as_the_race() -> None:
+    # SQLite's wording, as two workers logging one dataset met it in a study of two workers.
+    error = RuntimeError(
+        "(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, "
+        "datasets.name, datasets.digest"
+    )
+    assert lost_schema_race(error)
+    assert not lost_schema_race(RuntimeError("no such table: datasets"))
+
+
+def test_workers_logging_one_dataset_at_once_all_get_it(tmp_path: Path) -> None:
+    """Processes log the same new datasets to one experiment at the same moment: every
+    run gets its input (the loser of an insert finds the winner's row on a retry)."""
+    script = tmp_path / "log_inputs.py"
+    script.write_text(
+        "import sys, time\n"
+        "from mlflow import MlflowClient\n"
+        "from common.mlflow_store import MlflowStore\n"
+        "uri, experiment, start = sys.argv[1], sys.argv[2], float(sys.argv[3])\n"
+        "client = MlflowClient(tracking_uri=uri)\n"
+        "store = MlflowStore(client, uri)\n"
+        "runs = [client.create_run(experiment).info.run_id for _ in range(8)]\n"
+        "time.sleep(max(0.0, start - time.time()))\n"
+        "for i, run in enumerate(runs):\n"
+        "    dataset = {'name': f'data-{i}', 'digest': f'd{i}', 'source_type': 'local',\n"
+        "               'source': '/data.jsonl'}\n"
+        "    store.send({'op': 'input', 'run': run, 'context': 'train', 'dataset': dataset})\n"
+        "print(' '.join(runs))\n"
+    )
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    experiment = MlflowClient(tracking_uri=uri).create_experiment("race")
+    start = time.time() + 8  # both processes have imported MLflow and made their runs
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), uri, experiment, str(start)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err[-2000:]
+    client = MlflowClient(tracking_uri=uri)
+    for out, _ in outputs:
+        for run in out.split():
+            inputs = client.get_run(run).inputs.dataset_inputs
+            assert [i.dataset.name for i in inputs] and len(inputs) == 1
