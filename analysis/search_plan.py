@@ -221,8 +221,7 @@ def plan_search(
     Args:
         cost: One trial's predicted seconds as a function of its fidelity.
         budget_hours: GPU-hours for the whole search, set-up and probe included; None: no
-            budget
-            (`n_trials` at `max_fidelity`).
+            budget (`n_trials` at `max_fidelity`).
         source: Where the budget comes from, in words.
         n_trials: Trials the user asked for (the most the plan makes).
         max_fidelity: The study's trial fraction (the largest share a trial trains).

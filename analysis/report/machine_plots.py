@@ -133,9 +133,9 @@ def _trials_text(times: TrialTimes) -> str:
     """How many trials of each kind were compared, and how far off the time model was."""
     text = (
         "Each trial against the prediction for the steps it trained: "
-        f"{len(times.complete)} trained all their steps, {len(times.pruned)} were pruned "
-        "(stopped early: compared with the prediction for the steps they ran, not for a "
-        "whole trial)"
+        f"{len(times.complete)} trained all their steps, {len(times.pruned)} "
+        f"{'was' if len(times.pruned) == 1 else 'were'} pruned (stopped early: compared with "
+        "the prediction for the steps they ran, not for a whole trial)"
     )
     if times.left_out:
         text += f"; {times.left_out} left out (predicted for other steps than they trained)"
