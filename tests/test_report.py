@@ -156,7 +156,7 @@ def test_durations_compare_each_trial_with_the_prediction_for_the_steps_it_train
     assert times.steps_only == [(0.33, 0.3)]
     section = durations(TIMED_ROWS, tmp_path)
     assert section.image == DURATIONS and (tmp_path / DURATIONS).is_file()
-    assert "1 trained all their steps, 1 were pruned" in section.reading
+    assert "1 trained all their steps, 1 was pruned" in section.reading
     assert "1 left out" in section.reading
     assert "2 of 2 took a time inside the predicted p10-p90 band" in section.reading
     assert "On the optimizer steps alone" in section.reading
