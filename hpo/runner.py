@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -124,7 +125,6 @@ def run_study(
         promote(study, context, progress=progress)
     keeper.trials_ended = time.perf_counter()
     summary = _close(study, context)
-    summary.search = keeper.finish(summary.search)  # launch to exit, the close included
     summary.elapsed_seconds = time.perf_counter() - started
     return summary
 
@@ -163,8 +163,22 @@ def _close(study: optuna.Study, context: StudyContext) -> StudySummary:
 
     study.set_user_attr(SEARCH_ATTR, summary.search)  # the report's line on it
     _report(study, config, tracker, summary)
+
+    def spent_to_the_end() -> None:
+        # Launch to exit, the close included: the summary's, the parent run's and the report's.
+        if context.budget is None:
+            return
+        before = dict(summary.search)
+        summary.search = context.budget.finish(summary.search)
+        search_budget.record_spent(tracker, parent, summary.search)
+        study.set_user_attr(SEARCH_ATTR, summary.search)
+        if summary.report_path:
+            search_budget.rewrite_report_line(
+                tracker, parent, Path(summary.report_path), before, summary.search
+            )
+
     summary.tracking_records_waiting = tracker.finish_parent(
-        parent, exit_wait_seconds=config.tracking.exit_wait_seconds
+        parent, exit_wait_seconds=config.tracking.exit_wait_seconds, last=spent_to_the_end
     )
     summary.tracking_spool = tracker.spool_folder
     return summary

@@ -23,6 +23,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -204,6 +205,7 @@ class BudgetKeeper:
     ) -> None:
         self.study = study
         self.plan = plan
+        self.opening = plan  # printed before the first trial: the summary's "at the start"
         self.n_trials = plan.trials if n_trials is None else n_trials
         self.cost = cost
         self.now = now
@@ -312,6 +314,8 @@ class BudgetKeeper:
             "spent_over_budget": None if not budget else spent / budget,
             "ended_by": ended_by,
             "reserve_seconds": self.reserve_seconds,
+            # What was printed before the first trial, against the plan refitted since.
+            "opening": self.opening.to_dict(),
         }
 
     def finish(self, report: dict[str, Any]) -> dict[str, Any]:
@@ -410,3 +414,20 @@ def record_spent(tracker: Tracker, parent: str, report: dict[str, Any]) -> None:
     if report.get("spent_over_budget") is not None:
         metrics.append(metric("search_spent_over_budget", report["spent_over_budget"], 0))
     tracker.writer.log_batch(parent, metrics=metrics, tags={"search_ended_by": report["ended_by"]})
+
+
+def rewrite_report_line(
+    tracker: Tracker, parent: str, report: Path, before: dict[str, Any], final: dict[str, Any]
+) -> None:
+    """The study report's search line with the final spend (the report is drawn before the
+    close ends), in the work dir's copy and the parent run's."""
+    from analysis.report.document import search_line
+
+    old, new = search_line(before), search_line(final)
+    if old is None or new is None or not report.is_file():
+        return
+    text = report.read_text(encoding="utf-8")
+    if old not in text:
+        return
+    report.write_text(text.replace(old, new), encoding="utf-8")
+    tracker.log_artifact(parent, report, "report")

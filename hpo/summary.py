@@ -207,19 +207,44 @@ def _print_pareto(summary: StudySummary) -> None:
 
 
 def _print_search(search: dict[str, Any]) -> None:
-    """The search's plan against what it spent, and which limit ended it."""
+    """The search's plan against what it spent, and which limit ended it.
+
+    Two plans, each with what it counts: the one printed before the first trial (the time
+    model's prior for a trial's fixed part, the base model's load once per worker) and the
+    one refitted to what the trials measured (their median fixed part, the load in it).
+    """
     if not search:
         return
-    line = (
-        f"search: planned {format_hours(search['planned_hours'])} GPU time "
-        f"({search['trials']} trials at {search['fidelity']:.3g} of their full run), "
-        f"spent {format_hours(search['spent_hours'])}"
-    )
+    opening = search.get("opening")
+    if opening:
+        line = (
+            f"search: planned {format_hours(opening['planned_hours'])} of GPU time at the "
+            f"start ({plan_parts(opening)}, at {search['fidelity']:.3g} of their full run), "
+            f"re-planned {format_hours(search['planned_hours'])} on the trials' measured cost "
+            f"({plan_parts(search)}); spent {format_hours(search['spent_hours'])}"
+        )
+    else:
+        line = (
+            f"search: planned {format_hours(search['planned_hours'])} of GPU time ({plan_parts(search)}, at {search['fidelity']:.3g} of "
+            f"their full run); spent {format_hours(search['spent_hours'])}"
+        )
     if search.get("budget_hours"):
         line += f" of a {format_hours(search['budget_hours'])} budget ({search['source']})"
     if search.get("price_per_hour"):
         line += f"; cost {search['spent_cost']:.2f} spent, {search['planned_cost']:.2f} planned"
     print(f"{line}; ended by {search['ended_by']}")
+
+
+def plan_parts(plan: dict[str, Any]) -> str:
+    """What a plan's GPU time counts: set-up, base model loads and trials (a `SearchPlan` dict)."""
+    parts = []
+    if plan.get("before_trials_hours"):
+        parts.append(f"set-up {format_hours(plan['before_trials_hours'])}")
+    loads = plan.get("workers", 1) * plan.get("once_hours", 0.0)
+    if loads:
+        parts.append(f"model load {format_hours(loads)}")
+    parts.append(f"{plan['trials']} trials x {format_hours(plan['trial_hours'])}")
+    return " + ".join(parts)
 
 
 def _print_estimate(estimate: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ the server does not take under the study's work dir and sends it when the server
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -308,7 +308,11 @@ class Tracker:
         self.writer.log_batch(run, tags={NOTE_TAG: text})
 
     def finish_parent(
-        self, parent_run_id: str, *, exit_wait_seconds: float = EXIT_WAIT_SECONDS
+        self,
+        parent_run_id: str,
+        *,
+        exit_wait_seconds: float = EXIT_WAIT_SECONDS,
+        last: Callable[[], None] | None = None,
     ) -> int:
         """Close the study's parent run and wait until everything is stored or spooled.
 
@@ -316,10 +320,15 @@ class Tracker:
             parent_run_id: The study's parent run.
             exit_wait_seconds: How long to wait for a server that does not answer to take
                 what waits in the spool (said in one line).
+            last: Records written once everything queued before is stored, just before the
+                run closes (what the search spent, its close included).
 
         Returns:
             Records still waiting for the server (in `spool_folder`).
         """
+        if last is not None:
+            self.writer.flush()
+            last()
         self.writer.set_terminated(parent_run_id, "FINISHED")
         self.writer.flush()
         waiting = send_before_exit(self.writer, exit_wait_seconds)

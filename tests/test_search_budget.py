@@ -23,6 +23,7 @@ from analysis.search_plan import (
     trial_cost,
 )
 from analysis.timemodel import predict
+from common.fmt import format_hours
 from hpo.config import load_config
 from hpo.estimator import StudyEstimator
 from hpo.prepare import prepare
@@ -36,6 +37,7 @@ from hpo.search_budget import (
     measured_fixed,
     spent_seconds,
 )
+from hpo.summary import print_summary
 from tests.cli import run_module
 from tests.configs import demo_spec, short_study
 from tests.test_timemodel import coefficients
@@ -273,7 +275,7 @@ def _config(work: Path, model: Path, data: Path, **overrides: Any) -> Any:
 
 
 def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(
-    tiny_model_dir: Path, small_data: Path, tmp_path: Path
+    tiny_model_dir: Path, small_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = _config(tmp_path / "w", tiny_model_dir, small_data)
     estimator = StudyEstimator(config, prepare(config), cpu_probe=FAST_PRIOR)
@@ -315,12 +317,29 @@ def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(
     # The params: the plan before the first trial (the summary's is refitted since).
     assert run.data.params["search_plan.trials"] == str(study.user_attrs["search_plan"]["trials"])
     assert float(run.data.params["search_plan.budget_hours"]) == pytest.approx(budget, rel=1e-4)
-    # MLflow's is spent before the parent run closes; the summary's after, the close included.
-    logged = run.data.metrics["search_spent_hours"]
-    assert search["spent_hours"] - search["tail_seconds"] / 3600 <= logged <= search["spent_hours"]
+    # The parent run's, the study's and the report's spend are the summary's, written after
+    # the report, the close included (before: MLflow's read lower by the close).
+    assert run.data.metrics["search_spent_hours"] == pytest.approx(search["spent_hours"])
+    assert run.data.metrics["search_spent_over_budget"] == pytest.approx(
+        search["spent_over_budget"]
+    )
+    assert study.user_attrs["search_spent"]["spent_hours"] == pytest.approx(search["spent_hours"])
     assert run.data.tags["search_ended_by"] == "search budget"
+    from analysis.report.document import search_line
 
-    assert summary.report_path and "Search: spent" in Path(summary.report_path).read_text()
+    line = search_line(search)
+    assert line and summary.report_path and line in Path(summary.report_path).read_text()
+    logged_report = Path(run.info.artifact_uri.removeprefix("file://"), "report")
+    assert line in (logged_report / Path(summary.report_path).name).read_text()
+
+    # The summary names what each plan counts; its opening plan is the one printed first.
+    opening = capsys.readouterr().out.splitlines()[0]
+    print_summary(summary, {})
+    said = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("search:"))
+    first = format_hours(search["opening"]["planned_hours"])
+    assert f"{first} of GPU time in all" in opening
+    assert f"planned {first} of GPU time at the start (set-up " in said
+    assert f"re-planned {format_hours(search['planned_hours'])} on the trials' measured" in said
 
     # Run again: the budget is spent, so no trial starts (and the parent's params stand).
     again = run_study(
