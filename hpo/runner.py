@@ -88,6 +88,7 @@ def run_study(
     progress: bool = True,
     estimator_factory: EstimatorFactory = StudyEstimator,
     since_launch: float = 0.0,
+    after_workers: bool = False,
 ) -> StudySummary:
     """Run (or continue) the study described by `config` until it holds `n_trials` trials.
 
@@ -96,6 +97,8 @@ def run_study(
         progress: Show a progress bar.
         estimator_factory: Builds the study's time model (tests pin its coefficients).
         since_launch: Seconds this process ran before the call (its imports): search time.
+        after_workers: The summary of `--workers N` once its workers are done (the limit that
+            ended the study is theirs).
 
     Raises:
         BadInputError: Bad input, or nothing in the space fits the budget; either stops
@@ -118,6 +121,7 @@ def run_study(
         before_trials_seconds=time.perf_counter() - started,
         launched=started,
     )
+    keeper.after_workers = after_workers
     search_budget.record_plan(tracker, parent, keeper)
     context = StudyContext(config, prepared, tracker, parent, estimator, keeper)
     _optimize(study, context, progress=progress)

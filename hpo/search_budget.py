@@ -45,6 +45,7 @@ BEFORE_TRIALS_ATTR = "search_before_trials_seconds"
 # On the study: the longest close (last trial's end to the session's exit) a session measured.
 TAIL_ATTR = "search_tail_seconds"
 STOPPED_ATTR = "stopped_by"  # on a trial the budget cut short
+ENDED_ATTR = "search_ended_by"  # on the study: the limit that ended its last session
 ENDED_BY = ("search budget", "n_trials", "timeout")
 WORKERS_ENV = "HPO_WORKERS"  # set by `--workers N` for its workers: they share one budget
 # The reserve for the close before any session measured it: at most this share of the budget.
@@ -222,6 +223,9 @@ class BudgetKeeper:
         self.trials_ended: float | None = None  # on `clock`: this session's trials are over
         self.stopped = False
         self.first_session = True  # the study's first plan (its MLflow params are written once)
+        # The summary `--workers N` writes once its workers are done (it runs no trial): the
+        # limit that ended the study is the workers'.
+        self.after_workers = False
 
     @property
     def budget_seconds(self) -> float | None:
@@ -299,6 +303,8 @@ class BudgetKeeper:
 
     def ended_by(self, finished: int, n_trials: int) -> str:
         """Which limit ended the study: search budget, n_trials or timeout."""
+        if self.after_workers and self.study.user_attrs.get(ENDED_ATTR) in ENDED_BY:
+            return str(self.study.user_attrs[ENDED_ATTR])
         if self.stopped:
             return "search budget"
         return "n_trials" if finished >= n_trials else "timeout"
@@ -329,6 +335,7 @@ class BudgetKeeper:
             BEFORE_TRIALS_ATTR, before + max(0.0, outside - self.stored_seconds)
         )
         self.stored_seconds = max(self.stored_seconds, outside)
+        self.study.set_user_attr(ENDED_ATTR, final["ended_by"])
         if self.trials_ended is not None:
             tail = self.clock() - self.trials_ended
             final["tail_seconds"] = tail

@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         progress=not args.no_progress and args.workers == 1,
         # The imports are search time too (not the workers' time: they keep their own).
         since_launch=seconds_since_launch() if args.workers == 1 else 0.0,
+        after_workers=args.workers != 1,
     )
     if args.json:
         write_json(args.json, redact_values(summary.to_dict()))

@@ -30,6 +30,7 @@ from hpo.prepare import prepare
 from hpo.runner import run_study
 from hpo.search_budget import (
     BEFORE_TRIALS_ATTR,
+    ENDED_ATTR,
     TAIL_ATTR,
     BudgetKeeper,
     BudgetStop,
@@ -216,6 +217,28 @@ def test_the_ledger_runs_from_launch_to_exit_and_reserves_the_close() -> None:
     assert study.user_attrs[BEFORE_TRIALS_ATTR] == pytest.approx(5.0 + 21.0)
     assert study.user_attrs[TAIL_ATTR] == pytest.approx(3.0)
     assert BudgetKeeper(study, _plan(COST, 100 / 3600)).reserve_seconds == pytest.approx(3.0)
+
+
+def test_the_summary_after_workers_counts_their_time_once_and_says_what_ended_them() -> None:
+    t0 = dt.datetime(2026, 1, 1, 12, 0, 0)
+    study = optuna.create_study()
+    for number in range(4):  # two workers' trials, 30 s each
+        study.add_trial(_frozen(number, t0, 30.0))
+    # The workers' time outside their trials (20 s), the parent's set-up (4 s) added at start.
+    study.set_user_attr(BEFORE_TRIALS_ATTR, 20.0 + 4.0)
+    study.set_user_attr(ENDED_ATTR, "search budget")  # what ended the workers
+    clock = Clock()
+    keeper = BudgetKeeper(
+        study, _plan(COST, 200 / 3600), stored_seconds=4.0, launched=0.0, clock=clock, now=lambda: t0
+    )  # fmt: skip
+    keeper.after_workers = True
+    keeper.trials_ended, clock.t = 4.0, 6.0  # the parent runs no trial, then closes (2 s)
+    final = keeper.finish(keeper.report(keeper.ended_by(4, 4)))  # n_trials: what it finished
+    assert final["ended_by"] == "search budget"
+    # Each second once: the workers' trials and outside time, the parent's set-up and close.
+    assert final["spent_hours"] * 3600 == pytest.approx(4 * 30.0 + 20.0 + 6.0)
+    assert study.user_attrs[BEFORE_TRIALS_ATTR] == pytest.approx(20.0 + 6.0)
+    assert study.user_attrs[ENDED_ATTR] == "search budget"
 
 
 def test_budget_stop_stops_at_the_evaluation_nearest_the_end_of_the_budget() -> None:
