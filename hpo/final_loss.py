@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from analysis.curve_noise import Z90
+from analysis.law_prediction import LawPrediction, fit_shared, predict_final
 from analysis.learning_curve import CurveFit
 from analysis.loss_correction import LossCorrection
-from analysis.loss_law import CurveData, LawPrediction, curve_data, fit_shared, predict_final
+from analysis.loss_law import CurveData, curve_data
 from analysis.lr_schedule import learning_rates, warmup_steps
 
 CURVE_ATTR = "val_curve"  # [[samples_seen, val_loss], ...] of a trial
@@ -272,9 +273,10 @@ def predict_final_loss(
         peers: Other trials' curves of the same study (`peer_curves`).
         full_run_samples: Training samples the full run sees (samples x epochs).
         correction: The study's fitted correction (the identity before any full run).
-        seed: The bootstrap's seed (a trial's number: the same trial, the same band).
+        seed: Unused (the band is a jackknife, the same for the same curves); kept for callers.
     """
-    law = predict_final(curve.data(), [p.data() for p in peers], seed=seed)
+    del seed
+    law = predict_final(curve.data(), [p.data() for p in peers])
     fit = _as_curve_fit(law, curve, full_run_samples)
     return FinalLoss(
         curve=curve,

@@ -11,16 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis.loss_law import (
-    FALLBACK,
-    JOINT,
-    OWN,
-    CurveData,
-    JointFit,
-    curve_data,
-    fit_joint,
-    predict_final,
-)
+from analysis.law_prediction import FALLBACK, JOINT, OWN, predict_final
+from analysis.loss_law import CurveData, JointFit, curve_data, fit_joint
 from analysis.lr_schedule import learning_rates, schedule_areas, warmup_steps
 
 SHARED = (1.5, 4.0, 0.7, 2.0, 0.0)  # L0, D, alpha, beta, C
@@ -89,7 +81,7 @@ def _curves(
 def test_the_joint_fit_predicts_the_end_of_curves_drawn_from_the_law() -> None:
     curves, truths = _curves(8, 0.3, seed=1)
     predictions = [
-        predict_final(c, curves[:i] + curves[i + 1 :], seed=i) for i, c in enumerate(curves)
+        predict_final(c, curves[:i] + curves[i + 1 :]) for i, c in enumerate(curves)
     ]
     errors = [abs(p.p50 / t - 1) for p, t in zip(predictions, truths, strict=True)]
     assert all(p.method == JOINT and p.n_curves == 8 for p in predictions)

@@ -1,0 +1,300 @@
+"""A trial's predicted loss at its full run's end, from the law fitted across the study, and
+its p10-p90 band.
+
+`analysis.loss_law` fits the schedule-aware law to all curves at once; this module decides
+when that fit can be trusted (or falls back), and how wide the band is. The band comes from
+the fit's own uncertainty once the study has identified its loss shape (some curve went
+through a decay of its own: the reference run, a full run that reported back):
+
+* leave curves out: the shared parameters refitted without each group of curves (a
+  delete-group jackknife, at most `groups` refits), and the spread of the target's
+  prediction over them: how much the prediction rests on any one curve, the one that
+  identified the annealing term included;
+* the target's own points: the shift of its prediction when its last point is left out;
+* the fit's residual sd (one evaluation's noise at least);
+* how far the target's end lies beyond the reach of every curve on the shared shape
+  (ln(S1 / tau), tau a curve's own speed), times the prior's error per unit of distance:
+  up to there the curves pin the shape down, beyond it the law extrapolates.
+
+Before the shape is identified no curve in the study says how a run ends, and the band
+adds the extrapolation error measured on `benchmarks/rank_fidelity.py`
+(`EXTRAPOLATION_LOG_SD` per unit of ln(S1 at the end / S1 at the last point)): wide and
+honest. That term also decides whether a prediction may rank trials
+(`hpo.final_loss.TRUSTED_LOG_HALF_WIDTH`), whichever band is shown.
+
+Pure numpy/scipy: imports nothing from the project but `analysis.loss_law` and
+`analysis.curve_noise`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from analysis.curve_noise import Z90
+from analysis.loss_law import CurveData, JointFit, fit_joint, noise_sd
+
+JOINT, OWN, FALLBACK = "joint", "own", "fallback"
+METHODS = (JOINT, OWN, FALLBACK)
+_OWN_MIN_POINTS = 6  # a curve alone must carry the five shared parameters and its tau
+_RISING_RATIO = 1.02
+_NOISE_FLOOR = 1e-3  # of the loss: evaluations are never more exact than this
+_ANNEALING_SEEN = 0.2  # a curve that saw this share of its run's annealing identifies C
+_MAX_ANNEALING = 1.0  # C's bound once identified (loss per peak-rate step of annealing)
+_BACKTEST_QUANTILE = 0.8  # the backtest's error per unit of extrapolation taken for p10/p90
+_BACKTEST_MIN_CURVES = 3
+_REFIT_MAX_NFEV = 30  # refits for the band start from the fit: a few steps move them
+LEAVE_OUT_GROUPS = 8
+# The least log sd of a prediction per unit of ln(S1 at the end / S1 at the last point),
+# where no curve of the study went through a decay. Measured (benchmarks/rank_fidelity.py,
+# tiny llama, prompt/completion, trial fractions 0.01-0.1, 2026-11-23): the 80th percentile
+# of |ln(full run / p50)| / distance was 0.33-0.45 on the fresh model and 0.51-0.62 on one
+# pre-trained for 600 steps; 0.45 x Z90 = 0.58 covers about 80 % of both (in-sample: the
+# benchmark's coverage with it is not an independent test). A study's own backtest measures
+# only short extrapolations (half a trial's curve to its end), which miss most of this
+# error, so it can only raise it.
+EXTRAPOLATION_LOG_SD = 0.45
+
+
+@dataclass(frozen=True)
+class LawPrediction:
+    """A trial's predicted loss at its full run's end and how it was made.
+
+    Attributes:
+        p10: 10th percentile.
+        p50: Median.
+        p90: 90th percentile.
+        method: "joint" (fitted with other trials), "own" (its curve alone) or "fallback".
+        reason: Why it fell back ("" otherwise).
+        n_points: The trial's own points.
+        n_curves: Curves in the fit (1 for "own", 0 for a fallback without peers).
+        extrapolation_log_sd: The extrapolation error prior's log sd at this distance (0:
+            none); what decides whether the prediction may rank trials.
+        shape_identified: Whether a curve of the fit went through a decay (the band then
+            comes from the fit's own uncertainty, not the prior).
+    """
+
+    p10: float
+    p50: float
+    p90: float
+    method: str
+    reason: str
+    n_points: int
+    n_curves: int
+    extrapolation_log_sd: float = 0.0
+    shape_identified: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS} but got {self.method=}")
+        if not (math.isfinite(self.p90) and 0 <= self.p10 <= self.p50 <= self.p90):
+            raise ValueError(
+                f"need 0 <= p10 <= p50 <= p90 but got {self.p10=}, {self.p50=}, {self.p90=}"
+            )
+
+
+def predict_final(
+    target: CurveData, peers: Sequence[CurveData], *, groups: int = LEAVE_OUT_GROUPS
+) -> LawPrediction:
+    """Predict `target`'s loss at its full run's end from its curve and its peers' curves.
+
+    Rules, in order: a curve whose last two losses both rose 2 % above its minimum falls
+    back (no decay to extrapolate); with no peer, a curve of fewer than 6 points falls back
+    (nothing shows the shape); else the law is fitted to all curves (`fit_shared`) and p50
+    is its value at the end. The band adds in quadrature, in log space: the spread of the
+    prediction over refits that leave groups of curves out (at most `groups`), the shift
+    when the target's last point is left out, the fit's residual sd, and the extrapolation
+    error prior: while no curve went through a decay (C unidentified), at the target's whole
+    distance (the larger of `backtest_log_sd` and `EXTRAPOLATION_LOG_SD` per unit of
+    distance); after, `EXTRAPOLATION_LOG_SD` per unit of distance beyond the curves' reach.
+
+    Raises:
+        ValueError: `target` has no points.
+    """
+    if target.losses.size == 0:
+        raise ValueError("target must hold at least one point")
+    peers = [p for p in peers if p.losses.size > 0]
+    last, lowest = float(target.losses[-1]), float(np.min(target.losses))
+    n = int(target.losses.size)
+    if n >= 3 and float(np.min(target.losses[-2:])) > _RISING_RATIO * lowest:
+        return _fallback(target, peers, f"loss rose from its minimum {lowest:.4g} to {last:.4g}")
+    if not peers and n < _OWN_MIN_POINTS:
+        return _fallback(target, peers, f"{n} points and no other trial to share the shape")
+    curves = [*peers, target]
+    fit, noise, max_annealing = fit_shared(curves)
+    p50 = fit.predict_end(len(curves) - 1, target)
+    if not (math.isfinite(p50) and p50 > 0):
+        return _fallback(target, peers, f"the law gives {p50:.4g} at the run's end")
+    identified = max_annealing > 0
+    prior = EXTRAPOLATION_LOG_SD * _distance(target)
+    if not identified:
+        prior = max(backtest_log_sd(curves, max_annealing, noise), EXTRAPOLATION_LOG_SD)
+        prior *= _distance(target)
+    terms = (
+        leave_out_log_spread(curves, fit, noise, groups),
+        _own_points_log_shift(curves, fit, max_annealing, noise),
+        max(noise, fit.residual_sd) / p50,
+        EXTRAPOLATION_LOG_SD * _beyond_the_curves(fit, curves) if identified else prior,
+    )
+    half = Z90 * math.sqrt(sum(t**2 for t in terms))
+    return LawPrediction(
+        p10=p50 * math.exp(-half), p50=p50, p90=p50 * math.exp(half),
+        method=JOINT if peers else OWN, reason="", n_points=n, n_curves=len(curves),
+        extrapolation_log_sd=EXTRAPOLATION_LOG_SD * _distance(target) if identified else prior,
+        shape_identified=identified,
+    )  # fmt: skip
+
+
+def fit_shared(
+    curves: Sequence[CurveData], *, start: JointFit | None = None, max_nfev: int | None = None
+) -> tuple[JointFit, float, float]:
+    """The law fitted jointly to `curves` (the last one's level sets the noise floor).
+
+    C is fitted (bounded by 1 loss unit per peak-rate step of annealing) only when some
+    curve saw at least 20 % of its run's annealing, else held at 0: a curve that ran through
+    a decay of its own (the study's reference run, a full run that reported back) is what
+    identifies it.
+
+    Returns:
+        The fit, one evaluation's noise it assumed, and C's upper bound.
+    """
+    noise = max(noise_sd(curves), _NOISE_FLOOR * float(np.median(curves[-1].losses)))
+    max_annealing = _MAX_ANNEALING if _annealing_seen(curves) else 0.0
+    fit = fit_joint(
+        curves, f_scale=2.0 * noise, max_annealing=max_annealing, start=start, max_nfev=max_nfev
+    )
+    return fit, noise, max_annealing
+
+
+def _annealing_seen(curves: Sequence[CurveData]) -> bool:
+    return any(c.s2_end > 0 and float(c.s2[-1]) >= _ANNEALING_SEEN * c.s2_end for c in curves)
+
+
+def _distance(curve: CurveData) -> float:
+    """How far a prediction extrapolates: ln(S1 at the end / S1 at the last point)."""
+    return max(math.log(curve.s1_end / float(curve.s1[-1])), 0.0)
+
+
+def _beyond_the_curves(fit: JointFit, curves: Sequence[CurveData]) -> float:
+    """How far the last curve's end lies beyond every point the fit saw, on the shared
+    shape: ln(S1 / tau) at its end less the largest ln(S1 / tau) of any curve's last point
+    (0 when some curve reached further). Up to there the curves pin the shape down; beyond
+    it the law extrapolates, and the prior's error per unit of distance applies."""
+    reach = max(math.log(float(c.s1[-1])) - fit.log_tau[i] for i, c in enumerate(curves))
+    end = math.log(curves[-1].s1_end) - fit.log_tau[-1]
+    return max(end - reach, 0.0)
+
+
+def _log_end(fit: JointFit, curves: Sequence[CurveData]) -> float | None:
+    value = fit.predict_end(len(curves) - 1, curves[-1])
+    return math.log(value) if math.isfinite(value) and value > 0 else None
+
+
+def leave_out_log_spread(
+    curves: Sequence[CurveData], fit: JointFit, noise: float, groups: int = LEAVE_OUT_GROUPS
+) -> float:
+    """The jackknife sd of ln(the last curve's prediction) over refits that leave one group
+    of the other curves out (round-robin into at most `groups` groups; C is held at 0 in a
+    refit where no remaining curve went through a decay).
+
+    A prediction of the end that moves when one curve is left out rests on that curve: the
+    spread is how well the study's curves pin down the shared parameters at the target's
+    end. A refit whose prediction is not positive counts as a 100-fold move. 0 with fewer
+    than 2 other curves.
+    """
+    others = len(curves) - 1
+    g = min(groups, others)
+    if g < 2:
+        return 0.0
+    base = _log_end(fit, curves)
+    assert base is not None
+    values = []
+    for group in range(g):
+        keep = [i for i in range(others) if i % g != group]
+        sample = [*(curves[i] for i in keep), curves[-1]]
+        start = JointFit(fit.shared, (*(fit.log_tau[i] for i in keep), fit.log_tau[-1]), 0, 0)
+        refit, _, _ = fit_shared(sample, start=start, max_nfev=_REFIT_MAX_NFEV)
+        value = _log_end(refit, sample)
+        values.append(base - math.log(100.0) if value is None else value)
+    spread = np.asarray(values) - float(np.mean(values))
+    return float(math.sqrt((g - 1) / g * float(np.sum(spread**2))))
+
+
+def _own_points_log_shift(
+    curves: Sequence[CurveData], fit: JointFit, max_annealing: float, noise: float
+) -> float:
+    """|ln| of how far the target's prediction moves when its last point is left out: how
+    firmly its own few points place it on the shared shape."""
+    target = curves[-1]
+    if target.losses.size < 3:
+        return 0.0
+    cut = CurveData(
+        target.s1[:-1], target.s2[:-1], target.losses[:-1], target.s1_end, target.s2_end
+    )
+    sample = [*curves[:-1], cut]
+    refit = fit_joint(
+        sample, f_scale=2.0 * noise, max_annealing=max_annealing, start=fit,
+        max_nfev=_REFIT_MAX_NFEV,
+    )  # fmt: skip
+    value, base = _log_end(refit, sample), _log_end(fit, curves)
+    assert base is not None
+    return abs(base - value) if value is not None else math.log(100.0)
+
+
+def backtest_log_sd(curves: Sequence[CurveData], max_annealing: float, noise: float) -> float:
+    """The law's log error per unit of extrapolation distance, measured on the study's curves.
+
+    Every curve of at least 3 points is cut to its first half, the cut curves (and the
+    shorter ones whole) are fitted jointly, and each cut curve's last observed loss is
+    predicted; |ln(observed / predicted)| / ln(S1 last / S1 at the cut) over the cut curves,
+    its 80th percentile / Z90, is the log sd per unit of ln S1 ratio. 0 with fewer than 3 cut
+    curves (nothing measured: the band then rests on the prior).
+    """
+    cut, checks = [], []
+    for c in curves:
+        keep = c.losses.size // 2
+        if c.losses.size >= 3 and c.s1[-1] > c.s1[keep - 1]:
+            cut.append(CurveData(c.s1[:keep], c.s2[:keep], c.losses[:keep], c.s1_end, c.s2_end))
+            checks.append((len(cut) - 1, c))
+        else:
+            cut.append(c)
+    if len(checks) < _BACKTEST_MIN_CURVES:
+        return 0.0
+    fit = fit_joint(cut, f_scale=2.0 * noise, max_annealing=max_annealing, max_nfev=200)
+    ratios = []
+    for index, c in checks:
+        predicted = float(fit.loss(index, c.s1[-1], c.s2[-1]))
+        distance = math.log(float(c.s1[-1]) / float(cut[index].s1[-1]))
+        if predicted > 0 and distance > 0:
+            ratios.append(abs(math.log(float(c.losses[-1]) / predicted)) / distance)
+    if len(ratios) < _BACKTEST_MIN_CURVES:
+        return 0.0
+    return float(np.quantile(ratios, _BACKTEST_QUANTILE)) / Z90
+
+
+def _fallback(target: CurveData, peers: Sequence[CurveData], reason: str) -> LawPrediction:
+    """The last loss, scaled by how much the peers' curves say is left; band from them.
+
+    With peers, each peer's ratio (law's end / its last loss, from a joint fit of the peers)
+    is one plausible outcome: p50 is the last loss times their median ratio, and the band
+    spans their 10th-90th percentile ratios, the last loss itself (a curve that stopped
+    improving may stay there) and the extrapolation's error at this distance. With no peer:
+    p50 = p90 = the last loss (a decaying schedule seldom ends above it), p10 the
+    extrapolation's error below it.
+    """
+    last = float(target.losses[-1])
+    n = int(target.losses.size)
+    half = Z90 * EXTRAPOLATION_LOG_SD * _distance(target)
+    if len(peers) >= 2:
+        noise = max(noise_sd(peers), _NOISE_FLOOR * last)
+        fit = fit_joint(peers, f_scale=2.0 * noise, max_annealing=0.0)
+        ratios = [fit.predict_end(i, p) / float(p.losses[-1]) for i, p in enumerate(peers)]
+        q10, q50, q90 = (float(q) for q in np.quantile(ratios, [0.1, 0.5, 0.9]))
+        p50 = last * q50
+        p10 = min(last * q10, p50 * math.exp(-half))
+        p90 = max(last * q90, last, p50 * math.exp(half))
+        return LawPrediction(max(p10, 0.0), p50, p90, FALLBACK, reason, n, len(peers))
+    return LawPrediction(last * math.exp(-half), last, last, FALLBACK, reason, n, 0)
