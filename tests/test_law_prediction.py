@@ -1,0 +1,83 @@
+"""The band of a law prediction: from the joint fit's own uncertainty once the study's
+curves identify the shape, from the extrapolation prior before.
+
+Curves are drawn from the law itself with known parameters and noise, so what the tests
+assert holds by construction on any machine.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from analysis.law_prediction import JOINT, leave_out_log_spread, predict_final
+from analysis.loss_law import CurveData, JointFit, curve_data, fit_joint
+from analysis.lr_schedule import learning_rates, schedule_areas
+
+SHARED = (1.5, 4.0, 0.7, 2.0, 0.004)  # L0, D, alpha, beta, C: the annealing term is real
+NOISE = 0.004
+
+
+def _law(log_tau: float, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
+    return JointFit(SHARED, (log_tau,), 0.0, 0).loss(0, s1, s2)
+
+
+def _trials(n: int, fraction: float, seed: int) -> tuple[list[CurveData], list[float]]:
+    """`n` trials of linear-decay runs seen over their first `fraction` in 6 points, and the
+    truth at each full run's end."""
+    rng = np.random.default_rng(seed)
+    curves, truths = [], []
+    for _ in range(n):
+        total = int(rng.choice([200, 400]))
+        log_tau = float(rng.uniform(1.0, 2.5))
+        rates = learning_rates("linear", total, 0, 1e-3)
+        s1, s2 = schedule_areas(rates)
+        steps = np.unique(np.linspace(2, round(fraction * total), 6).round().astype(int))
+        observed = _law(log_tau, s1[steps - 1], s2[steps - 1])
+        observed = observed + rng.normal(0, NOISE, observed.size)
+        curves.append(curve_data(list(steps), list(observed), rates))
+        truths.append(float(_law(log_tau, s1[-1:], s2[-1:])[0]))
+    return curves, truths
+
+
+def _reference(seed: int) -> CurveData:
+    """A complete run through its own decay (the study's reference run), past every trial's
+    end on the shared shape."""
+    rates = learning_rates("linear", 300, 0, 1e-3)
+    s1, s2 = schedule_areas(rates)
+    steps = np.arange(10, 301, 10)
+    rng = np.random.default_rng(seed)
+    losses = _law(0.5, s1[steps - 1], s2[steps - 1]) + rng.normal(0, NOISE, steps.size)
+    return curve_data(list(steps), list(losses), rates)
+
+
+def test_the_band_holds_the_truth_and_narrows_once_the_shape_is_identified() -> None:
+    trials, truths = _trials(7, 0.1, seed=11)
+    reference = _reference(seed=12)
+    with_shape = [
+        predict_final(c, [*trials[:i], *trials[i + 1 :], reference]) for i, c in enumerate(trials)
+    ]
+    without = [predict_final(c, trials[:i] + trials[i + 1 :]) for i, c in enumerate(trials)]
+    assert all(p.method == JOINT and p.shape_identified for p in with_shape)
+    assert not any(p.shape_identified for p in without)
+    # The stated rate is 80 %; drawn from the law itself, the band must hold at least that.
+    covered = sum(p.p10 <= t <= p.p90 for p, t in zip(with_shape, truths, strict=True))
+    assert covered >= 6
+    width = [float(np.median([math.log(p.p90 / p.p10) for p in ps])) for ps in (with_shape, without)]
+    assert width[0] < 0.5 * width[1]
+    # The prior still decides ranking: it measures the distance, not the band.
+    assert all(p.extrapolation_log_sd > 0 for p in with_shape)
+
+
+def test_a_prediction_resting_on_one_curve_spreads_when_it_is_left_out() -> None:
+    trials, _ = _trials(5, 0.1, seed=13)
+    reference = _reference(seed=14)
+    curves = [*trials[1:], reference, trials[0]]
+    fit = fit_joint(curves, f_scale=2 * NOISE, max_annealing=1.0)
+    shared_with_reference = leave_out_log_spread(curves, fit, NOISE)
+    # Without the reference, C is held at 0 and the prediction moves by the whole annealing
+    # drop: the jackknife sees it. Leaving out trials that agree moves it little.
+    alone = [*trials[1:], trials[0]]
+    fit_alone = fit_joint(alone, f_scale=2 * NOISE, max_annealing=0.0)
+    assert shared_with_reference > 2 * leave_out_log_spread(alone, fit_alone, NOISE)
