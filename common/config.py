@@ -17,6 +17,7 @@ a *part* of the tree:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
@@ -56,8 +57,19 @@ def same_as(cls: type, name: str, **change: Any) -> Any:
 
 def part_type(cls: type, field: dataclasses.Field[Any]) -> type | None:
     """The dataclass a field of `cls` holds (a part of the tree), else None."""
-    kind = typing.get_type_hints(cls)[field.name]
-    return kind if isinstance(kind, type) and dataclasses.is_dataclass(kind) else None
+    return _part_types(cls)[field.name]
+
+
+@functools.cache
+def _part_types(cls: type) -> dict[str, type | None]:
+    # Once per class: `get_type_hints` evaluates every annotation string each call, and a
+    # config is built per trial and per configuration judged (192 TrainSpecs, 18 s of a
+    # study's set-up under load before this cache).
+    hints = typing.get_type_hints(cls)
+    return {
+        name: kind if isinstance(kind, type) and dataclasses.is_dataclass(kind) else None
+        for name, kind in hints.items()
+    }
 
 
 def flat_key(part: dataclasses.Field[Any], field: dataclasses.Field[Any]) -> str:

@@ -29,7 +29,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
+from common import mlflow_seed
 from common.errors import BadInputError
+from common.mlflow_seed import sqlite_path
 from common.mlflow_store import (
     MlflowStore,
     batch_record,
@@ -107,8 +109,13 @@ class MlflowWriter:
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
         self._pending: list[Future[Any]] = []
-        # The store creates (and migrates) its tables on first contact.
+        # The store creates (and migrates) its tables on first contact; a new SQLite store
+        # starts as a copy of the empty one MLflow made here before (`common.mlflow_seed`).
+        path = sqlite_path(tracking_uri)
+        fresh = path is not None and not path.exists() and not mlflow_seed.seed(path)
         client = self.setup(lambda: MlflowClient(tracking_uri=tracking_uri))
+        if fresh and path is not None:
+            mlflow_seed.keep(path)
         self.store = MlflowStore(client, tracking_uri)
 
     @property
