@@ -183,9 +183,9 @@ def weight_bytes(model: ModelSize, precision: str, quantization: str = "none") -
     return unquantized * width + (model.total_parameters - unquantized) * NF4_BYTES_PER_WEIGHT
 
 
-def static_memory_bytes(model: ModelSize, trainable_parameters: float, precision: str) -> float:
-    """Weights at training precision + fp32 adapters, their gradients and AdamW's two moments."""
+def static_memory_bytes(
+    model: ModelSize, trainable_parameters: float, precision: str, quantization: str = "none"
+) -> float:
+    """The base's weights (`weight_bytes`) + fp32 adapters, their gradients and AdamW's moments."""
     per_parameter = sum(TRAINABLE_BYTES.values())
-    return (
-        model.total_parameters * PRECISION_BYTES[precision] + per_parameter * trainable_parameters
-    )
+    return weight_bytes(model, precision, quantization) + per_parameter * trainable_parameters

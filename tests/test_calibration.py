@@ -10,9 +10,11 @@ import pytest
 from analysis.calibration.file import VERSION, Calibration, load, load_for
 from analysis.calibration.fit import fit, update
 from analysis.calibration.measurements import RunMeasurements
+from analysis.calibration.spread import configuration
 from analysis.hardware import fingerprint, prior_coefficients
 from analysis.timemodel import Coefficients, ModelProfile, Plan, predict
 from analysis.workload import (
+    NF4_STEP_FACTOR,
     activation_bytes,
     adapter_flops,
     attention_flops,
@@ -78,8 +80,13 @@ def synthetic_run(
     with_checkpoints: bool = True,
     truth: Coefficients = TRUTH,
     model: ModelProfile = MODEL,
+    quantization: str = "none",
 ) -> RunMeasurements:
-    """Measurements generated from `truth` with log-normal noise and x3 stalls."""
+    """Measurements generated from `truth` with log-normal noise and x3 stalls.
+
+    An NF4 run (`quantization="nf4"`) takes `NF4_STEP_FACTOR` times longer per micro-step
+    and holds its base's linear layers in 4 bits.
+    """
     t = truth
     params = rank * model.lora_parameters_per_rank
     seq = rng.integers(8, 513, size=steps)
@@ -91,6 +98,7 @@ def synthetic_run(
         + t.micro_seconds_per_attention_flop * attention_flops(model, 1.0, gc) * tokens * seq
     ) * np.exp(rng.normal(0.0, noise, size=steps))
     seconds = np.where(rng.random(steps) < outliers, 3.0 * seconds, seconds)
+    seconds *= NF4_STEP_FACTOR if quantization == "nf4" else 1.0
     seconds[:3] *= 10.0  # warm-up
     n_opt = steps // 4
     opt = (t.optimizer_fixed_seconds + t.optimizer_seconds_per_parameter * params) * np.exp(
@@ -105,7 +113,7 @@ def synthetic_run(
     )
     peak = (
         t.memory_fixed_bytes
-        + static_memory_bytes(model, params, "fp32")
+        + static_memory_bytes(model, params, "fp32", quantization)
         + t.activation_memory_scale * activation_bytes(model, batch, int(seq.max()), "fp32", gc)
     )
     return RunMeasurements.from_result_dict(
@@ -130,6 +138,7 @@ def synthetic_run(
                 "trainable_parameters": params,
                 "gradient_checkpointing": gc,
                 "max_length": 512,
+                "quantization": quantization,
             },
         }
     )
@@ -214,6 +223,27 @@ def test_calibrated_prediction_matches_truth() -> None:
     assert got.seconds_p10 < truth.seconds_p50 < got.seconds_p90
     assert got.seconds_p90 / got.seconds_p50 < 1.3  # calibrated: much narrower than the prior
     assert got.source == f"calibration:{cal.calibration_id}"
+
+
+def test_nf4_runs_calibrate_the_model_without_counting_nf4_twice() -> None:
+    # QLoRA trials measure slower steps and smaller weights; `predict` applies both to an
+    # NF4 plan, so the fit must take them out: fitted on NF4 runs alone, the coefficients
+    # are the unquantized machine's, and an NF4 plan is predicted as NF4 runs measure.
+    got = fit(runs(seed=3, quantization="nf4"), MODEL, CPU, prior=PRIOR).coefficients
+    for batch, seq in ((1, 64), (8, 512)):
+        assert micro_seconds(got, batch, seq, 8192) == pytest.approx(
+            micro_seconds(TRUTH, batch, seq, 8192), rel=0.03
+        )
+    assert got.activation_memory_scale == pytest.approx(0.7, rel=0.02)
+    assert got.memory_fixed_bytes == pytest.approx(600e6, rel=0.03)
+    nf4 = dataclasses.replace(PLAN, quantization="nf4")
+    warm = dataclasses.replace(TRUTH, warmup_seconds=got.warmup_seconds)
+    truth, predicted = predict(nf4, warm), predict(nf4, got)
+    assert predicted.breakdown["train"] == pytest.approx(truth.breakdown["train"], rel=0.05)
+    assert predicted.peak_memory_bytes == pytest.approx(truth.peak_memory_bytes, rel=0.03)
+    # Unquantized and NF4 runs of one configuration are not one configuration's repeats.
+    mixed = [runs(seed=5)[0], runs(seed=5, quantization="nf4")[0]]
+    assert len({configuration(r) for r in mixed}) == 2
 
 
 def test_adapter_flops_are_fitted_apart() -> None:

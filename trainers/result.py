@@ -31,6 +31,7 @@ class TrainResult:
     max_length: int
     lora_r: int
     gradient_checkpointing: bool
+    quantization: str = "none"  # the base's weights: "none" or "nf4" (QLoRA)
     optimizer_steps: int = 0
     total_steps: int = 0
     micro_step_seconds: list[float] = field(default_factory=list)

@@ -50,7 +50,9 @@ def _micro_rows(run: RunMeasurements, model: ModelProfile) -> tuple[np.ndarray, 
             attention_flops(model, 1.0, gc) * tokens * seq,  # b * s^2 = tokens * s
         ]
     )
-    return features, np.asarray(run.micro_step_seconds[start:], dtype=np.float64)
+    # An NF4 run's steps are fitted as the unquantized run's: `predict` applies the factor.
+    seconds = np.asarray(run.micro_step_seconds[start:], dtype=np.float64) / run.step_factor
+    return features, seconds
 
 
 def _stack(rows: list[tuple[np.ndarray, np.ndarray]], width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -238,7 +240,7 @@ def _warmup_extra(run: RunMeasurements, model: ModelProfile, c: Coefficients) ->
     w = run.warmup_steps
     features, _ = _micro_rows(dataclasses.replace(run, warmup_steps=0), model)
     rates = _micro_rates(c)
-    steady = float((features[:w] @ rates).sum()) * c.step_mean_ratio
+    steady = float((features[:w] @ rates).sum()) * c.step_mean_ratio * run.step_factor
     extra = float(sum(run.micro_step_seconds[:w])) - steady
     if run.optimizer_warmup_steps:
         optimizer = c.optimizer_fixed_seconds + c.optimizer_seconds_per_parameter * (

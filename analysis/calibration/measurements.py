@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from analysis.workload import NF4_STEP_FACTOR
 from common.errors import BadInputError
-from trainers.spec import eval_batch_size
+from trainers.spec import QUANTIZATION_MODES, eval_batch_size
 
 WARMUP_MICRO_STEPS = 3
 MAX_STORED_MICRO_STEPS = 200
@@ -42,6 +43,9 @@ class RunMeasurements:
             and collating batches, the loop's bookkeeping), over the whole run.
         loop_micro_steps: Micro-steps of the whole run that `loop_seconds` covers.
         eval_samples: Samples per evaluation (0 = unknown).
+        quantization: The base's weights: "none", or "nf4" (QLoRA). An NF4 run's steps are
+            slower and its weights smaller: the fit takes both out, so that one set of
+            coefficients serves both kinds of run (`analysis.workload.NF4_STEP_FACTOR`).
     """
 
     micro_step_seconds: tuple[float, ...]
@@ -62,6 +66,7 @@ class RunMeasurements:
     loop_seconds: float = 0.0
     loop_micro_steps: int = 0
     eval_samples: int = 0
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
         n = len(self.micro_step_seconds)
@@ -73,6 +78,11 @@ class RunMeasurements:
             )
         if len(self.eval_seconds) != len(self.eval_tokens):
             raise BadInputError("eval_seconds and eval_tokens must have the same length")
+        if self.quantization not in QUANTIZATION_MODES:
+            raise BadInputError(
+                f"quantization must be one of {QUANTIZATION_MODES} but got "
+                f"quantization={self.quantization!r}"
+            )
         if self.micro_batch_size < 1 or self.trainable_parameters < 1:
             raise BadInputError(
                 "micro_batch_size and trainable_parameters must be >= 1 but got "
@@ -121,6 +131,7 @@ class RunMeasurements:
                 loop_seconds=loop,
                 loop_micro_steps=loop_steps,
                 eval_samples=_eval_samples(data, config, evals),
+                quantization=str(get("quantization", "none")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, BadInputError):
@@ -136,6 +147,11 @@ class RunMeasurements:
         ]
         del data["eval_seconds"], data["eval_tokens"]
         return data
+
+    @property
+    def step_factor(self) -> float:
+        """How much slower this run's micro-steps are than the same run's unquantized."""
+        return NF4_STEP_FACTOR if self.quantization == "nf4" else 1.0
 
     @property
     def optimizer_warmup_steps(self) -> int:

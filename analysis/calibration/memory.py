@@ -34,7 +34,10 @@ def _memory_features(
         run.gradient_checkpointing,
         hardware.device_kind,
     )
-    return activation, static_memory_bytes(model, run.trainable_parameters, hardware.precision)
+    static = static_memory_bytes(
+        model, run.trainable_parameters, hardware.precision, run.quantization
+    )
+    return activation, static
 
 
 def _memory_peak(

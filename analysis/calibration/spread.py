@@ -29,6 +29,7 @@ def configuration(run: RunMeasurements) -> tuple[object, ...]:
         run.lora_r,
         run.trainable_parameters,
         run.gradient_checkpointing,
+        run.quantization,
     )
 
 

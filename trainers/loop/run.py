@@ -170,6 +170,7 @@ def _new_result(
         max_length=spec.max_length,
         lora_r=spec.lora.r,
         gradient_checkpointing=spec.gradient_checkpointing,
+        quantization=spec.quantization,
         dataset={k: v for k, v in loaded.data.stats.to_dict().items() if k != "lengths"},
         resumed_from_step=saved.get("step"),
         recoveries=recovery.recoveries,
