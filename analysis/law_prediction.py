@@ -48,6 +48,7 @@ _BACKTEST_QUANTILE = 0.8  # the backtest's error per unit of extrapolation taken
 _BACKTEST_MIN_CURVES = 3
 _REFIT_MAX_NFEV = 30  # refits for the band start from the fit: a few steps move them
 LEAVE_OUT_GROUPS = 8
+WARM_MAX_NFEV = 100  # a fit from the last trial's parameters moves little
 # The least log sd of a prediction per unit of ln(S1 at the end / S1 at the last point),
 # where no curve of the study went through a decay. Measured (benchmarks/rank_fidelity.py,
 # tiny llama, prompt/completion, trial fractions 0.01-0.1, 2026-11-23): the 80th percentile
@@ -75,6 +76,7 @@ class LawPrediction:
             none); what decides whether the prediction may rank trials.
         shape_identified: Whether a curve of the fit went through a decay (the band then
             comes from the fit's own uncertainty, not the prior).
+        fit: The joint fit behind it (None for a fallback): a later trial's warm start.
     """
 
     p10: float
@@ -86,6 +88,7 @@ class LawPrediction:
     n_curves: int
     extrapolation_log_sd: float = 0.0
     shape_identified: bool = False
+    fit: JointFit | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -97,7 +100,11 @@ class LawPrediction:
 
 
 def predict_final(
-    target: CurveData, peers: Sequence[CurveData], *, groups: int = LEAVE_OUT_GROUPS
+    target: CurveData,
+    peers: Sequence[CurveData],
+    *,
+    groups: int = LEAVE_OUT_GROUPS,
+    start: JointFit | None = None,
 ) -> LawPrediction:
     """Predict `target`'s loss at its full run's end from its curve and its peers' curves.
 
@@ -110,6 +117,14 @@ def predict_final(
     error prior: while no curve went through a decay (C unidentified), at the target's whole
     distance (the larger of `backtest_log_sd` and `EXTRAPOLATION_LOG_SD` per unit of
     distance); after, `EXTRAPOLATION_LOG_SD` per unit of distance beyond the curves' reach.
+
+    Args:
+        target: The trial's curve.
+        peers: The other curves of the study.
+        groups: The most refits the jackknife makes.
+        start: An earlier fit of these curves (`analysis.loss_law.warm_start`, in the order
+            peers then target): one fit from it, capped at `WARM_MAX_NFEV` evaluations,
+            instead of the two-start fit.
 
     Raises:
         ValueError: `target` has no points.
@@ -124,14 +139,16 @@ def predict_final(
     if not peers and n < _OWN_MIN_POINTS:
         return _fallback(target, peers, f"{n} points and no other trial to share the shape")
     curves = [*peers, target]
-    fit, noise, max_annealing = fit_shared(curves)
+    fit, noise, max_annealing = fit_shared(
+        curves, start=start, max_nfev=WARM_MAX_NFEV if start is not None else None
+    )
     p50 = fit.predict_end(len(curves) - 1, target)
     if not (math.isfinite(p50) and p50 > 0):
         return _fallback(target, peers, f"the law gives {p50:.4g} at the run's end")
     identified = max_annealing > 0
     prior = EXTRAPOLATION_LOG_SD * _distance(target)
     if not identified:
-        prior = max(backtest_log_sd(curves, max_annealing, noise), EXTRAPOLATION_LOG_SD)
+        prior = max(backtest_log_sd(curves, max_annealing, noise, fit), EXTRAPOLATION_LOG_SD)
         prior *= _distance(target)
     terms = (
         leave_out_log_spread(curves, fit, noise, groups),
@@ -144,7 +161,7 @@ def predict_final(
         p10=p50 * math.exp(-half), p50=p50, p90=p50 * math.exp(half),
         method=JOINT if peers else OWN, reason="", n_points=n, n_curves=len(curves),
         extrapolation_log_sd=EXTRAPOLATION_LOG_SD * _distance(target) if identified else prior,
-        shape_identified=identified,
+        shape_identified=identified, fit=fit,
     )  # fmt: skip
 
 
@@ -244,14 +261,17 @@ def _own_points_log_shift(
     return abs(base - value) if value is not None else math.log(100.0)
 
 
-def backtest_log_sd(curves: Sequence[CurveData], max_annealing: float, noise: float) -> float:
+def backtest_log_sd(
+    curves: Sequence[CurveData], max_annealing: float, noise: float, start: JointFit | None = None
+) -> float:
     """The law's log error per unit of extrapolation distance, measured on the study's curves.
 
     Every curve of at least 3 points is cut to its first half, the cut curves (and the
     shorter ones whole) are fitted jointly, and each cut curve's last observed loss is
     predicted; |ln(observed / predicted)| / ln(S1 last / S1 at the cut) over the cut curves,
     its 80th percentile / Z90, is the log sd per unit of ln S1 ratio. 0 with fewer than 3 cut
-    curves (nothing measured: the band then rests on the prior).
+    curves (nothing measured: the band then rests on the prior). `start`: the fit of the
+    whole curves (the cut ones start from it), else a cold fit.
     """
     cut, checks = [], []
     for c in curves:
@@ -263,7 +283,10 @@ def backtest_log_sd(curves: Sequence[CurveData], max_annealing: float, noise: fl
             cut.append(c)
     if len(checks) < _BACKTEST_MIN_CURVES:
         return 0.0
-    fit = fit_joint(cut, f_scale=2.0 * noise, max_annealing=max_annealing, max_nfev=200)
+    fit = fit_joint(
+        cut, f_scale=2.0 * noise, max_annealing=max_annealing, start=start,
+        max_nfev=WARM_MAX_NFEV if start is not None else 200,
+    )  # fmt: skip
     ratios = []
     for index, c in checks:
         predicted = float(fit.loss(index, c.s1[-1], c.s2[-1]))

@@ -198,6 +198,9 @@ def fit_joint(
     def fun(theta: FloatArray) -> FloatArray:
         return _law(theta[:_SHARED], theta[_SHARED:][owner], s1, s2) - y
 
+    def jac(theta: FloatArray) -> FloatArray:
+        return law_jacobian(theta, owner, s1, s2)
+
     if start is not None:
         starts = [np.r_[start.shared, start.log_tau]]
     else:
@@ -206,7 +209,7 @@ def fit_joint(
     for theta0 in starts:
         result = least_squares(
             fun, np.clip(theta0, lower, upper), bounds=(lower, upper), loss="soft_l1",
-            f_scale=f_scale, method="trf", max_nfev=max_nfev, x_scale="jac",
+            f_scale=f_scale, method="trf", max_nfev=max_nfev, x_scale="jac", jac=jac,
         )  # fmt: skip
         if best is None or result.cost < best.cost:
             best = result
@@ -218,6 +221,27 @@ def fit_joint(
         residual_sd=float(MAD_TO_SD * np.median(np.abs(fun(theta)))),
         n_points=int(y.size),
     )  # fmt: skip
+
+
+def law_jacobian(
+    theta: FloatArray, owner: NDArray[np.int_], s1: FloatArray, s2: FloatArray
+) -> FloatArray:
+    """d(law)/d(theta) at every point: the shared (L0, D, alpha, beta, C), then one ln tau
+    per curve (`owner[k]`: point k's curve). Analytic: a finite-difference Jacobian costs
+    one evaluation per parameter, and each curve adds one."""
+    _, drop, alpha, beta, _ = theta[:_SHARED]
+    log_u = np.log(np.maximum(s1, 1e-300)) - theta[_SHARED:][owner]
+    g = np.logaddexp(0.0, beta * log_u)  # ln(1 + u**beta)
+    shape = np.exp(-alpha / beta * g)
+    sigma = np.exp(beta * log_u - g)  # u**beta / (1 + u**beta)
+    out = np.zeros((s1.size, theta.size))
+    out[:, 0] = 1.0
+    out[:, 1] = shape
+    out[:, 2] = -drop * shape * g / beta
+    out[:, 3] = drop * shape * alpha * (g / beta**2 - sigma * log_u / beta)
+    out[:, 4] = -s2
+    out[np.arange(s1.size), _SHARED + owner] = drop * alpha * sigma * shape
+    return out
 
 
 def _start(curves: Sequence[CurveData], alpha: float, beta: float) -> FloatArray:
@@ -240,3 +264,31 @@ def noise_sd(curves: Sequence[CurveData]) -> float:
     if not deviations:
         return 0.0
     return float(MAD_TO_SD * np.median(np.abs(np.concatenate(deviations))))
+
+
+def warm_start(
+    curves: Sequence[CurveData], shared: Sequence[float], log_tau: Sequence[float | None]
+) -> JointFit:
+    """A start for `fit_joint` from an earlier fit's shared parameters: each curve keeps its
+    `log_tau` where one is known, else where its mean loss sits on that fit's shape.
+
+    Raises:
+        ValueError: `shared` is not 5 values, or `log_tau` not one per curve.
+    """
+    if len(shared) != _SHARED or len(log_tau) != len(curves):
+        raise ValueError(
+            f"need 5 shared values and one log_tau per curve but got {len(shared)=}, "
+            f"{len(log_tau)=} for {len(curves)} curves"
+        )
+    floor, drop, alpha, beta, annealing = (float(v) for v in shared)
+    taus = []
+    for c, known in zip(curves, log_tau, strict=True):
+        if known is not None and math.isfinite(known):
+            taus.append(float(known))
+            continue
+        level = float(np.mean(c.losses)) - floor + annealing * float(np.mean(c.s2))
+        shape = min(max(level / max(drop, 1e-12), 1e-6), 1 - 1e-6)
+        u = (shape ** (-beta / alpha) - 1.0) ** (1.0 / beta)  # invert the shape
+        taus.append(float(np.mean(np.log(c.s1))) - math.log(max(u, 1e-12)))
+    clipped = np.clip(taus, *_LOG_TAU_BOUNDS)
+    return JointFit((floor, drop, alpha, beta, annealing), tuple(float(v) for v in clipped), 0.0, 0)

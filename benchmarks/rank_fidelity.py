@@ -176,11 +176,13 @@ def reference_pick(rows: list[dict[str, Any]], fraction: str) -> int:
 
 
 def predictions(
-    rows: list[dict[str, Any]], fraction: str, reference: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]], fraction: str, reference: dict[str, Any] | None = None,
+    *, warm: bool = True,
+) -> list[dict[str, Any]]:  # fmt: skip
     """What a study records for each trial, trial i fitted with trials 0..i-1 (and, from
     trial `REFERENCE_AFTER` on, the `reference` run's curve when given: its seconds count
-    in the first of those trials' search time)."""
+    in the first of those trials' search time). With `warm`, each fit starts from the last
+    trial's, as in a study (`hpo.final_loss`); without, every fit starts cold."""
     from analysis.loss_correction import LossCorrection
     from hpo.final_loss import TrialCurve, predict_final_loss
     from hpo.reference_run import REFERENCE_AFTER
@@ -192,19 +194,20 @@ def predictions(
         curve = _curve(row, fraction)
         assert curve is not None
         extra = [shape] if shape is not None and index >= REFERENCE_AFTER else []
+        started = time.perf_counter()
         final = predict_final_loss(
             curve, peers=[*peers, *extra], full_run_samples=row["full_run_samples"],
             correction=LossCorrection(), seed=index,
         )  # fmt: skip
-        assert final is not None
-        peers.append(curve)
+        fit_seconds = time.perf_counter() - started
+        peers.append(dataclasses.replace(curve, stored_fit=final.stored_fit if warm else None))
         fit = final.fit
         out.append(
             {
                 "score": fit.p50 if final.ranks_by_prediction else final.last_loss,
                 "p10": fit.p10, "p50": fit.p50, "p90": fit.p90, "method": final.method,
                 "n_points": final.n_points, "loss_at_fidelity": final.last_loss,
-                "full_run_loss": row["full_run_loss"],
+                "full_run_loss": row["full_run_loss"], "fit_seconds": fit_seconds,
                 "seconds": row["trials"][fraction]["seconds"]
                 + (reference["seconds"] if reference and index == REFERENCE_AFTER else 0.0),
             }
@@ -244,6 +247,7 @@ def score(preds: list[dict[str, Any]]) -> dict[str, Any]:
         "median_band_halfwidth_pct": float(np.median((p90 - p10) / 2 / p50 * 100)),
         "fallback_share": float(np.mean([p["method"] == "fallback" for p in preds])),
         "search_seconds": float(sum(p["seconds"] for p in preds)),
+        "fit_seconds": float(np.median([p["fit_seconds"] for p in preds])),
     }
 
 
@@ -251,7 +255,7 @@ COLUMNS = (
     "spearman", "spearman_p50", "spearman_loss_at_fidelity", "pick_rank", "pick_rank_p50",
     "regret", "median_abs_pct_error",
     "p90_abs_pct_error", "median_abs_pct_error_corrected", "band_coverage",
-    "median_band_halfwidth_pct", "fallback_share", "search_seconds",
+    "median_band_halfwidth_pct", "fallback_share", "search_seconds", "fit_seconds",
 )  # fmt: skip
 
 
@@ -272,7 +276,7 @@ def report(payload: dict[str, Any]) -> dict[str, Any]:
         f"data {payload['data']}"
     )
     short = ["fraction", "spearman", "sp.p50", "sp.fidelity", "pick", "pick p50", "regret", "med err %", "p90 err %",
-             "med err corr %", "coverage", "half-width %", "fallbacks", "search s"]  # fmt: skip
+             "med err corr %", "coverage", "half-width %", "fallbacks", "search s", "fit s"]  # fmt: skip
     print(table(short, [[k, *(s[c] for c in COLUMNS)] for k, s in scores.items()]))
     return scores
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from analysis.curve_noise import Z90
 from analysis.law_prediction import LawPrediction, fit_shared, predict_final
 from analysis.learning_curve import CurveFit
 from analysis.loss_correction import LossCorrection
-from analysis.loss_law import CurveData, curve_data
+from analysis.loss_law import CurveData, JointFit, curve_data, warm_start
 from analysis.lr_schedule import learning_rates, warmup_steps
 
 CURVE_ATTR = "val_curve"  # [[samples_seen, val_loss], ...] of a trial
@@ -40,6 +40,45 @@ MAX_PEERS = 24  # the most recent trials a prediction is fitted with (time grows
 SHAPE_CURVES_ATTR = "loss_shape_curves"
 REFERENCE_KEY = "reference"  # the reference run's key in SHAPE_CURVES_ATTR
 MAX_SHAPE_CURVES = 8  # the reference and the most recent full runs
+# {"shared": [L0, D, alpha, beta, C], "log_tau": the trial's own, "warm": fits since a cold
+# one}: the next trial's fit starts from the most recent one (StoredFit).
+LAW_FIT_ATTR = "law_fit"
+# A warm-started fit follows the last one; every this many fits one starts cold (two
+# starts) so that a drift into a poor optimum does not carry on.
+COLD_FIT_EVERY = 8
+
+
+@dataclass(frozen=True)
+class StoredFit:
+    """The joint fit a trial was predicted with, as its user attribute keeps it.
+
+    Attributes:
+        shared: (L0, D, alpha, beta, C).
+        log_tau: The trial's own ln tau.
+        warm: Warm-started fits since the last cold one (0: this one was cold).
+    """
+
+    shared: tuple[float, ...]
+    log_tau: float
+    warm: int
+
+    def to_attr(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"shared": [float(f"{v:.9g}") for v in self.shared],
+                "log_tau": float(f"{self.log_tau:.9g}"), "warm": self.warm}  # fmt: skip
+
+    @classmethod
+    def from_attr(cls, value: object) -> StoredFit | None:
+        """Read `to_attr` back; None for anything malformed (the fit then starts cold)."""
+        if not isinstance(value, Mapping):
+            return None
+        try:
+            shared = tuple(float(v) for v in value["shared"])
+            stored = cls(shared, float(value["log_tau"]), int(value["warm"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+        finite = all(math.isfinite(v) for v in (*shared, stored.log_tau))
+        return stored if len(shared) == 5 and finite and stored.warm >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -54,6 +93,7 @@ class TrialCurve:
         warmup_ratio: Its warm-up share.
         learning_rate: Its peak rate.
         full_run_steps: Its optimizer steps.
+        stored_fit: The fit the trial was predicted with (a warm start for later ones).
     """
 
     steps: tuple[int, ...]
@@ -63,6 +103,7 @@ class TrialCurve:
     warmup_ratio: float
     learning_rate: float
     full_run_steps: int
+    stored_fit: StoredFit | None = field(default=None, compare=False)
 
     def data(self) -> CurveData:
         """The points placed on the full run's schedule."""
@@ -136,8 +177,13 @@ def trial_curve(
 
 def peer_curves(user_attrs: Iterable[Mapping[str, Any]]) -> list[TrialCurve]:
     """The curves other trials recorded (the last `MAX_PEERS`), malformed ones left out."""
-    curves = [TrialCurve.from_attr(attrs.get(LAW_CURVE_ATTR)) for attrs in user_attrs]
-    return [c for c in curves if c is not None][-MAX_PEERS:]
+    curves = [
+        (TrialCurve.from_attr(attrs.get(LAW_CURVE_ATTR)), attrs.get(LAW_FIT_ATTR))
+        for attrs in user_attrs
+    ]
+    return [replace(c, stored_fit=StoredFit.from_attr(fit)) for c, fit in curves if c is not None][
+        -MAX_PEERS:
+    ]
 
 
 def shape_curves(study_attrs: Mapping[str, Any]) -> list[TrialCurve]:
@@ -186,6 +232,7 @@ class FinalLoss:
     fit: CurveFit
     predicted: CurveFit
     extrapolation_log_sd: float = 0.0
+    stored_fit: StoredFit | None = None
 
     @property
     def ranks_by_prediction(self) -> bool:
@@ -215,7 +262,7 @@ class FinalLoss:
 
     def user_attrs(self) -> dict[str, Any]:
         """What the trial keeps in Optuna (the report, the export and later trials read it)."""
-        return {
+        attrs = {
             CURVE_ATTR: [[s, round(loss, 6)] for s, loss in self.points],
             FIT_ATTR: self.fit.to_dict(),
             PREDICTED_ATTR: self.band(),
@@ -223,6 +270,9 @@ class FinalLoss:
             METHOD_ATTR: self.method,
             POINTS_ATTR: self.n_points,
         }
+        if self.stored_fit is not None:
+            attrs[LAW_FIT_ATTR] = self.stored_fit.to_attr()
+        return attrs
 
     def band(self) -> dict[str, float]:
         """The corrected prediction, p10/p50/p90."""
@@ -276,14 +326,34 @@ def predict_final_loss(
         seed: Unused (the band is a jackknife, the same for the same curves); kept for callers.
     """
     del seed
-    law = predict_final(curve.data(), [p.data() for p in peers])
+    data = [p.data() for p in peers]
+    target = curve.data()
+    start, warm = _warm_start(peers, [*data, target])
+    law = predict_final(target, data, start=start)
     fit = _as_curve_fit(law, curve, full_run_samples)
+    stored = StoredFit(law.fit.shared, law.fit.log_tau[-1], warm) if law.fit is not None else None
     return FinalLoss(
         curve=curve,
         fit=fit,
         predicted=correction.apply(fit),
         extrapolation_log_sd=law.extrapolation_log_sd,
+        stored_fit=stored,
     )
+
+
+def _warm_start(
+    peers: Sequence[TrialCurve], curves: Sequence[CurveData]
+) -> tuple[JointFit | None, int]:
+    """The start of a trial's joint fit, and how many warm fits it makes in a row.
+
+    From the most recent peer's stored fit (its shared parameters; each peer's own tau where
+    it stored one), unless that was the `COLD_FIT_EVERY`-th warm one in a row: then None (a
+    cold fit, counter 0)."""
+    latest = next((p.stored_fit for p in reversed(peers) if p.stored_fit is not None), None)
+    if latest is None or latest.warm + 1 >= COLD_FIT_EVERY:
+        return None, 0
+    taus = [p.stored_fit.log_tau if p.stored_fit is not None else None for p in peers]
+    return warm_start(curves, latest.shared, [*taus, None]), latest.warm + 1
 
 
 def _as_curve_fit(law: LawPrediction, curve: TrialCurve, full_run_samples: float) -> CurveFit:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -10,9 +12,12 @@ from analysis.loss_correction import LossCorrection
 from analysis.loss_law import JointFit
 from analysis.lr_schedule import learning_rates, schedule_areas
 from hpo.final_loss import (
+    COLD_FIT_EVERY,
     LAW_CURVE_ATTR,
+    LAW_FIT_ATTR,
     METHOD_ATTR,
     POINTS_ATTR,
+    StoredFit,
     TrialCurve,
     curve_points,
     peer_curves,
@@ -100,3 +105,35 @@ def test_one_point_per_step_and_per_amount_of_data() -> None:
     assert curve is not None and curve.steps == (1, 2) and curve.losses == (3.0, 2.4)
     assert TrialCurve.from_attr(curve.to_attr()) == curve
     assert curve_points(records) == ((8, 3.0), (16, 2.4))
+
+
+def test_each_fit_starts_from_the_last_trials_and_a_cold_one_comes_back() -> None:
+    """The study's fits are warm-started from the last trial's stored fit (same prediction
+    as a cold fit on these curves), with a cold fit every COLD_FIT_EVERY-th trial."""
+    steps = [4, 8, 12, 16, 20]
+    trials = [_trial(tau, steps, seed) for seed, tau in enumerate([1.5, 2.0, 2.5, 3.0, 2.2])]
+    stored: list[dict[str, object]] = []  # each trial's user attributes, as Optuna keeps them
+    for curve in trials:
+        final = predict_final_loss(
+            curve, peers=peer_curves(stored), full_run_samples=TOTAL * BATCH,
+            correction=LossCorrection(),
+        )  # fmt: skip
+        stored.append(final.user_attrs())
+    warm_counts = [attrs.get(LAW_FIT_ATTR, {}).get("warm") for attrs in stored]  # type: ignore[attr-defined]
+    peers = peer_curves(stored)
+    # The first trial falls back (no fit stored), the second fits cold, then warm ones.
+    assert warm_counts == [None, 0, 1, 2, 3]
+    cold = predict_final_loss(
+        trials[-1], peers=[dataclasses.replace(p, stored_fit=None) for p in peers[:-1]],
+        full_run_samples=TOTAL * BATCH, correction=LossCorrection(),
+    )  # fmt: skip
+    assert final.fit.p50 == pytest.approx(cold.fit.p50, rel=0.02)
+    tired = dataclasses.replace(
+        peers[-2], stored_fit=StoredFit((1.5, 4.0, 0.7, 2.0, 0.0), 2.0, COLD_FIT_EVERY - 1)
+    )
+    again = predict_final_loss(
+        trials[-1], peers=[*peers[:-2], tired], full_run_samples=TOTAL * BATCH,
+        correction=LossCorrection(),
+    )  # fmt: skip
+    assert again.stored_fit is not None and again.stored_fit.warm == 0
+    assert StoredFit.from_attr({"shared": [1, 2], "log_tau": 0.0, "warm": 0}) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from analysis.law_prediction import JOINT, leave_out_log_spread, predict_final
 from analysis.loss_law import CurveData, JointFit, curve_data, fit_joint
@@ -64,7 +65,9 @@ def test_the_band_holds_the_truth_and_narrows_once_the_shape_is_identified() -> 
     # The stated rate is 80 %; drawn from the law itself, the band must hold at least that.
     covered = sum(p.p10 <= t <= p.p90 for p, t in zip(with_shape, truths, strict=True))
     assert covered >= 6
-    width = [float(np.median([math.log(p.p90 / p.p10) for p in ps])) for ps in (with_shape, without)]
+    width = [
+        float(np.median([math.log(p.p90 / p.p10) for p in ps])) for ps in (with_shape, without)
+    ]
     assert width[0] < 0.5 * width[1]
     # The prior still decides ranking: it measures the distance, not the band.
     assert all(p.extrapolation_log_sd > 0 for p in with_shape)
@@ -81,3 +84,22 @@ def test_a_prediction_resting_on_one_curve_spreads_when_it_is_left_out() -> None
     alone = [*trials[1:], trials[0]]
     fit_alone = fit_joint(alone, f_scale=2 * NOISE, max_annealing=0.0)
     assert shared_with_reference > 2 * leave_out_log_spread(alone, fit_alone, NOISE)
+
+
+def test_the_analytic_jacobian_is_the_laws_derivative() -> None:
+    from scipy.optimize._numdiff import approx_derivative
+
+    from analysis.loss_law import law_jacobian
+
+    curves, _ = _trials(3, 0.2, seed=15)
+    s1 = np.concatenate([c.s1 for c in curves])
+    s2 = np.concatenate([c.s2 for c in curves])
+    owner = np.concatenate([np.full(c.losses.size, i) for i, c in enumerate(curves)])
+    theta = np.r_[1.2, 3.0, 0.6, 1.7, 0.01, 1.0, 2.0, 1.5]
+
+    def law(t: np.ndarray) -> np.ndarray:
+        fit = JointFit(tuple(t[:5]), tuple(t[5:]), 0.0, 0)  # type: ignore[arg-type]
+        return np.concatenate([fit.loss(i, c.s1, c.s2) for i, c in enumerate(curves)])
+
+    numeric = approx_derivative(law, theta, method="3-point")
+    assert law_jacobian(theta, owner, s1, s2) == pytest.approx(numeric, abs=1e-6)
