@@ -50,7 +50,7 @@ from common.config import require_keys
 FloatArray = NDArray[np.float64]
 
 POWER_LAW = "power_law"
-# How `analysis.loss_law` made a prediction it records as a CurveFit (see there).
+# How `analysis.law_prediction` made a prediction it records as a CurveFit (see there).
 LAW_METHODS = ("joint", "own")
 FITTED = (POWER_LAW, *LAW_METHODS)
 FALLBACKS = ("too_few_points", "flat", "rising", "poor_fit", "fallback")
@@ -109,7 +109,7 @@ class CurveFit:
 
     Attributes:
         method: "power_law", or the fallback used: "too_few_points", "flat", "rising",
-            "poor_fit"; for a prediction of `analysis.loss_law`, "joint", "own" or
+            "poor_fit"; for a prediction of `analysis.law_prediction`, "joint", "own" or
             "fallback" (its curve parameters are then the constant p50).
         reason: Why the fallback was used, in one line ("" for a fitted method).
         a: Asymptotic loss of the power law; for a fallback, its constant level.

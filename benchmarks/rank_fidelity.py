@@ -9,14 +9,15 @@ times on the same 200 validation samples. The full runs are shared, only the tri
 
 Per fraction the trials are scored as a study would score them, one after the other: trial
 i's prediction (`hpo.final_loss.predict_final_loss`, the schedule-aware law of
-`analysis.loss_law` fitted jointly with trials 0..i-1) is what the study records for it.
+`analysis.loss_law` fitted jointly with trials 0..i-1, warm-started from trial i-1's fit,
+its band from `analysis.law_prediction`) is what the study records for it.
 Reported per fraction: `spearman` of the study's score (the uncorrected p50 where the
 prediction is sure enough to rank, else the loss at the trial's fidelity: `hpo.objective`)
 against the full runs' final losses, and of the p50 and the loss at fidelity alone, the
 pick's rank and regret (and the p50's pick), the median
 and p90 absolute error of the uncorrected p50, the share of full runs inside p10-p90, the
-median band half-width, the share of fallbacks, and `search_seconds` (the trials' total
-wall time); plus the median error with the loss correction fitted leave-one-out from the
+median band half-width, the share of fallbacks, `search_seconds` (the trials' total
+wall time) and `fit_seconds` (the median time of one trial's prediction); plus the median error with the loss correction fitted leave-one-out from the
 other configurations' full runs.
 
     python benchmarks/rank_fidelity.py [--configs 12] [--pretrain-steps 0] [--data chat]
