@@ -42,6 +42,7 @@ from hpo.predictions import (
     verdict_of,
 )
 from hpo.runspec import trial_spec
+from hpo.trial_attrs import set_user_attrs
 from search_spaces.space import gate_quantization
 from trainers.run_spec import run_spec
 from trainers.spec import TrainSpec, full_run_steps
@@ -59,6 +60,8 @@ log = logging.getLogger(__name__)
 ESTIMATE_ATTR = "estimate"  # the preset's `estimate` section (hpo.export reads it)
 STORED_MICRO_STEPS = 48  # per trial in the Optuna storage: enough to refit, small rows
 GIB = 2**30
+# Measured checkpoint saves (of two adapter sizes at least) after which trials stop timing one.
+TIMED_SAVES_NEEDED = 4
 
 
 class StudyEstimator:
@@ -253,16 +256,33 @@ class StudyEstimator:
         return losses, timed
 
     # -- the objective's hooks ---------------------------------------------------------------
-    def check(self, trial: optuna.Trial, full_run: TrainSpec, trial_run: TrainSpec) -> Verdict:
-        """Predict the trial's full run and its own short run; tell Optuna if it fits."""
+    def check(
+        self,
+        trial: optuna.Trial,
+        full_run: TrainSpec,
+        trial_run: TrainSpec,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> Verdict:
+        """Predict the trial's full run and its own short run; tell Optuna if it fits.
+
+        `attrs` (the trial's configuration) go into the same storage write as the verdict's
+        constraints and attributes.
+        """
         verdict = self.judge(full_run, trial_run)
-        for name, value in verdict.constraints.items():
-            trial.set_constraint(name, value)
-        trial.set_user_attr(ESTIMATE_ATTR, self.estimate_section(verdict.full_run))
-        # What the check used (prior or which calibration): `estimate` is refreshed later.
-        trial.set_user_attr("time_model_source", verdict.coefficients.source)
-        trial.set_user_attr("predicted_trial_seconds", verdict.trial_run.seconds_p50)
+        values = {
+            **(attrs or {}),
+            ESTIMATE_ATTR: self.estimate_section(verdict.full_run),
+            # What the check used (prior or which calibration): `estimate` is refreshed later.
+            "time_model_source": verdict.coefficients.source,
+            "predicted_trial_seconds": verdict.trial_run.seconds_p50,
+        }
+        set_user_attrs(trial, values, constraints=verdict.constraints)
         return verdict
+
+    def knows_checkpoint_cost(self) -> bool:
+        """Whether the calibration has measured saves enough to predict a full run's saves
+        (`save_cost_known`); a trial need not time another one then."""
+        return save_cost_known(self.calibration.runs if self.calibration else ())
 
     def observe(
         self,
@@ -270,6 +290,7 @@ class StudyEstimator:
         runs: tuple[TrainSpec, TrainSpec],
         result: TrainResult,
         verdict: Verdict,
+        attrs: dict[str, Any],
     ) -> dict[str, float]:
         """Calibrate with the trial's measurements; return the honesty metrics.
 
@@ -278,6 +299,8 @@ class StudyEstimator:
             runs: Its full run and its own run, as `check` judged them and the trial trained.
             result: What the trial's run measured.
             verdict: What `check` said before it trained.
+            attrs: The trial's user attributes the objective writes at its end: the
+                refreshed `estimate` and the trial's measurements record go there.
 
         Returns:
             `predicted_trial_seconds` (made before the run, for the steps it ran),
@@ -288,7 +311,7 @@ class StudyEstimator:
         """
         full_run, trial_run = runs
         own_plan = self.plan_of(trial_run)
-        self._calibrate(trial, result, own_plan.eval_samples)
+        attrs[TRIAL_ATTR] = self._calibrate(result, own_plan.eval_samples)
         own = verdict.trial_run
         if result.optimizer_steps and result.optimizer_steps != own.optimizer_steps:
             # Stopped early (pruned): judge the same coefficients on the steps that ran.
@@ -297,11 +320,11 @@ class StudyEstimator:
                 verdict.coefficients,
             )
         full = predict(self.plan_of(full_run), self.coefficients)
-        trial.set_user_attr(ESTIMATE_ATTR, self.estimate_section(full))
+        attrs[ESTIMATE_ATTR] = self.estimate_section(full)
         return honesty_metrics(own, full, result.wall_seconds)
 
-    def _calibrate(self, trial: optuna.Trial, result: TrainResult, eval_samples: int) -> None:
-        """Refit with the trial's run, save the file, and keep the run with the trial."""
+    def _calibrate(self, result: TrainResult, eval_samples: int) -> dict[str, Any]:
+        """Refit with the trial's run and save the file; the run's record for the trial."""
         run = RunMeasurements.from_result_dict({**result.to_dict(), "eval_samples": eval_samples})
         self.calibration = update(
             self.file.merged(self.calibration) or self.prior,
@@ -311,21 +334,22 @@ class StudyEstimator:
         )
         self.file.save(self.calibration)
         record = trial_record(self.hardware, self.model, run.capped(STORED_MICRO_STEPS))
-        trial.set_user_attr(TRIAL_ATTR, rounded(record))
+        return dict(rounded(record))
 
-    def add_final_loss(self, trial: optuna.Trial, final: FinalLoss) -> None:
-        """Put the predicted final loss into the trial's estimate, next to the duration.
+    def add_final_loss(self, attrs: dict[str, Any], final: FinalLoss) -> None:
+        """Put the predicted final loss into the trial's estimate (in `attrs`, the trial's
+        attributes `observe` filled), next to the duration.
 
         The uncorrected p50 goes along: a full run reports its measured loss against it, and
         the correction is refitted from those pairs (a corrected value would count twice).
         """
-        section = dict(trial.user_attrs.get(ESTIMATE_ATTR) or {})
+        section = dict(attrs.get(ESTIMATE_ATTR) or {})
         section["final_val_loss"] = final.band()
         section["final_val_loss_uncorrected_p50"] = rounded(final.fit.p50)
         section["final_val_loss_method"] = final.method
         section["final_val_loss_points"] = final.n_points
         section["loss_correction"] = correction_summary(self.loss_correction)
-        trial.set_user_attr(ESTIMATE_ATTR, section)
+        attrs[ESTIMATE_ATTR] = section
 
     def estimate_section(self, estimate: Estimate) -> dict[str, Any]:
         """The preset's `estimate`: duration with interval, cost, throughput, budget, hardware."""
@@ -337,6 +361,19 @@ class StudyEstimator:
             fingerprint=self.fingerprint,
             calibration=self.calibration,
         )
+
+
+def save_cost_known(runs: Sequence[RunMeasurements]) -> bool:
+    """Whether `runs` measured enough checkpoint saves to fit what a save costs.
+
+    A save costs a fixed time plus a time per adapter parameter (`analysis.timemodel`):
+    `TIMED_SAVES_NEEDED` measured saves of at least two adapter sizes fit both terms. Workers
+    share the calibration file, so what one measured counts for all; runs that fall out of
+    the stored ones bring the trials' saves back.
+    """
+    timed = [r for r in runs if r.checkpoint_seconds]
+    saves = sum(len(r.checkpoint_seconds) for r in timed)
+    return saves >= TIMED_SAVES_NEEDED and len({r.trainable_parameters for r in timed}) >= 2
 
 
 def probed_calibration(estimator: StudyEstimator, seconds: float) -> tuple[Calibration, int]:

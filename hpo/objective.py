@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from dataclasses import dataclass
@@ -116,12 +117,6 @@ class Objective:
         full_run = run_spec(params, config, model=prepared.model_path, data=prepared.data_path)
         steps = full_run_steps(full_run, ctx.estimator.train_lengths(full_run.max_length))
         fraction = self._fraction(trial)
-        derived = {
-            "effective_batch_size": full_run.effective_batch_size,
-            "full_run_steps": steps,
-            "full_run_samples": prepared.train_samples * config.full_run.epochs,
-            "trial_fraction": fraction,
-        }
         # The trial's one spec: the feasibility check, the time model and the trainer take it.
         own = trial_spec(
             config,
@@ -130,7 +125,18 @@ class Objective:
             fraction=fraction,
             output_dir=WorkDir(config.work_dir).trial(trial.number),
         )
-        set_user_attrs(trial, {**params, **derived})
+        # A trial saves once at its end only to time the save; once the calibration knows
+        # what a save costs, that save is skipped (and said so).
+        timed_save = not ctx.estimator.knows_checkpoint_cost()
+        if not timed_save:
+            own = dataclasses.replace(own, checkpoint_interval=0, checkpoint_minutes=0.0)
+        derived = {
+            "effective_batch_size": full_run.effective_batch_size,
+            "full_run_steps": steps,
+            "full_run_samples": prepared.train_samples * config.full_run.epochs,
+            "trial_fraction": fraction,
+            "timed_checkpoint_save": timed_save,
+        }
         promoted_from = trial.user_attrs.get(PROMOTED_FROM_ATTR)
         first_run = None if promoted_from is None else _first_run_id(trial.study, promoted_from)
         if first_run is not None:
@@ -140,26 +146,37 @@ class Objective:
             run_id = ctx.tracker.start_trial(
                 ctx.parent_run_id, config.study_name, trial.number, {**params, **derived}
             )
+        # The trial's attributes from here to its end, written there in one transaction
+        # (each write is a storage transaction of its own; a trial made about a dozen).
+        pending: dict[str, Any] = {}
         try:
-            return self._run(trial, (full_run, own), derived, run_id)
+            return self._run(trial, (full_run, own), params, derived, run_id, pending)
         finally:
             # The run is created in the background; by now its id is there, unless the
             # writer waits for a silent server: then its client-side id (never a stall).
-            trial.set_user_attr("mlflow_run_id", run_id_now(run_id))
+            pending["mlflow_run_id"] = run_id_now(run_id)
+            set_user_attrs(trial, pending)
 
     def _run(
         self,
         trial: optuna.Trial,
         runs: tuple[TrainSpec, TrainSpec],
+        params: dict[str, Any],
         derived: dict[str, Any],
         run_id: RunRef,
+        pending: dict[str, Any],
     ) -> float | tuple[float, float]:
-        """Check the trial's full run and train its own (`runs`: the full run, the trial)."""
+        """Check the trial's full run and train its own (`runs`: the full run, the trial).
+
+        The trial's configuration goes to the storage with the check's verdict; what comes
+        after goes into `pending`, which the caller writes at the trial's end.
+        """
         ctx = self.context
-        verdict = ctx.estimator.check(trial, *runs)
+        verdict = ctx.estimator.check(trial, *runs, attrs={**params, **derived})
         if not verdict.feasible:
             reason = verdict.reason
-            self._end(trial, run_id, "pruned", reason, verdict.metrics(), never_trained="true")
+            pending.update(state_reason=reason, never_trained=True)
+            self._end(run_id, "pruned", reason, verdict.metrics(), never_trained="true")
             raise optuna.TrialPruned(verdict.reason)
 
         spec = runs[1]
@@ -171,25 +188,27 @@ class Objective:
             prune=trial.user_attrs.get(PROMOTED_FROM_ATTR) is None
             and not ctx.config.multi_objective,
         )
-        result, seconds = self._train(trial, spec, reporter, run_id)
+        result, seconds = self._train(trial, spec, reporter, run_id, pending)
         measured = self._measurements(result, derived["full_run_steps"], seconds)
-        measured.update(ctx.estimator.observe(trial, runs, result, verdict))
+        measured.update(ctx.estimator.observe(trial, runs, result, verdict, pending))
         final = self._final_loss(trial, spec, result, derived)
-        # The trial's measurements and its curve in one write (Optuna writes one per key).
-        set_user_attrs(trial, {**measured, **(final.user_attrs() if final else {})})
+        # The trial's measurements and its curve go with the rest of its attributes.
+        pending.update({**measured, **(final.user_attrs() if final else {})})
         tags: dict[str, str] = {}
         if final is not None:
-            ctx.estimator.add_final_loss(trial, final)
+            ctx.estimator.add_final_loss(pending, final)
             measured.update(final.metrics())
             tags.update(final.tags())
 
         if reporter.pruned_at is not None:
             reason = f"pruned by {ctx.config.pruner} at step {reporter.pruned_at}"
-            self._end(trial, run_id, "pruned", reason, measured, **tags)
+            pending["state_reason"] = reason
+            self._end(run_id, "pruned", reason, measured, **tags)
             raise optuna.TrialPruned(reason)
         if final is None:
             reason = f"no finite validation loss (got {result.final_eval_loss})"
-            self._end(trial, run_id, "failed", reason, measured, **tags)
+            pending["state_reason"] = reason
+            self._end(run_id, "failed", reason, measured, **tags)
             raise TrainingFailed(reason)
         # The uncorrected p50: the correction is one factor, so it changes no ranking, and
         # trials scored before and after a full run reported back stay comparable. Where the
@@ -200,7 +219,7 @@ class Objective:
             final.ranks_by_prediction or ctx.config.multi_objective
         )
         value = final.fit.p50 if by_prediction else final.last_loss
-        trial.set_user_attr(SCORED_BY_ATTR, "prediction" if by_prediction else "loss_at_fidelity")
+        pending[SCORED_BY_ATTR] = "prediction" if by_prediction else "loss_at_fidelity"
         band = final.band()
         note = (
             f"complete: predicted final loss {band['p50']:.3g} "
@@ -269,6 +288,7 @@ class Objective:
         spec: TrainSpec,
         reporter: OptunaReporter,
         run_id: RunRef,
+        pending: dict[str, Any],
     ) -> tuple[TrainResult, float]:
         """Train the trial's own short run; a failure ends the trial (bad input: the study)."""
         ctx = self.context
@@ -296,7 +316,8 @@ class Objective:
         except Exception as exc:  # the study goes on: a failed trial, with its reason
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
             metrics.flush()
-            self._end(trial, run_id, "failed", reason)
+            pending["state_reason"] = reason
+            self._end(run_id, "failed", reason)
             raise TrainingFailed(reason) from exc
         return result, time.perf_counter() - started
 
@@ -315,17 +336,14 @@ class Objective:
 
     def _end(
         self,
-        trial: optuna.Trial,
         run_id: RunRef,
         state: str,
         reason: str,
         metrics: dict[str, float] | None = None,
         **tags: str,
     ) -> None:
-        """Close a trial that did not complete: its reason in Optuna and in MLflow."""
-        trial.set_user_attr("state_reason", reason)
-        if tags.get("never_trained"):
-            trial.set_user_attr("never_trained", True)
+        """Close the MLflow run of a trial that did not complete, with its reason (the
+        caller puts the reason in the trial's pending attributes for Optuna)."""
         note = f"{'pruned before training' if tags.get('never_trained') else state}: {reason}"
         self.context.tracker.end_trial(
             run_id, state, metrics=metrics, tags={"reason": reason, NOTE_TAG: note, **tags}

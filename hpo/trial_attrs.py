@@ -1,24 +1,44 @@
-"""A trial's user attributes written in one transaction where the storage allows it.
+"""A trial's user attributes (and constraints) written in one transaction where the storage
+allows it.
 
 Optuna has no batch write for user attributes: each `Trial.set_user_attr` is a transaction
 of its own (on SQLite a commit and its sync: 16 ms each on the loaded 2-vCPU VM, and a trial
-wrote about thirty). On an RDB storage (SQLite, PostgreSQL, MySQL) `set_user_attrs` writes
-them in one; on others (the journal file, in memory) one by one as before. The keys and
-values are the same either way, so every reader of `trial.user_attrs` (the report, the
-export, the summary, workers, a resumed study) reads them as before.
+wrote about thirty), and each `Trial.set_constraint` reads the trial back before its write.
+On an RDB storage (SQLite, PostgreSQL, MySQL) `set_user_attrs` writes them in one; on
+others (the journal file, in memory) one by one as before. The keys and values are the same
+either way (a constraint is the system attribute `Trial.set_constraint` writes), so every
+reader of `trial.user_attrs` and of the constraints (the report, the export, the summary,
+the samplers, workers, a resumed study) reads them as before.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import optuna
 
 
-def set_user_attrs(trial: optuna.Trial, values: Mapping[str, Any]) -> None:
-    """Set `values` as `trial`'s user attributes: one transaction on an RDB storage."""
-    if not values:
+def set_user_attrs(
+    trial: optuna.Trial,
+    values: Mapping[str, Any],
+    *,
+    constraints: Mapping[str, float] | None = None,
+) -> None:
+    """Set `values` as `trial`'s user attributes: one transaction on an RDB storage.
+
+    Args:
+        trial: The running trial.
+        values: User attributes (JSON-serializable values).
+        constraints: Constraint values by name, as `Trial.set_constraint(name, value)` sets
+            them (feasible when all are <= 0); each is set once per trial.
+
+    Raises:
+        ValueError: A constraint value is NaN (as `Trial.set_constraint`).
+    """
+    system = _constraint_attrs(constraints or {})
+    if not values and not system:
         return
     backend = _rdb_backend(trial)
     try:  # Optuna's private modules: a version that moved them writes one by one.
@@ -29,6 +49,8 @@ def set_user_attrs(trial: optuna.Trial, values: Mapping[str, Any]) -> None:
     if backend is None:
         for key, value in values.items():
             trial.set_user_attr(key, value)
+        for name, value in (constraints or {}).items():
+            trial.set_constraint(name, value)
         return
 
     trial_id = trial._trial_id
@@ -37,8 +59,27 @@ def set_user_attrs(trial: optuna.Trial, values: Mapping[str, Any]) -> None:
             backend._set_trial_attr_without_commit(
                 session, models.TrialUserAttributeModel, trial_id, key, value
             )
-    # What `Trial.set_user_attr` does after its write: the trial's own view sees them.
+        for key, value in system.items():
+            backend._set_trial_attr_without_commit(
+                session, models.TrialSystemAttributeModel, trial_id, key, value
+            )
+    # What `Trial.set_user_attr` / `set_constraint` do after their write: the trial's own
+    # view sees them.
     trial._cached_frozen_trial.user_attrs.update(values)
+    trial._cached_frozen_trial.system_attrs.update(system)
+
+
+def _constraint_attrs(constraints: Mapping[str, float]) -> dict[str, float]:
+    """The system attributes `Trial.set_constraint` writes for `constraints`."""
+    from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
+
+    out = {}
+    for name, value in constraints.items():
+        number = float(value)
+        if math.isnan(number):
+            raise ValueError(f"constraint {name!r} is NaN, but got {value=}")
+        out[f"{_CONSTRAINTS_KEY}:{name}"] = number
+    return out
 
 
 def _rdb_backend(trial: optuna.Trial) -> Any:

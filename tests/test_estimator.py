@@ -22,7 +22,7 @@ from analysis.timemodel import Coefficients
 from common.errors import BadInputError
 from common.workdir import CALIBRATION_FILE
 from hpo.config import StudyConfig
-from hpo.estimator import StudyEstimator
+from hpo.estimator import TIMED_SAVES_NEEDED, StudyEstimator, save_cost_known
 from hpo.prepare import Prepared, prepare
 from hpo.runner import run_study
 from hpo.what_fits import PROBE_BEFORE_REFUSING_SECONDS, TIME_NEUTRAL_PARAMS, check_space
@@ -373,3 +373,22 @@ def test_fingerprint_mismatch_falls_back_to_priors_with_a_warning(
     warnings = [r for r in caplog.records if r.name == "hpo.calibration_file"]
     assert len(warnings) == 1 and "using priors" in warnings[0].getMessage()
     assert foreign.fingerprint in warnings[0].getMessage()
+
+
+def test_a_save_is_timed_until_two_adapter_sizes_measured_enough() -> None:
+    from tests.test_calibration import runs as synthetic_runs
+
+    run = synthetic_runs()[0]
+
+    def saves(*sizes: int) -> list[Any]:
+        return [
+            dataclasses.replace(run, trainable_parameters=n, checkpoint_seconds=(0.1,))
+            for n in sizes
+        ]
+
+    untimed = dataclasses.replace(run, checkpoint_seconds=())
+    assert not save_cost_known([])
+    assert not save_cost_known(saves(*[1000] * 8))  # one size: the per-parameter term unknown
+    assert not save_cost_known(saves(1000, 2000, 1000) + [untimed] * 5)  # too few saves
+    assert save_cost_known(saves(1000, 2000, 1000, 1000))
+    assert TIMED_SAVES_NEEDED == 4

@@ -20,6 +20,7 @@ from analysis.calibration.file import load
 from analysis.learning_curve import CurveFit
 from common.cli import run_cli
 from hpo.config import StudyConfig, load_config
+from hpo.estimator import save_cost_known
 from hpo.final_loss import (
     CURVE_ATTR,
     FIT_ATTR,
@@ -317,3 +318,11 @@ def test_trials_time_one_save_and_keep_none(studied: Studied) -> None:
     assert saves and all(s > 0 for s in saves)
     prior = calibration.prior.checkpoint_fixed_seconds
     assert calibration.coefficients.checkpoint_fixed_seconds != prior
+    # Each trial of the first study timed its save only while the saves before it did not
+    # yet tell the cost (its calibration runs are the first ones, in trial order).
+    first = [t for t in studied.study.trials if "steps_seconds" in t.user_attrs][:4]
+    for i, (trial, run) in enumerate(zip(first, calibration.runs, strict=False)):
+        assert trial.user_attrs["timed_checkpoint_save"] is not save_cost_known(
+            calibration.runs[:i]
+        )
+        assert len(run.checkpoint_seconds) == int(trial.user_attrs["timed_checkpoint_save"])

@@ -37,6 +37,10 @@ def test_pack_lengths_puts_every_sample_once_within_max_length(max_length: int) 
     fewest = math.ceil(sum(lengths) / max_length)
     assert fewest <= len(bins) <= math.ceil(11 / 9 * fewest) + 1
     assert pack_lengths(lengths, max_length) == bins  # deterministic
+    # Packed once per lengths (a cache): a caller changing its copy changes no other's.
+    bins[0].append(-1)
+    assert pack_lengths(lengths, max_length) != bins
+    assert pack_lengths(tuple(lengths), max_length) == pack_lengths(lengths, max_length)
 
 
 def test_padding_share_counts_padded_slots() -> None:

@@ -21,6 +21,7 @@ study is scored on the same padded validation batches.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,13 @@ def pack_lengths(lengths: Sequence[int], max_length: int) -> list[list[int]]:
     """
     if max_length < 1:
         raise ValueError(f"max_length must be >= 1, but got {max_length=}")
+    return [list(group) for group in _packed(tuple(int(n) for n in lengths), max_length)]
+
+
+@functools.lru_cache(maxsize=16)
+def _packed(lengths: tuple[int, ...], max_length: int) -> tuple[tuple[int, ...], ...]:
+    # Once per (lengths, max_length): the time model packs the same training lengths for
+    # every configuration it judges and twice per trial, a Python loop over every sample.
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
     free: list[tuple[int, int]] = []  # (free tokens, sequence index), sorted
@@ -71,7 +79,7 @@ def pack_lengths(lengths: Sequence[int], max_length: int) -> list[list[int]]:
             left -= need
         if left > 0:
             bisect.insort(free, (left, which))
-    return bins
+    return tuple(tuple(group) for group in bins)
 
 
 def pack_examples(examples: Sequence[Example], max_length: int) -> list[PackedSequence]:
