@@ -13,14 +13,25 @@ loads what the others reuse.
 Sizes: the tiny llama `s` (the bundled data) and `m` (~99 M parameters; a subset of the
 data, fewer and smaller evaluations, so that its 20 trials take minutes on a CPU).
 
+Work moved out of a trial (between trials) would still cost the user wall time, so each
+trial is also measured from its start to the next trial's start: that gap minus its steps
+and evaluations is the overhead between starts (trials 2 to n-1).
+
+`--baseline DIR` measures another checkout of the project side by side (e.g. the commit
+before a change, from `git worktree add DIR COMMIT`): every study runs in both trees, in
+pairs, the order alternating, and the table says which tree each row is from; the trials'
+configurations and values are compared between the trees too. The load average before and
+after each study is printed with it (the machine is shared).
+
     python benchmarks/trial_overhead.py [--json FILE] [--trials 10] [--sizes s,m]
-        [--repeats 1]
+        [--repeats 1] [--modes reuse,fresh] [--baseline DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -51,7 +62,9 @@ def trial_rows(storage: str, study_name: str) -> list[dict[str, Any]]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=study_name, storage=storage)
     rows = []
-    for trial in sorted(study.trials, key=lambda t: t.number):
+    ordered = sorted(study.trials, key=lambda t: t.number)
+    starts = [t.datetime_start for t in ordered]
+    for index, trial in enumerate(ordered):
         attrs = trial.user_attrs
         if attrs.get("never_trained") or "steps_seconds" not in attrs:
             continue  # judged infeasible before training, or failed before measuring
@@ -59,6 +72,9 @@ def trial_rows(storage: str, study_name: str) -> list[dict[str, Any]]:
             continue
         wall = (trial.datetime_complete - trial.datetime_start).total_seconds()
         steps, evals = float(attrs["steps_seconds"]), float(attrs["eval_seconds"])
+        after = starts[index + 1] if index + 1 < len(starts) else None
+        # To the next trial's start: what happens between trials counts too.
+        gap = (after - trial.datetime_start).total_seconds() if after else float("nan")
         rows.append(
             {
                 "trial": trial.number,
@@ -70,6 +86,8 @@ def trial_rows(storage: str, study_name: str) -> list[dict[str, Any]]:
                 "eval_s": evals,
                 "overhead_s": wall - steps - evals,
                 "overhead_share": (wall - steps - evals) / wall if wall > 0 else float("nan"),
+                "start_gap_s": gap,
+                "gap_overhead_s": gap - steps - evals,
             }
         )
     return rows
@@ -88,6 +106,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "overhead_s": median([r["overhead_s"] for r in rest]),
         "steps_share": median([r["steps_s"] / r["wall_s"] for r in rest]),
         "eval_share": median([r["eval_s"] / r["wall_s"] for r in rest]),
+        "gap_overhead_s": median(
+            [r["gap_overhead_s"] for r in rest if r["start_gap_s"] == r["start_gap_s"]]
+        ),
         "total_trial_wall_s": sum(r["wall_s"] for r in rows),
     }
 
@@ -104,9 +125,10 @@ def _data_subset(records: int | None, out: Path) -> str:
 
 
 def run_study(
-    size: str, mode: str, model: str, data: str, trials: int, work: Path
+    size: str, mode: str, model: str, data: str, trials: int, work: Path, tree: Path = ROOT
 ) -> dict[str, Any]:
-    """One study in its own process; its rows and its process wall time."""
+    """One study in its own process, with the code of `tree`; its rows, its process wall time
+    and the load average (1 min) before and after it."""
     storage = f"sqlite:///{work / 'optuna.db'}"
     command = [
         sys.executable,
@@ -128,12 +150,18 @@ def run_study(
         MODES[mode],
         *SIZE_FLAGS[size],
     ]
+    load_before = os.getloadavg()[0]
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    # `-m` puts the working directory first on the path: the study runs `tree`'s code.
+    done = subprocess.run(command, cwd=tree, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"study {size}/{mode} failed ({done.returncode}): {done.stderr[-2000:]}")
-    return {"rows": trial_rows(storage, f"overhead-{size}"), "process_s": seconds}
+    return {
+        "rows": trial_rows(storage, f"overhead-{size}"),
+        "process_s": seconds,
+        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
 
 
 def _same_results(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
@@ -156,11 +184,22 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--sizes", default="s,m")
     parser.add_argument("--repeats", type=int, default=1, help="pairs per size, order alternating")
+    parser.add_argument("--modes", default="reuse,fresh", help="reuse, fresh or both")
+    parser.add_argument("--baseline", help="another checkout of the project, run side by side")
     args = parser.parse_args()
 
     from trainers.tiny import default_tiny_model
 
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not set(modes) <= set(MODES) or not modes:
+        raise SystemExit(f"--modes: reuse and/or fresh, but got {args.modes!r}")
+    trees = {"this": ROOT}
+    if args.baseline:
+        baseline = Path(args.baseline).resolve()
+        if not (baseline / "hpo" / "study.py").is_file():
+            raise SystemExit(f"--baseline: no checkout of the project in {baseline}")
+        trees = {"baseline": baseline, "this": ROOT}
     results: dict[str, Any] = {"machine": machine(), "trials": args.trials, "sizes": {}}
     rows_out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="trial-overhead-") as tmp:
@@ -168,95 +207,110 @@ def main() -> None:
         for size in sizes:
             model = str(default_tiny_model(arch="llama", size=size))
             data = _data_subset(SIZE_RECORDS.get(size), root / f"data-{size}.jsonl")
-            runs: dict[str, list[dict[str, Any]]] = {"reuse": [], "fresh": []}
+            runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+                tree: {mode: [] for mode in modes} for tree in trees
+            }
+            pairs = [(tree, mode) for mode in modes for tree in trees]
             for repeat in range(args.repeats):
-                order = ["reuse", "fresh"] if repeat % 2 == 0 else ["fresh", "reuse"]
-                for mode in order:
-                    print(f"size {size}, {mode}, repeat {repeat + 1} ...", flush=True)
-                    work = root / f"{size}-{mode}-{repeat}"
-                    run = run_study(size, mode, model, data, args.trials, work)
-                    run["summary"] = summarize(run["rows"])
-                    runs[mode].append(run)
+                for tree, mode in pairs if repeat % 2 == 0 else pairs[::-1]:
+                    print(f"size {size}, {tree}, {mode}, repeat {repeat + 1} ...", flush=True)
+                    work = root / f"{size}-{tree}-{mode}-{repeat}"
+                    run = run_study(size, mode, model, data, args.trials, work, trees[tree])
+                    run["summary"] = {**summarize(run["rows"]), "load": run["load"]}
+                    runs[tree][mode].append(run)
                     for row in run["rows"]:
-                        rows_out.append({"size": size, "mode": mode, "repeat": repeat, **row})
-            results["sizes"][size] = _size_result(runs)
-    results["overhead_share"] = {s: r["overhead_share"] for s, r in results["sizes"].items()}
-    results["overhead_share_without_reuse"] = {
-        s: r["overhead_share_without_reuse"] for s, r in results["sizes"].items()
+                        rows_out.append(
+                            {"size": size, "tree": tree, "mode": mode, "repeat": repeat, **row}
+                        )
+            results["sizes"][size] = {tree: _tree_result(runs[tree]) for tree in trees}
+            every = [r for tree in runs.values() for mode in tree.values() for r in mode]
+            results["sizes"][size]["same_results_everywhere"] = all(
+                _same_results(every[0]["rows"], r["rows"]) for r in every[1:]
+            )
+    results["overhead_share"] = {
+        f"{size}/{tree}": result[tree].get("overhead_share")
+        for size, result in results["sizes"].items()
+        for tree in trees
     }
-    results["speedup"] = {s: r["speedup"] for s, r in results["sizes"].items()}
     results["rows"] = rows_out
-    _print(results)
+    _print(results, list(trees), modes)
     write_json(args.json, results)
 
 
-def _size_result(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    reuse = [r["summary"] for r in runs["reuse"]]
-    fresh = [r["summary"] for r in runs["fresh"]]
+def _tree_result(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One tree's studies: medians over its repeats per mode, and reuse against fresh."""
 
-    def med(summaries: list[dict[str, Any]], key: str) -> float:
-        return statistics.median(s[key] for s in summaries if key in s)
+    def med(mode: str, key: str) -> float:
+        values = [r["summary"][key] for r in runs.get(mode, []) if key in r["summary"]]
+        return statistics.median(values) if values else float("nan")
 
-    return {
-        "overhead_share": med(reuse, "overhead_share"),
-        "overhead_share_without_reuse": med(fresh, "overhead_share"),
-        "overhead_s": med(reuse, "overhead_s"),
-        "overhead_s_without_reuse": med(fresh, "overhead_s"),
-        "first_wall_s": med(reuse, "first_wall_s"),
-        "first_wall_s_without_reuse": med(fresh, "first_wall_s"),
-        "total_trial_wall_s": med(reuse, "total_trial_wall_s"),
-        "total_trial_wall_s_without_reuse": med(fresh, "total_trial_wall_s"),
+    out: dict[str, Any] = {"summaries": {m: [r["summary"] for r in rs] for m, rs in runs.items()}}
+    keys = ("overhead_share", "overhead_s", "gap_overhead_s", "first_wall_s", "total_trial_wall_s")
+    for key in keys:
+        if "reuse" in runs:
+            out[key] = med("reuse", key)
+        if "fresh" in runs:
+            out[f"{key}_without_reuse"] = med("fresh", key)
+    if "reuse" in runs and "fresh" in runs:
         # Sum of the trials' wall times, without reuse / with: the search's own time.
-        "speedup": med(fresh, "total_trial_wall_s") / med(reuse, "total_trial_wall_s"),
-        "process_speedup": statistics.median(r["process_s"] for r in runs["fresh"])
-        / statistics.median(r["process_s"] for r in runs["reuse"]),
-        "same_results": all(
-            _same_results(a["rows"], b["rows"])
-            for a, b in zip(runs["reuse"], runs["fresh"], strict=True)
-        ),
-        "summaries": {"reuse": reuse, "fresh": fresh},
-    }
+        out["speedup"] = med("fresh", "total_trial_wall_s") / med("reuse", "total_trial_wall_s")
+        out["process_speedup"] = statistics.median(
+            r["process_s"] for r in runs["fresh"]
+        ) / statistics.median(r["process_s"] for r in runs["reuse"])
+    return out
 
 
-def _print(results: dict[str, Any]) -> None:
+def _print(results: dict[str, Any], trees: list[str], modes: list[str]) -> None:
     headers = [
         "size",
+        "tree",
         "mode",
         "trained",
         "1st trial s",
         "1st overhead s",
         "overhead s (2+)",
         "overhead share (2+)",
+        "between starts s",
         "steps share",
         "eval share",
         "trials total s",
+        "load avg",
     ]
     rows = []
     for size, result in results["sizes"].items():
-        for mode in ("reuse", "fresh"):
-            for s in result["summaries"][mode]:
-                rows.append(
-                    [
-                        size,
-                        mode,
-                        s.get("trained_trials", 0),
-                        s.get("first_wall_s", float("nan")),
-                        s.get("first_overhead_s", float("nan")),
-                        s.get("overhead_s", float("nan")),
-                        f"{100 * s.get('overhead_share', float('nan')):.1f} %",
-                        f"{100 * s.get('steps_share', float('nan')):.1f} %",
-                        f"{100 * s.get('eval_share', float('nan')):.1f} %",
-                        s.get("total_trial_wall_s", float("nan")),
-                    ]
-                )
+        for tree in trees:
+            for mode in modes:
+                for s in result[tree]["summaries"][mode]:
+                    rows.append(
+                        [
+                            size,
+                            tree,
+                            mode,
+                            s.get("trained_trials", 0),
+                            s.get("first_wall_s", float("nan")),
+                            s.get("first_overhead_s", float("nan")),
+                            s.get("overhead_s", float("nan")),
+                            f"{100 * s.get('overhead_share', float('nan')):.1f} %",
+                            s.get("gap_overhead_s", float("nan")),
+                            f"{100 * s.get('steps_share', float('nan')):.1f} %",
+                            f"{100 * s.get('eval_share', float('nan')):.1f} %",
+                            s.get("total_trial_wall_s", float("nan")),
+                            "-".join(f"{x:.1f}" for x in s["load"]),
+                        ]
+                    )
     print(table(headers, rows))
     for size, result in results["sizes"].items():
+        for tree in trees:
+            if "speedup" in result[tree]:
+                print(
+                    f"{size} {tree}: reuse speedup {result[tree]['speedup']:.2f}x over the "
+                    f"trials ({result[tree]['process_speedup']:.2f}x per study process)"
+                )
         print(
-            f"{size}: speedup {result['speedup']:.2f}x over the trials "
-            f"({result['process_speedup']:.2f}x per study process), "
-            f"same configurations and values: {result['same_results']}"
+            f"{size}: same configurations and values in every study: "
+            f"{result['same_results_everywhere']}"
         )
-    print(json.dumps({k: results[k] for k in ("overhead_share", "speedup")}))
+    print(json.dumps({"overhead_share": results["overhead_share"]}))
 
 
 if __name__ == "__main__":
