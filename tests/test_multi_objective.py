@@ -37,6 +37,7 @@ def _config(work: Path, model: Path, **overrides: Any) -> StudyConfig:
         "epochs": 0.5,
         "profiles": ["fast", "balanced"],
         "seed": 3,
+        "reference_fraction": 0.0,  # no loss-shape reference run: the front is about trials
     }
     values.update(overrides)
     return load_config(None, values)
