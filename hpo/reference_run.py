@@ -13,8 +13,11 @@ carries the shared exponent and C; full runs that report back join the same way.
 It is not a trial (Optuna knows nothing of it, the pick never sees it): it is the same
 configuration as a trial, with another schedule. It runs in the session's own time, between
 two trials, so the search budget's ledger (this session's wall clock) counts it and the
-budget's stop sees it; it runs only when the budget has room for it. The summary and the
-parent MLflow run say what it ran, for how long and what it fitted.
+budget's stop sees it. Under a search budget it may take `REFERENCE_BUDGET_SHARE` of it (and
+no more than it leaves for trials): its share of the full run is lowered to what that buys,
+as the time model prices it, and it is skipped, saying why, where that is under
+`MIN_OVER_TRIAL` times a trial's share (it would show no more than a trial). The summary and
+the parent MLflow run say what it ran, for how long and what it fitted.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
+from analysis.search_plan import TrialCost
 from common.redact import redact
 from common.workdir import WorkDir
 from hpo.final_loss import (
@@ -45,13 +49,58 @@ from trainers.spec import TrainSpec, full_run_steps
 if TYPE_CHECKING:
     from analysis.full_runs import FullRun
     from hpo.objective import StudyContext
-    from hpo.search_budget import BudgetKeeper
 
 log = logging.getLogger(__name__)
 
 REFERENCE_ATTR = "reference_run"  # on the study: what the reference run ran and fitted
 REFERENCE_AFTER = 3  # finished trials before the reference run (its pick needs a few)
 _EVALS_PER_TRIAL_EVALS = 2  # the reference evaluates twice as often as a trial: the decay
+# Under a search budget: the most of it the reference may take. Three 120 s studies whose
+# reference took 14-38 % of the budget finished 2 trials each (benchmarks/hpo_efficiency.py).
+REFERENCE_BUDGET_SHARE = 0.15
+MIN_OVER_TRIAL = 2.0  # a reference shorter than twice a trial shows no more than a trial
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceSize:
+    """The share of its full run the reference trains, or why it is not run (`fraction` 0)."""
+
+    fraction: float
+    reason: str = ""
+
+
+def reference_size(
+    wanted: float,
+    *,
+    trial_fidelity: float,
+    budget_seconds: float | None,
+    left_seconds: float,
+    cost: TrialCost | None,
+    typical_trial_seconds: float,
+) -> ReferenceSize:
+    """`wanted` (the study's `reference_fraction`), lowered to what the search budget buys.
+
+    The reference may cost `REFERENCE_BUDGET_SHARE` of the budget and at most half of what is
+    left. It is priced as a trial at its fidelity with twice the evaluations (`cost`: the
+    time model's, refitted on the trials), or, without that, as typical trials scaled by
+    fidelity.
+    """
+    if budget_seconds is None:
+        return ReferenceSize(wanted)
+    room = min(REFERENCE_BUDGET_SHARE * budget_seconds, 0.5 * max(left_seconds, 0.0))
+    if cost is not None and cost.per_fidelity > 0:
+        affordable = (room - _EVALS_PER_TRIAL_EVALS * cost.fixed) / cost.per_fidelity
+    else:
+        affordable = room / max(typical_trial_seconds, 1e-9) * trial_fidelity
+    fraction = min(wanted, affordable)
+    if fraction < MIN_OVER_TRIAL * trial_fidelity:
+        return ReferenceSize(
+            0.0,
+            f"skipped: {REFERENCE_BUDGET_SHARE:.0%} of the search budget "
+            f"({room:.0f} s of {budget_seconds:.0f} s) buys {max(affordable, 0.0):.3g} of the "
+            f"full run, under {MIN_OVER_TRIAL:g}x a trial's {trial_fidelity:.3g}",
+        )
+    return ReferenceSize(fraction)
 
 
 def reference_spec(
@@ -100,8 +149,15 @@ class ReferenceRun:
         if fraction <= 0 or REFERENCE_ATTR in study.user_attrs or (budget and budget.stopped):
             return
         best = _best_so_far(study, self.context.config.n_trials)
-        if best is None or not _affordable(budget, fraction / self.context.config.trial.fraction):
+        if best is None:
             return
+        size = self._size(fraction)
+        if not size.fraction:
+            record = {"trial": best.number, "state": "skipped", "reason": size.reason}
+            study.set_user_attr(REFERENCE_ATTR, record)
+            self._track(record)
+            return
+        fraction = size.fraction
         study.set_user_attr(REFERENCE_ATTR, {"trial": best.number, "state": "running"})
         try:
             record = self._run(study, best, fraction)
@@ -110,6 +166,19 @@ class ReferenceRun:
             record = {"trial": best.number, "state": "failed", "reason": redact(str(exc))[:300]}
         study.set_user_attr(REFERENCE_ATTR, record)
         self._track(record)
+
+    def _size(self, wanted: float) -> ReferenceSize:
+        budget = self.context.budget
+        if budget is None or budget.budget_seconds is None:
+            return ReferenceSize(wanted)
+        return reference_size(
+            wanted,
+            trial_fidelity=budget.plan.fidelity,
+            budget_seconds=budget.budget_seconds,
+            left_seconds=(budget.usable_seconds or 0.0) - budget.spent(),
+            cost=budget.cost,
+            typical_trial_seconds=budget.typical_trial_seconds(),
+        )
 
     def _run(
         self, study: optuna.Study, best: optuna.trial.FrozenTrial, fraction: float
@@ -186,13 +255,6 @@ def add_full_run_curves(study: optuna.Study, runs: Sequence[FullRun]) -> int:
     }
     add_shape_curves(study, curves)
     return len(curves)
-
-
-def _affordable(budget: BudgetKeeper | None, trials_worth: float) -> bool:
-    """Whether the budget has room for the reference run (`trials_worth` typical trials)."""
-    if budget is None or budget.budget_seconds is None:
-        return True
-    return budget.budget_seconds - budget.spent() >= trials_worth * budget.typical_trial_seconds()
 
 
 def reference_line(record: dict[str, Any] | None) -> str:

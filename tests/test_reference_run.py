@@ -10,8 +10,15 @@ import optuna
 import pytest
 
 from analysis.loss_law import JointFit
+from analysis.search_plan import TrialCost
 from hpo.final_loss import SHAPE_CURVES_ATTR, TrialCurve, predict_final_loss, shared_shape
-from hpo.reference_run import REFERENCE_ATTR, reference_line, reference_spec
+from hpo.reference_run import (
+    REFERENCE_ATTR,
+    REFERENCE_BUDGET_SHARE,
+    reference_line,
+    reference_size,
+    reference_spec,
+)
 from tests.configs import demo_spec, short_study
 
 SHARED = (1.5, 4.0, 0.7, 2.0, 0.03)  # L0, D, alpha, beta, C: the law the curves follow
@@ -142,3 +149,39 @@ def test_full_runs_of_the_study_join_the_shared_fit_with_their_whole_curve() -> 
     assert curve.losses[-1] == 1.2
     data = curve.data()
     assert data.s2[-1] == data.s2_end > 0  # it saw its whole decay: it identifies C
+
+
+# A trial at fidelity f costs 3 s + 100 s x f (the time model's TrialCost); trials train 0.02.
+COST = TrialCost(fixed=3.0, per_fidelity=100.0)
+
+
+def _size(budget: float | None, left: float, cost: TrialCost | None = COST) -> Any:
+    return reference_size(
+        0.3, trial_fidelity=0.02, budget_seconds=budget, left_seconds=left, cost=cost,
+        typical_trial_seconds=5.0,
+    )  # fmt: skip
+
+
+def test_the_reference_is_sized_to_a_share_of_the_search_budget() -> None:
+    # No budget, or one with room: the study's reference_fraction as it is.
+    assert _size(None, 0.0).fraction == 0.3
+    assert _size(10_000.0, 9_000.0).fraction == 0.3
+    # A 120 s budget: 15 % (18 s) buys (18 - 2 x 3) / 100 = 0.12 of the full run, twice the
+    # evaluations of a trial included; its predicted cost is within that share.
+    tight = _size(120.0, 100.0)
+    assert tight.fraction == pytest.approx(0.12)
+    cost = 2 * COST.fixed + COST.per_fidelity * tight.fraction
+    assert cost <= REFERENCE_BUDGET_SHARE * 120.0 + 1e-9
+    # Never more than half of what is left for the trials: 10 s buys (10 - 6) / 100.
+    assert _size(120.0, 20.0).fraction == pytest.approx(0.04)
+    # Without the time model's cost: typical trials scaled by fidelity (18 s / 5 s x 0.02).
+    assert _size(120.0, 100.0, cost=None).fraction == pytest.approx(0.072)
+
+
+def test_a_reference_the_budget_cannot_buy_is_skipped_and_says_why() -> None:
+    # 15 % of 60 s buys (9 - 6) / 100 = 0.03 of the run, under twice a trial's 0.02.
+    size = _size(60.0, 50.0)
+    assert size.fraction == 0.0
+    assert "skipped" in size.reason and "0.03" in size.reason and "0.02" in size.reason
+    line = reference_line({"trial": 4, "state": "skipped", "reason": size.reason})
+    assert line.startswith("loss-shape reference run: trial 4's configuration, skipped: ")
