@@ -328,10 +328,13 @@ def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(
         for t in study.trials
         if t.datetime_complete and t.datetime_start
     )
-    assert search["spent_hours"] <= budget + longest / 3600
-    assert search["spent_over_budget"] == pytest.approx(search["spent_hours"] / budget)
-    # The close (summary, report, MLflow's finish) is in the ledger, and measured for the next.
+    # The close (summary, report, MLflow's finish) is in the ledger, and measured for the next;
+    # this first session reserved a prior for it (at most 5 % of the budget), so a close longer
+    # than that prior overshoots by the difference too.
     assert search["tail_seconds"] > 0 and search["reserve_seconds"] > 0
+    late_close = max(0.0, search["tail_seconds"] - search["reserve_seconds"])
+    assert search["spent_hours"] <= budget + (longest + late_close) / 3600, search
+    assert search["spent_over_budget"] == pytest.approx(search["spent_hours"] / budget)
     assert search["fixed_source"].startswith("measured on")  # refitted as trials finished
 
     from mlflow import MlflowClient
