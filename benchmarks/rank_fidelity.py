@@ -198,7 +198,7 @@ def predictions(
         started = time.perf_counter()
         final = predict_final_loss(
             curve, peers=[*peers, *extra], full_run_samples=row["full_run_samples"],
-            correction=LossCorrection(), seed=index,
+            correction=LossCorrection(),
         )  # fmt: skip
         fit_seconds = time.perf_counter() - started
         peers.append(dataclasses.replace(curve, stored_fit=final.stored_fit if warm else None))

@@ -314,7 +314,6 @@ def predict_final_loss(
     peers: Sequence[TrialCurve],
     full_run_samples: float,
     correction: LossCorrection,
-    seed: int = 0,
 ) -> FinalLoss:
     """Predict the loss at the end of the trial's full run, fitted with its peers.
 
@@ -323,9 +322,7 @@ def predict_final_loss(
         peers: Other trials' curves of the same study (`peer_curves`).
         full_run_samples: Training samples the full run sees (samples x epochs).
         correction: The study's fitted correction (the identity before any full run).
-        seed: Unused (the band is a jackknife, the same for the same curves); kept for callers.
     """
-    del seed
     data = [p.data() for p in peers]
     target = curve.data()
     start, warm = _warm_start(peers, [*data, target])

@@ -262,7 +262,6 @@ class Objective:
             ),
             full_run_samples=derived["full_run_samples"],
             correction=self.context.estimator.loss_correction,
-            seed=trial.number,
         )
 
     def _second_objective(self, measured: dict[str, float]) -> float:
