@@ -286,7 +286,6 @@ class StudyEstimator:
 
     def observe(
         self,
-        trial: optuna.Trial,
         runs: tuple[TrainSpec, TrainSpec],
         result: TrainResult,
         verdict: Verdict,
@@ -295,7 +294,6 @@ class StudyEstimator:
         """Calibrate with the trial's measurements; return the honesty metrics.
 
         Args:
-            trial: The trial.
             runs: Its full run and its own run, as `check` judged them and the trial trained.
             result: What the trial's run measured.
             verdict: What `check` said before it trained.

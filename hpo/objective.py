@@ -190,7 +190,7 @@ class Objective:
         )
         result, seconds = self._train(trial, spec, reporter, run_id, pending)
         measured = self._measurements(result, derived["full_run_steps"], seconds)
-        measured.update(ctx.estimator.observe(trial, runs, result, verdict, pending))
+        measured.update(ctx.estimator.observe(runs, result, verdict, pending))
         final = self._final_loss(trial, spec, result, derived)
         # The trial's measurements and its curve go with the rest of its attributes.
         pending.update({**measured, **(final.user_attrs() if final else {})})
