@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from analysis.gpus import GpuSpec, peak_of
+from analysis.gpus import KNOWN_GPUS, GpuSpec, peak_of
 from analysis.hardware import prior_coefficients
 from analysis.run_setup import MemoryTerms
 from analysis.timemodel import Coefficients, ModelProfile
@@ -30,7 +31,8 @@ class PublishedPriors:
 
     Attributes:
         utilisation: Fraction of the dense peak per GPU name (`analysis.gpus`) that had points.
-        pooled_utilisation: For any other GPU: the median over all fitted points.
+        pooled_utilisation: For a GPU of a generation with no points: the median over all
+            fitted points.
         micro_fixed_seconds: Per micro-step overhead beyond FLOPs (kernel launches, hooks).
         log_p10: Lower end of the duration band (log of actual / predicted).
         log_p90: Upper end.
@@ -47,8 +49,19 @@ class PublishedPriors:
     fitted_points: tuple[str, ...] = ()
 
     def utilisation_for(self, gpu: GpuSpec) -> float:
-        """The GPU's fitted utilisation, else the pooled one."""
-        return self.utilisation.get(gpu.name, self.pooled_utilisation)
+        """The GPU's fitted utilisation, else its generation's (median), else the pooled one.
+
+        An H200 computes as an H100 does, so it borrows the H100's fitted speed rather than
+        the pooled one, which the A100 runs dominate.
+        """
+        if gpu.name in self.utilisation:
+            return self.utilisation[gpu.name]
+        kin = [
+            value
+            for name, value in self.utilisation.items()
+            if gpu.architecture and _architecture(name) == gpu.architecture
+        ]
+        return statistics.median(kin) if kin else self.pooled_utilisation
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -143,3 +156,8 @@ def with_utilisation(
         systematic_log_p90=log_p90,
         source=source,
     )
+
+
+def _architecture(name: str) -> str:
+    """The generation of the known GPU `name` ("" for one the table does not know)."""
+    return next((g.architecture for g in KNOWN_GPUS if g.name == name), "")

@@ -26,12 +26,15 @@ class GpuSpec:
         device_name: The name CUDA reports (``torch.cuda.get_device_name``).
         memory_gib: Device memory as CUDA reports it (a little under the marketed GB).
         precision: The half precision it trains in (bf16 from Ampere on, else fp16).
+        architecture: NVIDIA's generation (hopper, ampere, ada, turing, volta): a GPU with no
+            fitted published run borrows the speed fitted on its generation's others.
     """
 
     name: str
     device_name: str
     memory_gib: float
     precision: str = "bf16"
+    architecture: str = ""
 
     def hardware(self) -> HardwareInfo:
         """The time model's view of one such GPU (the CPU cores are this machine's)."""
@@ -45,18 +48,18 @@ class GpuSpec:
 
 
 KNOWN_GPUS: tuple[GpuSpec, ...] = (
-    GpuSpec("H200", "NVIDIA H200", 139.8),
-    GpuSpec("H100", "NVIDIA H100 80GB HBM3", 79.2),
-    GpuSpec("H100-PCIe", "NVIDIA H100 PCIe", 79.2),
-    GpuSpec("A100-80GB", "NVIDIA A100-SXM4-80GB", 79.2),
-    GpuSpec("A100-40GB", "NVIDIA A100-SXM4-40GB", 39.4),
-    GpuSpec("L40S", "NVIDIA L40S", 44.4),
-    GpuSpec("L4", "NVIDIA L4", 22.0),
-    GpuSpec("A10G", "NVIDIA A10G", 22.0),
-    GpuSpec("RTX4090", "NVIDIA GeForce RTX 4090", 23.6),
-    GpuSpec("A6000", "NVIDIA RTX A6000", 47.5),
-    GpuSpec("V100", "Tesla V100-SXM2-32GB", 31.7, "fp16"),
-    GpuSpec("T4", "Tesla T4", 14.6, "fp16"),
+    GpuSpec("H200", "NVIDIA H200", 139.8, architecture="hopper"),
+    GpuSpec("H100", "NVIDIA H100 80GB HBM3", 79.2, architecture="hopper"),
+    GpuSpec("H100-PCIe", "NVIDIA H100 PCIe", 79.2, architecture="hopper"),
+    GpuSpec("A100-80GB", "NVIDIA A100-SXM4-80GB", 79.2, architecture="ampere"),
+    GpuSpec("A100-40GB", "NVIDIA A100-SXM4-40GB", 39.4, architecture="ampere"),
+    GpuSpec("L40S", "NVIDIA L40S", 44.4, architecture="ada"),
+    GpuSpec("L4", "NVIDIA L4", 22.0, architecture="ada"),
+    GpuSpec("A10G", "NVIDIA A10G", 22.0, architecture="ampere"),
+    GpuSpec("RTX4090", "NVIDIA GeForce RTX 4090", 23.6, architecture="ada"),
+    GpuSpec("A6000", "NVIDIA RTX A6000", 47.5, architecture="ampere"),
+    GpuSpec("V100", "Tesla V100-SXM2-32GB", 31.7, "fp16", architecture="volta"),
+    GpuSpec("T4", "Tesla T4", 14.6, "fp16", architecture="turing"),
 )
 
 

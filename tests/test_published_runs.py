@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,8 @@ from analysis.published_priors import replay_with, setup_of
 from analysis.published_runs import PUBLISHED_RUNS, expressible_runs
 from analysis.run_setup import ATTENTION_KERNELS, MEMORY_MEASURES, RunSetup
 
+ROOT = Path(__file__).resolve().parents[1]
+
 TIME_MEASURES = ("s/it", "tokens/s", "s per 250 steps")
 
 
@@ -23,7 +26,9 @@ def test_every_row_names_its_source_setup_and_measure(run: object) -> None:
     from analysis.published_runs import PublishedRun
 
     assert isinstance(run, PublishedRun)
-    assert run.source.startswith("https://") and run.where.strip()
+    # A published page, or this project's own measurement file (benchmarks/gpu_scale.py).
+    assert run.source.startswith("https://") or (ROOT / run.source).is_file(), run.source
+    assert run.where.strip()
     assert run.model in shipped_configs(), f"{run.model}: ship its config.json"
     assert run.framework and run.precision in ("bf16", "fp16", "fp32")
     assert run.micro_batch_size >= 1 and run.gradient_accumulation_steps >= 1
@@ -120,3 +125,24 @@ def test_bad_setup_field_exits_2_naming_it(
     assert code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # argparse prints its usage first
     assert expected in last
+
+
+def test_a_gpu_without_points_borrows_its_generations_speed() -> None:
+    import dataclasses
+
+    from analysis.gpus import custom_gpu
+
+    priors = load()
+    assert priors is not None
+    fitted = dict(priors.utilisation)
+    # Two generations with different fitted speeds, so that borrowing is visible.
+    priors = dataclasses.replace(
+        priors, utilisation={"H100": 0.4, "A100-80GB": 0.9, "L40S": 0.7}, pooled_utilisation=0.8
+    )
+    assert priors.utilisation_for(find_gpu("H100")) == 0.4
+    assert priors.utilisation_for(find_gpu("H200")) == 0.4  # Hopper, as the H100
+    assert priors.utilisation_for(find_gpu("A100-40GB")) == 0.9  # Ampere, as the A100-80GB
+    assert priors.utilisation_for(find_gpu("L4")) == 0.7  # Ada, as the L40S
+    assert priors.utilisation_for(find_gpu("T4")) == 0.8  # no Turing points: pooled
+    assert priors.utilisation_for(custom_gpu("X", tflops=100, memory_gb=40)) == 0.8
+    assert fitted  # the stored fit has points of its own
