@@ -37,6 +37,7 @@ from analysis.workload import (
 from common.checks import require
 from common.config import require_keys
 from common.errors import BadInputError
+from trainers.model.runtime import per_sample_attention
 from trainers.spec import PACKING_MODES, QUANTIZATION_MODES, eval_batch_size, optimizer_steps
 
 DEVICE_KINDS = ("cpu", "cuda", "mps")
@@ -289,9 +290,8 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     c, model = coefficients, plan.model
     lengths = clipped_lengths(plan.token_lengths, plan.max_length)
     if plan.packing == "padding_free":
-        fused = plan.device_kind == "cuda" and plan.precision != "fp32"
         items, tokens, square = packed_averages(
-            lengths, plan.max_length, plan.micro_batch_size, fused
+            lengths, plan.max_length, plan.micro_batch_size, per_sample_attention()
         )
     else:
         items = lengths.size

@@ -88,9 +88,11 @@ def packed_averages(
 ) -> tuple[int, float, float]:
     """Packed sequences, mean tokens and mean attention term per micro-batch of `batch` of them.
 
-    A packed micro-batch is one row of real tokens only. Fused (flash) attention works on each
+    A packed micro-batch is one row of real tokens only. A varlen (flash) kernel works on each
     sample's block (sum of squared sample lengths); eager and SDPA attention with the
     block-diagonal mask compute the whole row's scores and mask them (row length squared).
+    `fused`: the former (`trainers.model.runtime.per_sample_attention` says which the
+    trainer runs).
     """
     sequences = pack_lengths(lengths.tolist(), max_length)
     tokens = float(lengths.sum()) / len(sequences) * batch

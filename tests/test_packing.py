@@ -246,3 +246,29 @@ def test_nf4_plan_fits_an_8b_model_on_a_24gb_card(
     assert "fits: yes" in out["nf4"] and "fits: no" in out["none"]
     p50 = {m: o.split("p50 ")[1].split(",")[0] for m, o in out.items()}
     assert p50["nf4"] != p50["none"]  # de-quantization makes the steps slower
+
+
+def test_packed_attention_is_priced_as_the_trainer_runs_it() -> None:
+    """SDPA with the block-diagonal mask computes whole rows, on a GPU too (not per sample)."""
+    import dataclasses
+
+    from analysis.hardware import HardwareInfo, prior_coefficients
+    from analysis.timemodel import predict
+    from analysis.workload import attention_flops
+    from trainers.model.runtime import ATTENTION_KERNEL, per_sample_attention
+
+    assert ATTENTION_KERNEL == "sdpa" and not per_sample_attention()
+    assert per_sample_attention("flash_attention_2")
+    packed = _plan("padding_free")
+    h100 = prior_coefficients(HardwareInfo("cuda", "NVIDIA H100", 80 * 2**30, 16, "bf16"))
+    slower = dataclasses.replace(
+        h100, micro_seconds_per_attention_flop=2 * h100.micro_seconds_per_attention_flop
+    )
+    a, b = predict(packed, h100), predict(packed, slower)
+    micro_steps = a.optimizer_steps * packed.gradient_accumulation_steps
+    row = a.train_tokens / micro_steps  # real tokens of one packed micro-batch
+    whole_rows = attention_flops(packed.model, row**2, False) * micro_steps
+    added = b.breakdown["train"] - a.breakdown["train"]
+    # The added time is the whole rows' attention; per-sample blocks (~80-token samples in
+    # 512-token rows) would be about 6x less.
+    assert added == pytest.approx(whole_rows * h100.micro_seconds_per_attention_flop, rel=0.05)
