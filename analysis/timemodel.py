@@ -30,8 +30,10 @@ from analysis.workload import (
     attention_flops,
     clipped_lengths,
     epoch_averages,
+    expected_new_shapes,
     frozen_flops,
     packed_averages,
+    packed_row_lengths,
     weight_bytes,
 )
 from common.checks import require
@@ -197,6 +199,9 @@ class Coefficients:
     eval_seconds_per_batch: float = 0.005  # one forward call's overhead during evaluation
     loop_seconds_per_micro_step: float = 0.0  # fetch + collate + loop bookkeeping per micro-step
     warmup_seconds: float = 0.0  # extra time of a run's first steps (allocator, lazy init)
+    # Extra time of a steady micro-step at a padded length the run has not seen yet (GPU:
+    # new allocator blocks, kernel choices); a run pays it once per length.
+    new_shape_seconds: float = 0.0
     # Adapter matmuls are thin (rank r) and run at their own efficiency; None: as the rest.
     micro_seconds_per_adapter_flop: float | None = None
     step_mean_ratio: float = 1.0  # mean / typical micro-step time (stalls, outliers)
@@ -293,11 +298,15 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
         items, tokens, square = packed_averages(
             lengths, plan.max_length, plan.micro_batch_size, per_sample_attention()
         )
+        shapes, shape_batch = packed_row_lengths(lengths, plan.max_length, plan.micro_batch_size), 1
     else:
         items = lengths.size
         tokens, square = epoch_averages(lengths, lengths.size, plan.micro_batch_size)
+        shapes, shape_batch = lengths, plan.micro_batch_size
     steps = optimizer_steps(plan, items)
     micro_steps = steps * plan.gradient_accumulation_steps
+    # Each padded length's first micro-step pays the one-off cost; the first one is warm-up.
+    new_shapes = max(expected_new_shapes(shapes, shape_batch, micro_steps) - 1.0, 0.0)
     if plan.quantization == "nf4":
         c = replace(
             c,
@@ -310,6 +319,7 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
         plan.trainable_parameters
     )
     train = micro_steps * (micro + c.loop_seconds_per_micro_step) + steps * optimizer
+    train += c.new_shape_seconds * new_shapes
     # The Trainer evaluates and saves at every multiple of the interval and once more at the
     # last step when that is not a multiple: ceil(steps / interval) of each.
     n_evals = _occurrences(steps, plan.eval_interval_steps)

@@ -36,8 +36,8 @@ class ModelSize(Protocol):
     def vocab_size(self) -> int: ...
 
 
-def _max_moments(lengths: np.ndarray, batch: int) -> tuple[float, float]:
-    """E[max] and E[max^2] of the lengths of `batch` distinct samples drawn uniformly.
+def _max_pmf(lengths: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct lengths and P(max of `batch` distinct samples drawn uniformly = each).
 
     A shuffled epoch cut into micro-batches makes each micro-batch a uniform random subset,
     so P(max <= v) = C(#{l <= v}, b) / C(n, b), computed as a product to stay finite.
@@ -49,9 +49,25 @@ def _max_moments(lengths: np.ndarray, batch: int) -> tuple[float, float]:
     j = np.arange(batch, dtype=np.float64)
     terms = np.clip((below[:, None] - j) / (n - j), 0.0, None)
     cdf = np.prod(terms, axis=1)
-    pmf = np.diff(cdf, prepend=0.0)
-    v = values.astype(np.float64)
+    return values.astype(np.float64), np.diff(cdf, prepend=0.0)
+
+
+def _max_moments(lengths: np.ndarray, batch: int) -> tuple[float, float]:
+    """E[max] and E[max^2] of the lengths of `batch` distinct samples drawn uniformly."""
+    v, pmf = _max_pmf(lengths, batch)
     return float(pmf @ v), float(pmf @ v**2)
+
+
+def expected_new_shapes(lengths: np.ndarray, batch: int, micro_steps: int) -> float:
+    """Expected distinct padded lengths among `micro_steps` micro-batches of `batch` samples.
+
+    A micro-batch is padded to its longest sample, so its shape is that maximum: a length v
+    shows up at least once with probability 1 - (1 - P(max = v))^micro_steps.
+    """
+    if micro_steps <= 0 or lengths.size == 0:
+        return 0.0
+    _, pmf = _max_pmf(lengths, batch)
+    return float(np.sum(1.0 - (1.0 - np.clip(pmf, 0.0, 1.0)) ** micro_steps))
 
 
 def clipped_lengths(lengths: Sequence[int], max_length: int) -> np.ndarray:
@@ -100,6 +116,15 @@ def packed_averages(
         per_sequence = float((lengths.astype(np.float64) ** 2).sum()) / len(sequences)
         return len(sequences), tokens, per_sequence * batch
     return len(sequences), tokens, tokens**2
+
+
+def packed_row_lengths(lengths: np.ndarray, max_length: int, batch: int) -> np.ndarray:
+    """Tokens of each padding-free micro-batch: `batch` packed sequences flattened into a row."""
+    sequences = pack_lengths(lengths.tolist(), max_length)
+    members = np.fromiter((i for group in sequences for i in group), dtype=np.int64)
+    owner = np.repeat(np.arange(len(sequences)), [len(group) for group in sequences])
+    tokens = np.bincount(owner, weights=lengths[members].astype(np.float64))
+    return np.add.reduceat(tokens, np.arange(0, tokens.size, max(batch, 1)))
 
 
 def frozen_flops(total_parameters: float, tokens: float, gradient_checkpointing: bool) -> float:

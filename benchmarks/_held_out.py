@@ -165,8 +165,11 @@ def calibrate(
     probes = run_probes(model, data, design, work_dir=work / "probes")
     seconds = time.perf_counter() - started
     walls = [float(p["wall_seconds"]) for p in probes]
+    hardware = this_machine()
     return {
-        "calibration": calibrate_from_results(probes, this_machine()),
+        "calibration": calibrate_from_results(probes, hardware),
+        "hardware": hardware,
+        "results": probes,  # the trainer's result dicts (`time_model_refit.py` reads them)
         "runs": len(probes),
         "seconds": seconds,
         "median_seconds": median(walls),

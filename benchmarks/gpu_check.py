@@ -39,6 +39,7 @@ from analysis.workload import adapter_flops, attention_flops, frozen_flops  # no
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
 from benchmarks._held_out import HELD_OUT, calibrate, synthetic_data  # noqa: E402
 from benchmarks.time_model_accuracy import held_out_row  # noqa: E402
+from benchmarks.time_model_refit import raw_payload  # noqa: E402
 from benchmarks.trainer_throughput import (  # noqa: E402
     bare_tokens_per_second,
     framework_tokens_per_second,
@@ -133,8 +134,13 @@ def compile_check(spec: TrainSpec) -> dict[str, Any]:
     return {"off_tokens_per_second": off, "on_tokens_per_second": on, "speedup": on / off}
 
 
-def time_model(model: str, data: str, work: Path, *, smoke: bool) -> dict[str, Any]:
-    """Calibrate with the probe design, then predict and train held-out configurations."""
+def time_model(
+    model: str, data: str, work: Path, *, smoke: bool, raw: str | None = None
+) -> dict[str, Any]:
+    """Calibrate with the probe design, then predict and train held-out configurations.
+
+    `raw`: also write what the runs measured there, for `benchmarks.time_model_refit`.
+    """
     design = PROBE_DESIGN[:4] if smoke else PROBE_DESIGN
     probes = calibrate(model, data, work, design)
     factor = 1.5 if smoke else 5.0
@@ -142,6 +148,10 @@ def time_model(model: str, data: str, work: Path, *, smoke: bool) -> dict[str, A
         held_out_row(model, data, work, probes, index, config, factor)
         for index, config in enumerate(HELD_OUT[: 2 if smoke else 3])
     ]
+    if raw:
+        write_json(raw, raw_payload(probes["hardware"], probes["results"], rows))
+    for row in rows:
+        row.pop("result")
     return {
         "probe_runs": probes["runs"],
         "probe_seconds": probes["seconds"],
@@ -159,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="gpu-check.json", help="results file")
     parser.add_argument("--budget-minutes", type=float, default=7.5, help="skip what would overrun")
     parser.add_argument("--smoke", action="store_true", help="toy size on CPU (tests the script)")
+    parser.add_argument(
+        "--raw", help="also write the time model's measured runs (benchmarks.time_model_refit)"
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
 
@@ -194,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         best = max(speed["trainer_tokens_per_second"])
         results["mfu"] = {key: mfu(best, flops, peak) for key, flops in rates.items()}
         results["mfu"]["base_parameters"] = profile.total_parameters
-        results["time_model"] = time_model(model, data, work / "time-model", smoke=args.smoke)
+        results["time_model"] = time_model(
+            model, data, work / "time-model", smoke=args.smoke, raw=args.raw
+        )
         if time.perf_counter() - started < (args.budget_minutes - 2.0) * 60:
             results["compile"] = compile_check(spec)
         else:

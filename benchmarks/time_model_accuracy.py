@@ -43,6 +43,7 @@ from benchmarks._held_out import (  # noqa: E402
     synthetic_data,
 )
 from benchmarks._levels import divide_by_level, level_spread_pct, shape_errors  # noqa: E402
+from benchmarks.time_model_refit import raw_payload  # noqa: E402
 from trainers.spec import TrainSpec  # noqa: E402
 
 
@@ -90,6 +91,7 @@ def held_out_row(
         "memory_above_p90": memory > estimate.peak_memory_bytes_p90,
         "predicted_breakdown_s": estimate.breakdown,
         "measured_breakdown_s": result["timings"],
+        "result": result,  # the trainer's dict, for --raw; dropped from the summary
     }
 
 
@@ -105,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="run the whole protocol (fresh probes, then every held-out run) this many "
         "times, every other time in reverse order; errors use the median over repeats",
+    )
+    parser.add_argument(
+        "--raw",
+        help="also write what the probes and held-out runs measured (first repeat) to this "
+        "file, for python -m benchmarks.time_model_refit",
     )
     parser.add_argument(
         "--holdout-factor",
@@ -152,6 +159,15 @@ def main(argv: list[str] | None = None) -> int:
             noise = held_out_row(
                 model, data, work, probes, len(HELD_OUT), HELD_OUT[0], args.holdout_factor
             )
+    if args.raw:
+        first_probes, first_rows = repeats[0]
+        write_json(args.raw, raw_payload(first_probes["hardware"], first_probes["results"],
+                                         first_rows))  # fmt: skip
+    for _, rows_r in repeats:
+        for row in rows_r:
+            row.pop("result", None)
+    if noise is not None:
+        noise.pop("result", None)
     summary = summarize(repeats, noise)
     summary["torch_threads"] = torch.get_num_threads()
     summary["holdout_factor"] = args.holdout_factor

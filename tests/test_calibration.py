@@ -283,7 +283,9 @@ def test_warmup_dropped_and_measurements_capped() -> None:
     assert len(stored.micro_step_seconds) == 3 + 200 and stored.warmup_steps == 3
     steady = stored.micro_step_seconds[3:]
     assert max(steady) < 5 * np.median(steady)
-    assert cal.n_measurements["micro_step"] == 200
+    # Steady steps at a length seen before fit the rates; the first at each length, apart.
+    assert cal.n_measurements["micro_step"] + cal.n_measurements["new_shape"] == 200
+    assert stored.micro_step_new_shape == run.capped().micro_step_new_shape  # from the full run
     assert stored.capped() == stored
     # Warm-up: 3 steps at 10x (9 steps' worth beyond steady time) and a 0.5 s first
     # optimizer step instead of a ~0.04 s one.

@@ -37,10 +37,15 @@ def _micro_rates(c: Coefficients) -> np.ndarray:
     )
 
 
-def _micro_rows(run: RunMeasurements, model: ModelProfile) -> tuple[np.ndarray, np.ndarray]:
-    start = run.warmup_steps
-    tokens = np.asarray(run.micro_step_tokens[start:], dtype=np.float64)
-    seq = np.maximum(np.asarray(run.micro_step_seq_len[start:], dtype=np.float64), 1.0)
+# A run's steps at padded lengths it has not seen yet are fitted apart (`new_shape_seconds`)
+# when at least this share of its steady steps repeats a length; else all are fitted together.
+MIN_REPEATED_SHARE = 0.25
+
+
+def _micro_features(run: RunMeasurements, model: ModelProfile) -> tuple[np.ndarray, np.ndarray]:
+    """Features and seconds of every micro-step of `run` (warm-up included)."""
+    tokens = np.asarray(run.micro_step_tokens, dtype=np.float64)
+    seq = np.maximum(np.asarray(run.micro_step_seq_len, dtype=np.float64), 1.0)
     gc = run.gradient_checkpointing
     features = np.column_stack(
         [
@@ -51,8 +56,29 @@ def _micro_rows(run: RunMeasurements, model: ModelProfile) -> tuple[np.ndarray, 
         ]
     )
     # An NF4 run's steps are fitted as the unquantized run's: `predict` applies the factor.
-    seconds = np.asarray(run.micro_step_seconds[start:], dtype=np.float64) / run.step_factor
+    seconds = np.asarray(run.micro_step_seconds, dtype=np.float64) / run.step_factor
     return features, seconds
+
+
+def _steady(run: RunMeasurements) -> tuple[np.ndarray, np.ndarray]:
+    """Masks of the steady micro-steps that repeat a padded length, and of those that do not.
+
+    When too few steps repeat one (every batch a new length), all steady steps are fitted as
+    repeats and none apart: the two costs cannot be told apart in that run.
+    """
+    n = len(run.micro_step_seconds)
+    steady = np.arange(n) >= run.warmup_steps
+    new = steady & np.asarray(run.micro_step_new_shape, dtype=bool)
+    repeated = steady & ~new
+    if repeated.sum() < max(3, MIN_REPEATED_SHARE * steady.sum()):
+        return steady, np.zeros(n, dtype=bool)
+    return repeated, new
+
+
+def _micro_rows(run: RunMeasurements, model: ModelProfile) -> tuple[np.ndarray, np.ndarray]:
+    features, seconds = _micro_features(run, model)
+    repeated, _ = _steady(run)
+    return features[repeated], seconds[repeated]
 
 
 def _stack(rows: list[tuple[np.ndarray, np.ndarray]], width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -172,6 +198,7 @@ def _fit_coefficients(
         loop_seconds_per_micro_step=loop,
     )
     coefficients, n_warmup = _fit_warmup(stored, model, coefficients)
+    coefficients, n_new_shape = _fit_new_shapes(stored, model, coefficients)
     counts = {
         "runs": len(stored),
         "micro_step": int(np.isfinite(res).sum()),
@@ -182,6 +209,7 @@ def _fit_coefficients(
         "memory": n_memory,
         "loop": len(loops),
         "warmup": n_warmup,
+        "new_shape": n_new_shape,
     }
     return coefficients, counts
 
@@ -235,10 +263,28 @@ def _fit_warmup(
     return c, len(warmups)
 
 
+def _fit_new_shapes(
+    stored: Sequence[RunMeasurements], model: ModelProfile, c: Coefficients
+) -> tuple[Coefficients, int]:
+    """`c` with the median extra seconds of a steady step at a padded length not seen before."""
+    rates = _micro_rates(c)
+    extras: list[np.ndarray] = []
+    for run in stored:
+        _, new = _steady(run)
+        if new.any():
+            features, seconds = _micro_features(run, model)
+            steady = (features[new] @ rates) * c.step_mean_ratio
+            extras.append((seconds[new] - steady) * run.step_factor)  # in real seconds
+    if not extras:
+        return c, 0
+    pooled = np.concatenate(extras)
+    return dataclasses.replace(c, new_shape_seconds=max(float(np.median(pooled)), 0.0)), pooled.size
+
+
 def _warmup_extra(run: RunMeasurements, model: ModelProfile, c: Coefficients) -> float:
     """Seconds the warm-up steps of `run` took beyond what steady steps would have."""
     w = run.warmup_steps
-    features, _ = _micro_rows(dataclasses.replace(run, warmup_steps=0), model)
+    features, _ = _micro_features(run, model)
     rates = _micro_rates(c)
     steady = float((features[:w] @ rates).sum()) * c.step_mean_ratio * run.step_factor
     extra = float(sum(run.micro_step_seconds[:w])) - steady

@@ -46,6 +46,11 @@ class RunMeasurements:
         quantization: The base's weights: "none", or "nf4" (QLoRA). An NF4 run's steps are
             slower and its weights smaller: the fit takes both out, so that one set of
             coefficients serves both kinds of run (`analysis.workload.NF4_STEP_FACTOR`).
+        micro_step_new_shape: True where the micro-batch's padded length had not been seen
+            earlier in the run. On a GPU such a step pays one-off costs (the allocator's new
+            blocks, cuBLAS and attention kernel choices): 0.25-2 s against 0.1 s on an H100
+            (`docs/measurements/`). Empty: derived from `micro_step_seq_len` (exact before
+            `capped`, which keeps the flags it was given).
     """
 
     micro_step_seconds: tuple[float, ...]
@@ -67,9 +72,17 @@ class RunMeasurements:
     loop_micro_steps: int = 0
     eval_samples: int = 0
     quantization: str = "none"
+    micro_step_new_shape: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.micro_step_seconds)
+        if not self.micro_step_new_shape:
+            object.__setattr__(self, "micro_step_new_shape", first_seen(self.micro_step_seq_len))
+        if len(self.micro_step_new_shape) != n:
+            raise BadInputError(
+                f"micro_step_new_shape must have one flag per micro-step ({n}) but got "
+                f"{len(self.micro_step_new_shape)}"
+            )
         if len(self.micro_step_tokens) != n or len(self.micro_step_seq_len) != n:
             raise BadInputError(
                 "micro_step_seconds, micro_step_tokens and micro_step_seq_len must have the "
@@ -132,6 +145,7 @@ class RunMeasurements:
                 loop_micro_steps=loop_steps,
                 eval_samples=_eval_samples(data, config, evals),
                 quantization=str(get("quantization", "none")),
+                micro_step_new_shape=tuple(bool(x) for x in data.get("micro_step_new_shape", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, BadInputError):
@@ -184,8 +198,19 @@ class RunMeasurements:
             micro_step_seconds=tuple(self.micro_step_seconds[i] for i in keep),
             micro_step_tokens=tuple(self.micro_step_tokens[i] for i in keep),
             micro_step_seq_len=tuple(self.micro_step_seq_len[i] for i in keep),
+            micro_step_new_shape=tuple(self.micro_step_new_shape[i] for i in keep),
             optimizer_step_seconds=tuple(self.optimizer_step_seconds[i] for i in opt_keep),
         )
+
+
+def first_seen(seq_lens: Sequence[int]) -> tuple[bool, ...]:
+    """True at each micro-step whose padded length no earlier micro-step had."""
+    seen: set[int] = set()
+    flags = []
+    for length in seq_lens:
+        flags.append(length not in seen)
+        seen.add(length)
+    return tuple(flags)
 
 
 def _loop_time(
