@@ -48,6 +48,14 @@ class PublishedPriors:
     memory: MemoryTerms
     fitted_points: tuple[str, ...] = ()
 
+    def utilisation_source(self, gpu: GpuSpec) -> str:
+        """Whose fitted utilisation `utilisation_for` gives `gpu`, in words."""
+        if gpu.name in self.utilisation:
+            return "its"
+        if any(gpu.architecture and _architecture(n) == gpu.architecture for n in self.utilisation):
+            return f"its generation's ({gpu.architecture})"
+        return "the pooled"
+
     def utilisation_for(self, gpu: GpuSpec) -> float:
         """The GPU's fitted utilisation, else its generation's (median), else the pooled one.
 

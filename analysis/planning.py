@@ -193,11 +193,11 @@ def coefficients_for(
         where = f"priors for {gpu.name} ({peak / 1e12:g} TFLOP/s {gpu.precision} peak)"
     else:
         prior = fitted_priors.coefficients(gpu, fitted, peak=peak)
-        kind = "its" if gpu.name in fitted.utilisation else "the pooled"
+        kind = fitted.utilisation_source(gpu)
         where = (
             f"priors for {gpu.name} ({peak / 1e12:g} TFLOP/s {gpu.precision} peak; {kind} "
             f"utilisation {fitted.utilisation_for(gpu):.2f} fitted to "
-            f"{len(fitted.fitted_points)} published runs, band "
+            f"{len(fitted.fitted_points)} measured runs (analysis/published_runs.json), band "
             f"x{math.exp(fitted.log_p10):.2f}-x{math.exp(fitted.log_p90):.2f})"
         )
     return prior, where + (f"; not calibrated there ({'; '.join(notes)})" if notes else "")

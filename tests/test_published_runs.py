@@ -145,4 +145,7 @@ def test_a_gpu_without_points_borrows_its_generations_speed() -> None:
     assert priors.utilisation_for(find_gpu("L4")) == 0.7  # Ada, as the L40S
     assert priors.utilisation_for(find_gpu("T4")) == 0.8  # no Turing points: pooled
     assert priors.utilisation_for(custom_gpu("X", tflops=100, memory_gb=40)) == 0.8
+    assert priors.utilisation_source(find_gpu("H200")) == "its generation's (hopper)"
+    assert priors.utilisation_source(find_gpu("H100")) == "its"
+    assert priors.utilisation_source(find_gpu("T4")) == "the pooled"
     assert fitted  # the stored fit has points of its own
