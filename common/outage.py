@@ -40,11 +40,16 @@ def is_outage(exc: BaseException) -> bool:
     MLflow wraps the HTTP client's errors in its own exception: the cause chain and the
     message are read both.
     """
+    import http.client
+
     import requests
 
+    # A server killed in the middle of its answer breaks the response: a chunked body cut
+    # short (IncompleteRead, wrapped by urllib3 and requests) says it did not answer too.
+    broken = (requests.exceptions.ChunkedEncodingError, http.client.IncompleteRead)
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, (requests.ConnectionError, requests.Timeout, ConnectionError)):
+        if isinstance(seen, (requests.ConnectionError, requests.Timeout, ConnectionError, *broken)):
             return True
         seen = seen.__cause__ or seen.__context__
     text = str(exc)
@@ -55,6 +60,7 @@ _OUTAGE_MARKERS = (
     "Max retries exceeded",
     "Connection refused",
     "Connection aborted",
+    "Connection broken",
     "Read timed out",
     "RemoteDisconnected",
     "error code 502",
@@ -66,7 +72,12 @@ _OUTAGE_MARKERS = (
 def outage_reason(exc: BaseException) -> str:
     """A few words on how the server did not answer: `connection refused`, `HTTP 503`."""
     text = str(exc)
-    for reason in ("Connection refused", "Read timed out", "Connection aborted"):
+    for reason in (
+        "Connection refused",
+        "Read timed out",
+        "Connection aborted",
+        "Connection broken",
+    ):
         if reason in text:
             return reason.lower()
     for code in ("502", "503", "504"):
