@@ -34,7 +34,7 @@ def _cut_short(port: int, ready: threading.Event, answered: list[bytes]) -> None
 def test_an_answer_cut_short_is_an_outage(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     port = free_port()
-    ready, answered = threading.Event(), []
+    ready, answered = threading.Event(), list[bytes]()
     thread = threading.Thread(target=_cut_short, args=(port, ready, answered), daemon=True)
     thread.start()
     assert ready.wait(10)
