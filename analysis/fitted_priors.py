@@ -52,9 +52,7 @@ class PublishedPriors:
         """Whose fitted utilisation `utilisation_for` gives `gpu`, in words."""
         if gpu.name in self.utilisation:
             return "its"
-        if any(gpu.architecture and _architecture(n) == gpu.architecture for n in self.utilisation):
-            return f"its generation's ({gpu.architecture})"
-        return "the pooled"
+        return f"its generation's ({gpu.architecture})" if self._kin(gpu) else "the pooled"
 
     def utilisation_for(self, gpu: GpuSpec) -> float:
         """The GPU's fitted utilisation, else its generation's (median), else the pooled one.
@@ -64,12 +62,16 @@ class PublishedPriors:
         """
         if gpu.name in self.utilisation:
             return self.utilisation[gpu.name]
-        kin = [
+        kin = self._kin(gpu)
+        return statistics.median(kin) if kin else self.pooled_utilisation
+
+    def _kin(self, gpu: GpuSpec) -> list[float]:
+        """Fitted utilisations of the other GPUs of `gpu`'s generation."""
+        return [
             value
             for name, value in self.utilisation.items()
             if gpu.architecture and _architecture(name) == gpu.architecture
         ]
-        return statistics.median(kin) if kin else self.pooled_utilisation
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""

@@ -33,7 +33,6 @@ from analysis.workload import (
     expected_new_shapes,
     frozen_flops,
     packed_averages,
-    packed_row_lengths,
     weight_bytes,
 )
 from common.checks import require
@@ -295,10 +294,10 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     c, model = coefficients, plan.model
     lengths = clipped_lengths(plan.token_lengths, plan.max_length)
     if plan.packing == "padding_free":
-        items, tokens, square = packed_averages(
+        items, tokens, square, shapes = packed_averages(
             lengths, plan.max_length, plan.micro_batch_size, per_sample_attention()
         )
-        shapes, shape_batch = packed_row_lengths(lengths, plan.max_length, plan.micro_batch_size), 1
+        shape_batch = 1
     else:
         items = lengths.size
         tokens, square = epoch_averages(lengths, lengths.size, plan.micro_batch_size)

@@ -101,8 +101,9 @@ def epoch_averages(lengths: np.ndarray, samples: int, batch: int) -> tuple[float
 
 def packed_averages(
     lengths: np.ndarray, max_length: int, batch: int, fused: bool
-) -> tuple[int, float, float]:
-    """Packed sequences, mean tokens and mean attention term per micro-batch of `batch` of them.
+) -> tuple[int, float, float, np.ndarray]:
+    """Packed sequences, mean tokens and mean attention term per micro-batch of `batch` of them,
+    and the tokens of each micro-batch's row (its padded length: what a new shape is).
 
     A packed micro-batch is one row of real tokens only. A varlen (flash) kernel works on each
     sample's block (sum of squared sample lengths); eager and SDPA attention with the
@@ -111,20 +112,15 @@ def packed_averages(
     trainer runs).
     """
     sequences = pack_lengths(lengths.tolist(), max_length)
+    members = np.fromiter((i for group in sequences for i in group), dtype=np.int64)
+    owner = np.repeat(np.arange(len(sequences)), [len(group) for group in sequences])
+    per_sequence_tokens = np.bincount(owner, weights=lengths[members].astype(np.float64))
+    rows = np.add.reduceat(per_sequence_tokens, np.arange(0, len(sequences), max(batch, 1)))
     tokens = float(lengths.sum()) / len(sequences) * batch
     if fused:
         per_sequence = float((lengths.astype(np.float64) ** 2).sum()) / len(sequences)
-        return len(sequences), tokens, per_sequence * batch
-    return len(sequences), tokens, tokens**2
-
-
-def packed_row_lengths(lengths: np.ndarray, max_length: int, batch: int) -> np.ndarray:
-    """Tokens of each padding-free micro-batch: `batch` packed sequences flattened into a row."""
-    sequences = pack_lengths(lengths.tolist(), max_length)
-    members = np.fromiter((i for group in sequences for i in group), dtype=np.int64)
-    owner = np.repeat(np.arange(len(sequences)), [len(group) for group in sequences])
-    tokens = np.bincount(owner, weights=lengths[members].astype(np.float64))
-    return np.add.reduceat(tokens, np.arange(0, tokens.size, max(batch, 1)))
+        return len(sequences), tokens, per_sequence * batch, rows
+    return len(sequences), tokens, tokens**2, rows
 
 
 def frozen_flops(total_parameters: float, tokens: float, gradient_checkpointing: bool) -> float:

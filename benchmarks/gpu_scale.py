@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -36,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analysis.fitted_priors import GIB, load  # noqa: E402
+from analysis.fitted_priors import GIB, PublishedPriors, load  # noqa: E402
 from analysis.gpus import KNOWN_GPUS  # noqa: E402
 from analysis.published_priors import replay_with  # noqa: E402
 from analysis.published_runs import PublishedRun  # noqa: E402
@@ -202,14 +203,14 @@ def measure(
 
 
 def compare(
-    model: str, gpu: str, setup: Setup, measured: dict[str, Any], cache: dict
+    model: str,
+    gpu: str,
+    setup: Setup,
+    measured: dict[str, Any],
+    priors: PublishedPriors,
+    cache: dict,
 ) -> dict[str, Any]:
     """The plan's replay of one measured setup, with errors and whether the band holds it."""
-    priors = load()
-    if priors is None:
-        raise BadInputError(
-            "no published priors stored: run python -m benchmarks.published_runs --write-priors"
-        )
     out: dict[str, Any] = {}
     for measure_kind in ("allocated", "reserved"):
         row = as_row(model, gpu, setup, measured, measure_kind)
@@ -247,6 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     cache: dict = {}
+    priors = load()  # before any GPU time is spent
+    if priors is None:
+        raise BadInputError(
+            "no published priors stored: run python -m benchmarks.published_runs --write-priors"
+        )
     with tempfile.TemporaryDirectory(prefix="gpu-scale-") as tmp:
         work = Path(tmp)
         data = str(synthetic_data(work / "data.jsonl", samples=300 if args.smoke else 6000))
@@ -273,11 +279,13 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     torch.cuda.empty_cache()
                     continue
-                row = {"model": name, **measured, **compare(name, gpu, setup, measured, cache)}
+                row = {
+                    "model": name,
+                    **measured,
+                    **compare(name, gpu, setup, measured, priors, cache),
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-            import shutil
-
             shutil.rmtree(model_dir, ignore_errors=True)
     results = {"gpu": gpu, "rows": rows, "skipped": skipped,
                "seconds": time.perf_counter() - started, "machine": machine()}  # fmt: skip
