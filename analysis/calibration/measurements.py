@@ -154,7 +154,9 @@ class RunMeasurements:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict that `from_result_dict` reads back."""
-        data = dataclasses.asdict(self)
+        # Shallow: every field is a number, a string or a tuple of them (asdict's deep copy
+        # of the step tuples cost a calibration's refit more than some of its fits).
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["eval_records"] = [
             {"seconds": s, "tokens": t}
             for s, t in zip(self.eval_seconds, self.eval_tokens, strict=True)

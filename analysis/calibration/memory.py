@@ -53,11 +53,13 @@ def fit_memory(
     model: ModelProfile,
     hardware: HardwareInfo,
     prior: Coefficients,
+    start: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
     """Fit (fixed bytes, activation scale) to measured peaks above the static memory.
 
     The fixed part is held close to its prior (runtime overhead is well known); with one run
-    the least squares effectively solves for the activation scale alone.
+    the least squares effectively solves for the activation scale alone. `start`: a fit to
+    nearly the same runs to start from (`robust_positive_fit`).
     """
     measured = [r for r in runs if r.peak_memory_bytes > 0 and r.micro_step_seq_len]
     if not measured:
@@ -70,6 +72,7 @@ def fit_memory(
         np.array([prior.memory_fixed_bytes, prior.activation_memory_scale]),
         offset=static,
         prior_log_sd=np.array([0.5, PRIOR_LOG_SD]),
+        start=start,
     )
     return coef, len(measured)
 
@@ -93,9 +96,12 @@ def memory_margin(
     measured = measured[-_MEMORY_HOLDOUT_RUNS:]
     if len(measured) < 2:
         return prior.memory_log_p90
+    # Each leave-one-out fit starts from the fit to all of them: one run moves it little.
+    everything, _ = fit_memory(measured, model, hardware, prior)
     errors = []
     for i, run in enumerate(measured):
-        coef, _ = fit_memory([*measured[:i], *measured[i + 1 :]], model, hardware, prior)
+        others = [*measured[:i], *measured[i + 1 :]]
+        coef, _ = fit_memory(others, model, hardware, prior, start=everything)
         predicted = _memory_peak(run, model, hardware, coef)
         errors.append(math.log(run.peak_memory_bytes / predicted))
     k = len(errors)

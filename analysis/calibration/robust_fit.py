@@ -41,6 +41,7 @@ def robust_positive_fit(
     *,
     offset: np.ndarray | None = None,
     prior_log_sd: np.ndarray | float = PRIOR_LOG_SD,
+    start: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fit observed ~ offset + features @ coef with coef > 0, robustly, on log ratios.
 
@@ -48,7 +49,9 @@ def robust_positive_fit(
     units, and a weak Gaussian prior on theta settles directions the data cannot see (a
     feature that never varies, a component never measured). Log residuals make the noise
     relative (5 % of a slow step weighs what 5 % of a fast one does). A soft-L1 pass finds
-    the basin; a Cauchy pass then all but ignores gross outliers.
+    the basin; a Cauchy pass then all but ignores gross outliers. `start` (coefficients of
+    a fit to nearly the same data, e.g. all runs when one is left out) is taken as the basin:
+    only the Cauchy pass runs, from there.
 
     Returns:
         The coefficients and the log residuals log(observed / predicted), NaN where an
@@ -68,11 +71,28 @@ def robust_positive_fit(
     def residuals(theta: np.ndarray) -> np.ndarray:
         return np.concatenate([np.log(predicted(theta) / y), _F_SCALE * theta / sd])
 
-    start_scale = float(np.median(np.log(y / predicted(np.zeros_like(prior)))))
-    theta = np.full(prior.shape, np.clip(start_scale, -30.0, 30.0))
-    for name in ("soft_l1", "cauchy"):
+    penalty = np.diag(_F_SCALE / sd)
+
+    def jacobian(theta: np.ndarray) -> np.ndarray:
+        # d log(predicted_i) / d theta_j = x_ij * coef_j / predicted_i (exact: the solver
+        # need not difference each coefficient, which cost most of a calibration's refit).
+        return np.vstack([x * (prior * np.exp(theta)) / predicted(theta)[:, None], penalty])
+
+    if start is None:
+        start_scale = float(np.median(np.log(y / predicted(np.zeros_like(prior)))))
+        theta = np.full(prior.shape, np.clip(start_scale, -30.0, 30.0))
+        passes: tuple[str, ...] = ("soft_l1", "cauchy")
+    else:
+        theta = np.clip(np.log(np.maximum(start, 1e-300) / prior), -30.0, 30.0)
+        passes = ("cauchy",)
+    for name in passes:
         theta = least_squares(
-            residuals, theta, loss=_robust_loss(name, y.size), f_scale=_F_SCALE, x_scale=1.0
+            residuals,
+            theta,
+            jac=jacobian,
+            loss=_robust_loss(name, y.size),
+            f_scale=_F_SCALE,
+            x_scale=1.0,
         ).x
     full = np.full(observed.shape, np.nan)
     full[ok] = np.log(y / predicted(theta))
