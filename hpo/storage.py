@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ import optuna
 from common.errors import BadInputError
 from common.redact import redact
 from common.retry import retry_schema_race
+
+log = logging.getLogger(__name__)
 
 
 def make_storage(
@@ -48,10 +51,38 @@ def make_storage(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             # Workers started together on an empty database race to create the tables.
-            return retry_schema_race(lambda: optuna.storages.RDBStorage(url, **kwargs))
+            storage = retry_schema_race(lambda: optuna.storages.RDBStorage(url, **kwargs))
     except Exception as exc:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
         reason = redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
         raise BadInputError(f"cannot open storage {redact(url)}: {reason}") from None
+    if url.startswith("sqlite:///"):
+        _write_ahead(storage.engine)
+    return storage
+
+
+def _write_ahead(engine: Any) -> None:
+    """SQLite in write-ahead mode, synced at checkpoints: a commit costs half as much.
+
+    A trial commits about 15 times (each suggested parameter, its attributes, its state):
+    with the default rollback journal each commit syncs the file twice. In WAL mode with
+    `synchronous=NORMAL` a process that dies loses nothing it committed (only a power cut
+    can take the last commits back); readers no longer block the writer. The mode is kept in
+    the file; `synchronous` is set on each new connection.
+    """
+    from sqlalchemy import event
+
+    def on_connect(connection: Any, _record: Any) -> None:
+        cursor = connection.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        except Exception as exc:  # a read-only file keeps its mode; reading still works
+            log.debug("SQLite storage left in its journal mode: %s", exc)
+        finally:
+            cursor.close()
+
+    event.listen(engine, "connect", on_connect)
+    engine.dispose()  # pooled connections opened before the listener reconnect with it
 
 
 def _connect_args(url: str) -> dict[str, Any]:
