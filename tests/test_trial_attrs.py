@@ -51,3 +51,35 @@ def test_constraints_are_those_of_set_constraint(kind: str, tmp_path: Path) -> N
     assert any(key.endswith(":memory") for key in second.system_attrs)
     with pytest.raises(ValueError, match="'hours' is NaN"):
         set_user_attrs(study.ask(), {}, constraints={"hours": float("nan")})
+
+
+def _storage_for(kind: str, tmp_path: Path, postgres_url: str | None) -> str:
+    if kind == "postgresql":
+        assert postgres_url is not None
+        return postgres_url
+    return f"sqlite:///{tmp_path / 'o.db'}"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_one_upsert_overwrites_and_refuses_a_finished_trial(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Many keys in one statement: a key written again takes its new value (as
+    `set_user_attr` does), and a finished trial is not written (Optuna's check)."""
+    url = _storage_for(
+        kind, tmp_path, request.getfixturevalue("postgres") if kind != "sqlite" else None
+    )
+    from hpo.storage import make_storage
+
+    storage = make_storage(url)
+    study = optuna.create_study(study_name=f"upsert-{kind}-{tmp_path.name}", storage=storage)
+    trial = study.ask()
+    set_user_attrs(trial, VALUES, constraints={"hours": 0.5})
+    changed = {"lora_r": 16, "new": [1, 2]}
+    set_user_attrs(trial, changed, constraints={"hours": -1.0})
+    study.tell(trial, 1.0)
+    read = optuna.load_study(study_name=study.study_name, storage=make_storage(url)).trials[0]
+    assert read.user_attrs == {**VALUES, **changed}
+    assert read.constraints == {"hours": -1.0}
+    with pytest.raises(RuntimeError, match="finished"):
+        set_user_attrs(trial, {"late": 1})
