@@ -21,6 +21,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "final_loss": {},
         "fit_share": {},
         "infeasible_compute_share": {},
+        "infeasible_trained_share": {},
         "search_seconds": {},
         "search_spent_over_budget": {},
     }
@@ -30,11 +31,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out["final_loss"][method] = curves.mean_and_spread(losses)
         out["fit_share"][method] = sum(r["fits"] for r in mine) / len(mine)
         seconds = sum(r["trial_seconds"] for r in mine)
-        out["infeasible_compute_share"][method] = (
-            sum(r["infeasible_compute_share"] * r["trial_seconds"] for r in mine) / seconds
-            if seconds
-            else 0.0
-        )
+        for key in ("infeasible_compute_share", "infeasible_trained_share"):
+            out[key][method] = (
+                sum(r[key] * r["trial_seconds"] for r in mine) / seconds
+                if seconds
+                else 0.0
+            )
         out["search_seconds"][method] = curves.mean_and_spread([r["search_seconds"] for r in mine])
         out["search_spent_over_budget"][method] = curves.mean_and_spread(
             [r["search_spent_over_budget"] for r in mine]
@@ -48,7 +50,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def print_table(summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    headers = ["method", "full-run loss", "sd", "fit share", "search s", "infeasible share"]
+    headers = [
+        "method", "full-run loss", "sd", "fit share", "search s", "infeasible share",
+        "of it trained",
+    ]  # fmt: skip
     lines = []
     for method in _methods(rows):
         loss = summary["final_loss"][method]
@@ -59,7 +64,8 @@ def print_table(summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
                 _num(loss["sd"]),
                 f"{summary['fit_share'][method]:.0%}",
                 _num(summary["search_seconds"][method]["mean"], ".0f"),
-                f"{summary['infeasible_compute_share'][method]:.0%}",
+                f"{summary['infeasible_compute_share'][method]:.1%}",
+                f"{summary['infeasible_trained_share'][method]:.1%}",
             ]
         )
     print(table(headers, lines))

@@ -30,6 +30,9 @@ class TrialRecord:
         fits: The method itself considers the trial's full run to fit its window.
         infeasible: The benchmark's time model predicts the trial's full run (p50) beyond the
             window.
+        trained: The trial trained (False: the method refused it before any step, e.g.
+            hpo's check judged its full run beyond the window; its seconds are bookkeeping:
+            sampling, the check, the storage writes).
     """
 
     number: int
@@ -38,6 +41,7 @@ class TrialRecord:
     score: float | None
     fits: bool = True
     infeasible: bool = False
+    trained: bool = True
 
     @property
     def seconds(self) -> float:
@@ -86,12 +90,17 @@ def time_ratio(reached: float | None, peer_search_seconds: float) -> float | Non
     return reached / peer_search_seconds
 
 
-def infeasible_share(trials: Sequence[TrialRecord]) -> float:
-    """The share of the trials' seconds spent on configurations whose full run cannot fit."""
+def infeasible_share(trials: Sequence[TrialRecord], *, trained_only: bool = False) -> float:
+    """The share of the trials' seconds spent on configurations whose full run cannot fit.
+
+    `trained_only`: count only trials that trained (the compute a GPU would spend on them),
+    not the seconds of refusing a configuration before training.
+    """
     total = sum(t.seconds for t in trials)
     if total <= 0:
         return 0.0
-    return sum(t.seconds for t in trials if t.infeasible) / total
+    spent = sum(t.seconds for t in trials if t.infeasible and (t.trained or not trained_only))
+    return spent / total
 
 
 def share_beyond(durations: Sequence[float], available_seconds: float) -> float:

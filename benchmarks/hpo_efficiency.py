@@ -23,7 +23,9 @@ the window stops is scored by its validation loss at the stop), on the same vali
 samples for every method of a seed. The pick's full-run loss over search time is the
 best-so-far curve; the final pick's is the method's result. `infeasible_compute_share`:
 the share of a method's trial seconds spent on configurations the calibrated time model
-predicts (p50) beyond the window.
+predicts (p50) beyond the window; `infeasible_trained_share` counts only trials that trained
+(hpo refuses such a configuration before training when its own model agrees: what that
+costs is sampling and bookkeeping, no training step).
 
     python benchmarks/hpo_efficiency.py [--minutes 2] [--epochs 3] [--seeds 3] [--json FILE] [--plot PNG]
 """
@@ -243,6 +245,7 @@ def trial_records(
                 score=score,
                 fits=fits,
                 infeasible=task.infeasible(_time_params(config)),
+                trained=not (method == "hpo" and trial.user_attrs.get("never_trained")),
             )
         )
     return records, params
@@ -364,6 +367,7 @@ def seed_rows(
                 "curve": curve,
                 "picks": {str(n): r for n, r in runs.items()},
                 "infeasible_compute_share": curves.infeasible_share(records),
+                "infeasible_trained_share": curves.infeasible_share(records, trained_only=True),
                 "trial_seconds": sum(r.seconds for r in records),
                 "loadavg_start": search["loadavg_start"],
                 "loadavg_end": search["loadavg_end"],
@@ -429,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             "fit_share": summary["fit_share"],
             "time_to_peer_best_ratio": summary["time_to_peer_best_ratio"],
             "infeasible_compute_share": summary["infeasible_compute_share"],
+            "infeasible_trained_share": summary["infeasible_trained_share"],
             "rows": rows,
             "search_seconds": summary["search_seconds"],
             "search_spent_over_budget": summary["search_spent_over_budget"],

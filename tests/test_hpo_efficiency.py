@@ -59,10 +59,12 @@ def test_infeasible_share_weighs_trials_by_their_seconds() -> None:
     trials = [
         TrialRecord(0, 0, 30, 1.0, infeasible=True),
         TrialRecord(1, 30, 40, 1.0),
-        TrialRecord(2, 40, 40.5, None, infeasible=True),  # never trained: half a second
+        TrialRecord(2, 40, 40.5, None, infeasible=True, trained=False),  # refused: 0.5 s
         TrialRecord(3, 41, 100.5, 2.0),
     ]
     assert infeasible_share(trials) == pytest.approx(30.5 / 100)
+    # The refusal's half second is bookkeeping, not training: only the 30 s trial counts.
+    assert infeasible_share(trials, trained_only=True) == pytest.approx(30 / 100)
     assert infeasible_share([]) == 0.0
 
 
