@@ -144,6 +144,10 @@ def space_share(task: Task) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the searches
 
 
+class Refused(Exception):
+    """The method declined to search: nothing fits the window by its own time model."""
+
+
 def run_hpo(task: Task, work: Path, seconds: float) -> tuple[str, Path, dict[str, Any]]:
     """`python -m hpo.study` in a subprocess; returns its storage URL, exported preset and
     its summary's `search` (plan against spend)."""
@@ -160,6 +164,9 @@ def run_hpo(task: Task, work: Path, seconds: float) -> tuple[str, Path, dict[str
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     (work / "study.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+    if done.returncode == 2 and "no configuration fits" in done.stderr:
+        # Its own calibration puts every configuration beyond the window at p90: no pick.
+        raise Refused(done.stderr.strip().splitlines()[-1])
     if done.returncode != 0:
         raise RuntimeError(f"hpo.study exited {done.returncode}: {done.stderr.strip()[-600:]}")
     summary = json.loads(out.read_text(encoding="utf-8"))
@@ -336,6 +343,22 @@ def _brief(run: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------- the report
 
 
+def _refused_row(
+    seed: int, method: str, reason: str, search_seconds: float, budget_seconds: float
+) -> dict[str, Any]:
+    """A method that declined to search (it exits before any trial): no pick, no fit."""
+    return {
+        "seed": seed, "method": method, "refused": reason,
+        "search_seconds": search_seconds,
+        "search_spent_over_budget": search_seconds / budget_seconds, "search": {},
+        "trials": 0, "scored_trials": 0, "final_pick": None, "final_loss": None,
+        "fits": False, "final_run": None, "curve": [], "picks": {},
+        "infeasible_compute_share": 0.0, "infeasible_trained_share": 0.0,
+        "trial_seconds": 0.0, "loadavg_start": None, "loadavg_end": None,
+        "trial_records": [],
+    }  # fmt: skip
+
+
 def seed_rows(
     task: Task, seed: int, work: Path, seconds: float, methods: tuple[str, ...] = METHODS
 ) -> list[dict[str, Any]]:
@@ -343,7 +366,13 @@ def seed_rows(
     rows = []
     for method in methods:
         print(f"seed {seed}: {method} searching for {seconds:.0f} s", flush=True)
-        search = run_method(method, task, work / method, seconds)
+        started = time.time()
+        try:
+            search = run_method(method, task, work / method, seconds)
+        except Refused as refused:
+            print(f"  {method} refused: {refused}", flush=True)
+            rows.append(_refused_row(seed, method, str(refused), time.time() - started, seconds))
+            continue
         runs = verdicts(task, method, search, work)
         changes = curves.picks_over_time(search["records"])
         losses = {n: r["loss"] for n, r in runs.items() if r["loss"] is not None}
@@ -422,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds):
             seeded = task if seed == 0 else _reseeded(task, work, seed)
             rows += seed_rows(seeded, seed, work / f"seed-{seed}", args.minutes * 60, methods)
+            if args.json:  # what is measured so far survives a later seed's crash
+                write_results(args.json, {"partial": True, "rows": rows, "seeds_done": seed + 1})
     summary = summarize(rows)
     print_table(summary, rows)
     if args.plot:

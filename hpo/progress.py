@@ -7,7 +7,7 @@ from typing import Any
 
 import optuna
 
-from hpo.states import state_counts, trial_loss
+from hpo.states import state_counts, trial_loss, trials_after_tell
 
 
 class StudyProgress:
@@ -27,13 +27,14 @@ class StudyProgress:
         )
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        counts = state_counts(study)
+        trials = trials_after_tell(study)
+        counts = state_counts(study, trials)
         postfix = {
             "complete": counts["complete"],
             "pruned": counts["pruned"],
             "failed": counts["failed"],
         }
-        complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
         losses = [loss for t in complete if (loss := trial_loss(t)) is not None]
         if losses:
             postfix["best"] = f"{min(losses):.4f}"  # type: ignore[assignment]

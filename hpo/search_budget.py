@@ -31,6 +31,7 @@ import optuna
 from analysis.search_plan import SearchPlan, TrialCost, plan_search_for_run, refit, trial_cost
 from common.mlflow_store import metric
 from hpo.config import StudyConfig
+from hpo.states import trials_after_tell
 from trainers.events import EvalInfo, TrainingCallback
 
 if TYPE_CHECKING:
@@ -238,14 +239,13 @@ class BudgetKeeper:
         budget = self.budget_seconds
         return None if budget is None else budget - self.reserve_seconds
 
-    def spent(self) -> float:
+    def spent(self, trials: list[optuna.trial.FrozenTrial] | None = None) -> float:
         """GPU-seconds spent: this session's wall clock since launch, the other sessions'
-        trials (running ones up to now) and their time outside trials."""
-        others = [
-            t
-            for t in self.study.get_trials(deepcopy=False)
-            if t.number not in self.own and t.number != self.current
-        ]
+        trials (running ones up to now) and their time outside trials (`trials`: the
+        study's trials just read, else read now)."""
+        if trials is None:
+            trials = self.study.get_trials(deepcopy=False)
+        others = [t for t in trials if t.number not in self.own and t.number != self.current]
         own = self.clock() - self.launched
         return own + self.others_outside + spent_seconds(others, now=self.now())
 
@@ -273,12 +273,13 @@ class BudgetKeeper:
         """Optuna callback: refit the plan to what the trials measured; stop the study when
         the rest would not buy half a typical trial."""
         self.record(study, trial)
-        trials = study.get_trials(deepcopy=False)
+        trials = trials_after_tell(study)
         measured = measured_fixed(trials)
         if measured is not None and self.cost is not None:
             self.plan = refit(self.plan, self.cost.measured(*measured), n_trials=self.n_trials)
         usable = self.usable_seconds
-        if usable is not None and usable - self.spent() < 0.5 * self.typical_trial_seconds(trials):
+        left = None if usable is None else usable - self.spent(trials)
+        if left is not None and left < 0.5 * self.typical_trial_seconds(trials):
             self.stopped = True
             study.stop()
 

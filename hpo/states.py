@@ -17,9 +17,28 @@ STATE_NAMES = {
 FINISHED_STATES = tuple(STATE_NAMES)
 
 
-def state_counts(study: optuna.Study) -> dict[str, int]:
-    """Finished trials per state: complete, pruned, failed."""
-    return count_states(study.get_trials(deepcopy=False, states=tuple(STATE_NAMES)))
+def state_counts(
+    study: optuna.Study, trials: Iterable[optuna.trial.FrozenTrial] | None = None
+) -> dict[str, int]:
+    """Finished trials per state: complete, pruned, failed (of `trials`, else read)."""
+    if trials is None:
+        trials = study.get_trials(deepcopy=False, states=tuple(STATE_NAMES))
+    return count_states(t for t in trials if t.state in STATE_NAMES)
+
+
+def trials_after_tell(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The study's trials for the callbacks after a trial, read from the storage once.
+
+    Optuna keeps a per-thread snapshot of the trials that `tell` and `ask` clear: the first
+    callback after a trial reads the storage (a read costs about 3 ms on SQLite, with the
+    new trial in it), the others share it. Only for the thread that runs the trials (another
+    thread's snapshot would never be cleared); not frozen copies, so read-only.
+    """
+    getter = getattr(study, "_get_trials", None)
+    if getter is None:  # an Optuna without the snapshot
+        return study.get_trials(deepcopy=False)
+    trials: list[optuna.trial.FrozenTrial] = getter(deepcopy=False, use_cache=True)
+    return trials
 
 
 def count_states(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
