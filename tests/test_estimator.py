@@ -25,7 +25,12 @@ from hpo.config import StudyConfig
 from hpo.estimator import TIMED_SAVES_NEEDED, StudyEstimator, save_cost_known
 from hpo.prepare import Prepared, prepare
 from hpo.runner import run_study
-from hpo.what_fits import PROBE_BEFORE_REFUSING_SECONDS, TIME_NEUTRAL_PARAMS, check_space
+from hpo.what_fits import (
+    PRIOR_MAX_PESSIMISM,
+    PROBE_BEFORE_REFUSING_SECONDS,
+    TIME_NEUTRAL_PARAMS,
+    check_space,
+)
 from tests.cli import run_module
 from tests.configs import short_study
 
@@ -275,6 +280,58 @@ def test_measures_before_refusing_on_priors(tiny_model_dir: Path, demo_prepared:
     with pytest.raises(BadInputError, match="no configuration fits"):
         check_space(estimator)
     assert estimator.probed == [PROBE_BEFORE_REFUSING_SECONDS]
+
+
+class SlowPriorEstimator(ProbedEstimator):
+    """Priors three times slower than the machine measures (the CPU priors of a tiny model,
+    whose fixed costs dominate, were 1.3-3.3x the probe's): every time coefficient x3."""
+
+    @property
+    def coefficients(self) -> Coefficients:
+        if self.probed:
+            return PINNED
+        slow = {
+            f: getattr(PINNED, f) * 3.0
+            for f in (
+                "micro_fixed_seconds", "micro_seconds_per_flop", "micro_seconds_per_adapter_flop",
+                "micro_seconds_per_attention_flop", "optimizer_fixed_seconds",
+                "eval_fixed_seconds", "eval_seconds_per_flop", "startup_fixed_seconds",
+                "checkpoint_fixed_seconds", "loop_seconds_per_micro_step",
+            )
+        }  # fmt: skip
+        return dataclasses.replace(PINNED, **slow)
+
+
+def test_measures_before_refusing_when_the_priors_are_far_too_slow(
+    tiny_model_dir: Path, demo_prepared: Any
+) -> None:
+    """Priors whose p10 is beyond the window (up to `PRIOR_MAX_PESSIMISM`) are measured
+    before a refusal; a window far beyond that is refused unmeasured."""
+    work, prepared = demo_prepared
+    config = config_for(work, tiny_model_dir, profiles=("fast",), safety_margin_minutes=0.0)
+    fast = {**TIME_NEUTRAL_PARAMS, "micro_batch_size": 16, "gradient_accumulation_steps": 2,
+            "max_length": 128, "lora_r": 4, "gradient_checkpointing": False}  # fmt: skip
+    measured = pinned(config, prepared).verdict(fast).full_run
+    window = measured.seconds_p90 * 1.05
+
+    def estimator_for(window: float) -> SlowPriorEstimator:
+        budget = dataclasses.replace(config.budget, window_hours=window / 3600)
+        made = SlowPriorEstimator(
+            dataclasses.replace(config, budget=budget), prepared,
+            model=model_profile(prepared.model_path),
+        )  # fmt: skip
+        made.probed = []
+        return made
+
+    estimator = estimator_for(window)
+    guess = estimator.verdict(fast).full_run
+    assert window < guess.seconds_p10 <= PRIOR_MAX_PESSIMISM * window  # the p10 misses it
+    check_space(estimator)  # measured, then it fits
+    assert estimator.probed == [PROBE_BEFORE_REFUSING_SECONDS]
+    hopeless = estimator_for(guess.seconds_p10 / PRIOR_MAX_PESSIMISM / 2)
+    with pytest.raises(BadInputError, match="no configuration fits"):
+        check_space(hopeless)
+    assert hopeless.probed == []
 
 
 def test_suggests_the_most_epochs_that_fit(tiny_model_dir: Path, demo_prepared: Any) -> None:
