@@ -30,7 +30,7 @@ from hpo.storage import has_heartbeats, make_storage
 from hpo.study_space import check_same_space, space_record
 from hpo.summary import StudySummary, parent_note, summarize
 from hpo.tracking import Tracker
-from hpo.what_fits import check_space
+from hpo.what_fits import check_space, feasible_starts
 from hpo.workers import claimed, fail_dead_workers_trials
 
 log = logging.getLogger(__name__)
@@ -204,6 +204,18 @@ def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> 
     config, tracker, parent = context.config, context.tracker, context.parent_run_id
     done = len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
     remaining = max(0, config.n_trials - done)
+    if not study.get_trials(deepcopy=False):  # a new study: start where configurations fit
+        allowed = tuple(config.profiles or context.prepared.space.profile_names)
+        starts = feasible_starts(context.estimator, allowed, seed=config.seed)
+        for params in starts:
+            study.enqueue_trial(params, skip_if_exists=True)
+        if starts:
+            log.info(
+                "under half the space fits the window: starting with %d configurations that "
+                "fit (%s)",
+                len(starts),
+                "; ".join(", ".join(f"{k} {v}" for k, v in p.items()) for p in starts),
+            )
     bar = StudyProgress(config.n_trials, done, enabled=progress)
 
     def update_parent(study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
@@ -225,7 +237,12 @@ def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> 
                     bar,
                     *callbacks,
                 ],
-                gc_after_trial=True,
+                # No full collection after every trial: before the first trained trial
+                # freezes the long-lived objects (RunInputs) one walks the whole heap (torch,
+                # transformers: ~0.1 s), and a study that refuses most of what TPE proposes
+                # spent most of its budget there. A run's garbage is collected where it
+                # matters, before the next run allocates (the Trainer's start collects).
+                gc_after_trial=False,
             )
     finally:
         bar.close()
@@ -272,7 +289,7 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
                 n_trials=len(chosen),
                 catch=(TrainingFailed,),
                 callbacks=[bar, *([context.budget.record] if context.budget else [])],
-                gc_after_trial=True,
+                gc_after_trial=False,  # as in `_optimize`
             )
         finally:
             bar.close()
@@ -309,9 +326,7 @@ def _report(
     summary.report_path = str(report.markdown)
 
 
-def _learn_from_full_runs(
-    tracker: Tracker, estimator: StudyEstimator, study: optuna.Study
-) -> None:
+def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator, study: optuna.Study) -> None:
     """Full runs of this experiment that reported back correct this study's predictions;
     this study's own ones join its loss law's shared fit with their whole curve."""
     from analysis.full_runs import from_mlflow

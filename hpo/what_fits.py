@@ -11,12 +11,14 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from common.errors import BadInputError
 from common.fmt import format_duration
 from search_spaces import Choice, IntRange, SearchSpace
+from search_spaces.sampling import profile_param_name
 from search_spaces.space import WORDS
 
 if TYPE_CHECKING:
@@ -98,6 +100,52 @@ def check_space(estimator: StudyEstimator) -> None:
         f"{head}; no faster profile, fewer epochs or shorter max_length fits either: "
         "a longer window, more memory or faster hardware is needed"
     )
+
+
+# TPE models good configurations from the trials that fit; while none fits it builds that
+# model from the least infeasible ones and keeps proposing their neighbours: in a 1-minute
+# study with a window under half the space fits (the tiny model, 2-vCPU VM, 2026-11-24) its
+# first 300 proposals were all refused (packing "none", the fast profile) before one fit.
+# Where under this share of the candidates fits, the study starts with a few that fit.
+FEASIBLE_SHARE_TO_SEED = 0.5
+FEASIBLE_STARTS = 3
+
+
+def feasible_starts(
+    estimator: StudyEstimator, profiles: Sequence[str], *, seed: int, count: int = FEASIBLE_STARTS
+) -> list[dict[str, Any]]:
+    """Optuna parameters of up to `count` configurations whose full run fits, for a new
+    study to try first (`study.enqueue_trial`): their time-relevant choices only, the rest
+    is sampled. One per profile that has any first, drawn with `seed`. Empty when at least
+    `FEASIBLE_SHARE_TO_SEED` of the candidates fit (the sampler finds them) or none does.
+    """
+    space = estimator.prepared.space
+    every = list(candidates(space, profiles))
+    fits = [params for params in every if estimator.verdict(params).feasible]
+    if not fits or len(fits) >= FEASIBLE_SHARE_TO_SEED * len(every):
+        return []
+    random.Random(seed).shuffle(fits)
+    chosen: list[dict[str, Any]] = []
+    for params in fits:  # one per profile first, then any
+        if all(params["profile"] != c["profile"] for c in chosen):
+            chosen.append(params)
+    chosen += [p for p in fits if p not in chosen]
+    return [_trial_params(params, space) for params in chosen[:count]]
+
+
+def _trial_params(params: Mapping[str, Any], space: SearchSpace) -> dict[str, Any]:
+    """The sampler's names and values of a candidate's time-relevant choices."""
+    profile = params["profile"]
+    out: dict[str, Any] = {"profile": profile}
+    for field in ("micro_batch_size", "gradient_accumulation_steps"):
+        out[profile_param_name(field, profile)] = params[field]
+    for key in ("lora_r", "packing", "quantization"):
+        domain = space.domains.get(key)
+        if isinstance(domain, Choice) and params[key] in domain.values:
+            out[key] = params[key]
+        elif isinstance(domain, IntRange) and params[key] == domain.low:
+            out[key] = params[key]
+    return out
 
 
 def candidates(space: SearchSpace, profiles: Sequence[str]) -> Iterator[dict[str, Any]]:

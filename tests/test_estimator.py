@@ -26,10 +26,13 @@ from hpo.estimator import TIMED_SAVES_NEEDED, StudyEstimator, save_cost_known
 from hpo.prepare import Prepared, prepare
 from hpo.runner import run_study
 from hpo.what_fits import (
+    FEASIBLE_STARTS,
     PRIOR_MAX_PESSIMISM,
     PROBE_BEFORE_REFUSING_SECONDS,
     TIME_NEUTRAL_PARAMS,
+    candidates,
     check_space,
+    feasible_starts,
 )
 from tests.cli import run_module
 from tests.configs import short_study
@@ -332,6 +335,47 @@ def test_measures_before_refusing_when_the_priors_are_far_too_slow(
     with pytest.raises(BadInputError, match="no configuration fits"):
         check_space(hopeless)
     assert hopeless.probed == []
+
+
+def test_a_window_most_of_the_space_misses_starts_with_configurations_that_fit(
+    tiny_model_dir: Path, demo_prepared: Any
+) -> None:
+    """Under half of the candidates fit: up to `FEASIBLE_STARTS` that fit, in the sampler's
+    parameter names, one per profile first; with most of the space fitting, none."""
+    _, prepared = demo_prepared
+    names = prepared.space.profile_names
+    probe = space_estimator(tiny_model_dir, demo_prepared, epochs=10.0)
+    p90s = sorted(probe.verdict(p).full_run.seconds_p90 for p in candidates(prepared.space, names))
+    window = p90s[len(p90s) // 5]  # about a fifth fits
+    estimator = space_estimator(
+        tiny_model_dir, demo_prepared, epochs=10.0, profiles=None,
+        window_hours=window / 3600, safety_margin_minutes=0.0,
+    )  # fmt: skip
+    starts = feasible_starts(estimator, names, seed=0)
+    assert 1 <= len(starts) <= FEASIBLE_STARTS
+    with_fits = {
+        p["profile"] for p in candidates(prepared.space, names) if estimator.verdict(p).feasible
+    }
+    assert len({s["profile"] for s in starts}) == min(len(starts), len(with_fits))
+    for start in starts:
+        profile = start["profile"]
+        flat = {
+            **TIME_NEUTRAL_PARAMS, "profile": profile,
+            "micro_batch_size": start[f"micro_batch_size@{profile}"],
+            "gradient_accumulation_steps": start[f"gradient_accumulation_steps@{profile}"],
+            "max_length": prepared.space.profiles[profile].max_length,
+            "gradient_checkpointing": prepared.space.profiles[profile].gradient_checkpointing,
+            "lora_r": start["lora_r"], "packing": start.get("packing", "none"),
+            "quantization": start.get("quantization", "none"),
+        }  # fmt: skip
+        assert estimator.verdict(flat).feasible, start
+    assert (
+        feasible_starts(estimator, names, seed=1) != []
+        and feasible_starts(
+            space_estimator(tiny_model_dir, demo_prepared, profiles=None), names, seed=0
+        )
+        == []
+    )  # a 12 h window: everything fits, the sampler needs no start
 
 
 def test_suggests_the_most_epochs_that_fit(tiny_model_dir: Path, demo_prepared: Any) -> None:
