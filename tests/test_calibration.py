@@ -431,3 +431,37 @@ def test_reads_the_trainer_result() -> None:
     run = RunMeasurements.from_result_dict(result.to_dict())
     assert run.eval_tokens == (900,) and run.lora_r == 8 and run.max_length == 64
     assert fit([run], MODEL, CPU, prior=PRIOR).n_measurements["micro_step"] == 3
+
+
+def test_the_newest_runs_that_measured_start_up_and_saves_are_kept() -> None:
+    """Beyond the stored-run limit the oldest runs go, but not the newest few that measured
+    start-up or timed a save: trials of a worker that keeps its base model measure neither,
+    and a term fallen back to its prior (start-up 10 s on a CPU) refused every configuration
+    of a tight window, so nothing measured it again."""
+    from analysis.calibration.file import MAX_STORED_RUNS
+
+    measured = runs(seed=3)[:2]  # the run that loaded the base, and one that timed saves
+    plain = [
+        dataclasses.replace(r, startup_seconds=0.0, checkpoint_seconds=())
+        for r in runs(seed=4) * 12
+    ][: MAX_STORED_RUNS + 10]
+    calibration = fit([*measured, *plain], MODEL, CPU, prior=PRIOR)
+    assert len(calibration.runs) == MAX_STORED_RUNS
+    assert calibration.n_measurements["startup"] == 2
+    assert calibration.n_measurements["checkpoint"] == sum(
+        len(r.checkpoint_seconds) for r in measured
+    )
+    assert calibration.runs[:2] == tuple(r.capped() for r in measured)  # in order, oldest first
+    assert calibration.runs[-1] == plain[-1].capped()  # the newest stay
+    true = (
+        TRUTH.startup_fixed_seconds + TRUTH.startup_seconds_per_parameter * MODEL.total_parameters
+    )
+    fitted = calibration.coefficients
+    got = (
+        fitted.startup_fixed_seconds + fitted.startup_seconds_per_parameter * MODEL.total_parameters
+    )
+    assert got == pytest.approx(true, rel=0.3)  # from the kept runs, not the prior
+    # Under the limit nothing changes: every run, in order.
+    assert fit(runs(seed=5), MODEL, CPU, prior=PRIOR).runs == tuple(
+        r.capped() for r in runs(seed=5)
+    )

@@ -114,7 +114,7 @@ def fit(
         A calibration holding the fitted coefficients and the capped runs.
     """
     prior = prior if prior is not None else prior_coefficients(hardware)
-    stored = tuple(run.capped() for run in runs)[-MAX_STORED_RUNS:]
+    stored = newest_runs(tuple(run.capped() for run in runs), MAX_STORED_RUNS)
     coefficients, counts = _fit_coefficients(stored, model, hardware, prior)
     key = fingerprint(hardware, model)
     content = json.dumps(
@@ -134,6 +134,33 @@ def fit(
         runs=stored,
         loss_runs=tuple(loss_runs)[-MAX_STORED_RUNS:],
     )
+
+
+# Runs that measured a term most runs do not: only the run that loaded the base model
+# measures start-up (a worker keeps it for its other trials), and trials stop timing their
+# checkpoint save once a few are known. Dropped with the oldest runs, the term fell back to
+# its prior (start-up 10 s on a CPU), every configuration of a tight window was then judged
+# too slow and refused, and a refused trial measures nothing: after its 50th trained trial
+# a study (hpo_efficiency.py's task) trained nothing more. The newest few are kept.
+_RARE_TERMS_KEPT = 8
+
+
+def newest_runs(runs: Sequence[RunMeasurements], limit: int) -> tuple[RunMeasurements, ...]:
+    """The newest `limit` runs, in order, holding on to the newest `_RARE_TERMS_KEPT` that
+    measured start-up and those that timed checkpoint saves (older common runs give way)."""
+    if len(runs) <= limit:
+        return tuple(runs)
+    rare = {
+        i
+        for measured in (
+            [i for i, r in enumerate(runs) if r.startup_seconds > 0],
+            [i for i, r in enumerate(runs) if r.checkpoint_seconds],
+        )
+        for i in measured[-_RARE_TERMS_KEPT:]
+    }
+    rare = set(sorted(rare)[-limit:])
+    common = [i for i in range(len(runs)) if i not in rare][::-1][: limit - len(rare)]
+    return tuple(runs[i] for i in sorted(rare | set(common)))
 
 
 def _fit_coefficients(
