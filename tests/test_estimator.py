@@ -261,20 +261,38 @@ class ProbedEstimator(StudyEstimator):
         self.probed.append(seconds)
 
 
-def test_measures_before_refusing_on_priors(tiny_model_dir: Path, demo_prepared: Any) -> None:
+FAST = {**TIME_NEUTRAL_PARAMS, "micro_batch_size": 16, "gradient_accumulation_steps": 2,
+        "max_length": 128, "lora_r": 4, "gradient_checkpointing": False}  # fmt: skip
+
+
+def _fast_profile(tiny_model_dir: Path, demo_prepared: Any) -> tuple[StudyConfig, Prepared, Any]:
+    """The fast profile's study config, the prepared inputs, and its fastest configuration's
+    full run as the measured (pinned) rates predict it."""
     work, prepared = demo_prepared
     config = config_for(work, tiny_model_dir, profiles=("fast",), safety_margin_minutes=0.0)
-    fast = {**TIME_NEUTRAL_PARAMS, "micro_batch_size": 16, "gradient_accumulation_steps": 2,
-            "max_length": 128, "lora_r": 4, "gradient_checkpointing": False}  # fmt: skip
-    measured = pinned(config, prepared).verdict(fast).full_run
+    return config, prepared, pinned(config, prepared).verdict(FAST).full_run
+
+
+def _unprobed(
+    kind: type[ProbedEstimator], config: StudyConfig, prepared: Prepared, window: float
+) -> Any:
+    """An estimator of `kind` on its priors (nothing probed yet) for a `window` in seconds."""
+    budget = dataclasses.replace(config.budget, window_hours=window / 3600)
+    made = kind(
+        dataclasses.replace(config, budget=budget),
+        prepared,
+        model=model_profile(prepared.model_path),
+    )
+    made.probed = []
+    return made
+
+
+def test_measures_before_refusing_on_priors(tiny_model_dir: Path, demo_prepared: Any) -> None:
+    config, prepared, measured = _fast_profile(tiny_model_dir, demo_prepared)
     # A window the measured rates fit and the pessimistic priors' p90 does not.
     window = measured.seconds_p90 * 1.05
-    estimator = ProbedEstimator(
-        dataclasses.replace(config, budget=dataclasses.replace(config.budget, window_hours=window / 3600)),
-        prepared, model=model_profile(prepared.model_path),
-    )  # fmt: skip
-    estimator.probed = []
-    guess = estimator.verdict(fast)
+    estimator = _unprobed(ProbedEstimator, config, prepared, window)
+    guess = estimator.verdict(FAST)
     assert not guess.feasible and guess.full_run.seconds_p10 <= window
     check_space(estimator)  # no error: measured, then it fits
     assert estimator.probed == [PROBE_BEFORE_REFUSING_SECONDS]
@@ -310,28 +328,16 @@ def test_measures_before_refusing_when_the_priors_are_far_too_slow(
 ) -> None:
     """Priors whose p10 is beyond the window (up to `PRIOR_MAX_PESSIMISM`) are measured
     before a refusal; a window far beyond that is refused unmeasured."""
-    work, prepared = demo_prepared
-    config = config_for(work, tiny_model_dir, profiles=("fast",), safety_margin_minutes=0.0)
-    fast = {**TIME_NEUTRAL_PARAMS, "micro_batch_size": 16, "gradient_accumulation_steps": 2,
-            "max_length": 128, "lora_r": 4, "gradient_checkpointing": False}  # fmt: skip
-    measured = pinned(config, prepared).verdict(fast).full_run
+    config, prepared, measured = _fast_profile(tiny_model_dir, demo_prepared)
     window = measured.seconds_p90 * 1.05
-
-    def estimator_for(window: float) -> SlowPriorEstimator:
-        budget = dataclasses.replace(config.budget, window_hours=window / 3600)
-        made = SlowPriorEstimator(
-            dataclasses.replace(config, budget=budget), prepared,
-            model=model_profile(prepared.model_path),
-        )  # fmt: skip
-        made.probed = []
-        return made
-
-    estimator = estimator_for(window)
-    guess = estimator.verdict(fast).full_run
+    estimator = _unprobed(SlowPriorEstimator, config, prepared, window)
+    guess = estimator.verdict(FAST).full_run
     assert window < guess.seconds_p10 <= PRIOR_MAX_PESSIMISM * window  # the p10 misses it
     check_space(estimator)  # measured, then it fits
     assert estimator.probed == [PROBE_BEFORE_REFUSING_SECONDS]
-    hopeless = estimator_for(guess.seconds_p10 / PRIOR_MAX_PESSIMISM / 2)
+    hopeless = _unprobed(
+        SlowPriorEstimator, config, prepared, guess.seconds_p10 / PRIOR_MAX_PESSIMISM / 2
+    )
     with pytest.raises(BadInputError, match="no configuration fits"):
         check_space(hopeless)
     assert hopeless.probed == []
