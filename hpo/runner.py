@@ -18,6 +18,7 @@ from hpo import search_budget
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.export import CONFIG_ATTR, DATA_ATTR, MODEL_ATTR
+from hpo.feasible_sampler import redraw_infeasible
 from hpo.objective import Objective, StudyContext
 from hpo.pick import PROMOTED_FROM_ATTR
 from hpo.prepare import Prepared, prepare
@@ -30,7 +31,7 @@ from hpo.storage import has_heartbeats, make_storage
 from hpo.study_space import check_same_space, space_record
 from hpo.summary import StudySummary, parent_note, summarize
 from hpo.tracking import Tracker
-from hpo.what_fits import check_space, feasible_starts
+from hpo.what_fits import Proposals, check_space, feasible_starts
 from hpo.workers import claimed, fail_dead_workers_trials
 
 log = logging.getLogger(__name__)
@@ -216,6 +217,7 @@ def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> 
                 len(starts),
                 "; ".join(", ".join(f"{k} {v}" for k, v in p.items()) for p in starts),
             )
+    _judge_proposals(study, context)
     bar = StudyProgress(config.n_trials, done, enabled=progress)
 
     def update_parent(study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
@@ -247,6 +249,14 @@ def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> 
     finally:
         bar.close()
         tracker.flush()
+
+
+def _judge_proposals(study: optuna.Study, context: StudyContext) -> None:
+    """TPE's joint proposals whose full run would not fit are drawn again, then repaired,
+    before a trial starts (`hpo.feasible_sampler`), judged as the trial's own check would."""
+    allowed = tuple(context.config.profiles or context.prepared.space.profile_names)
+    proposals = Proposals(context.estimator, allowed)
+    redraw_infeasible(study, proposals.fits, proposals.repair)
 
 
 def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> int:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from common.errors import BadInputError
 from common.fmt import format_duration
 from search_spaces import Choice, IntRange, SearchSpace
-from search_spaces.sampling import profile_param_name
+from search_spaces.sampling import PROFILE_FIELDS, profile_param_name
 from search_spaces.space import WORDS
 
 if TYPE_CHECKING:
@@ -146,6 +146,64 @@ def _trial_params(params: Mapping[str, Any], space: SearchSpace) -> dict[str, An
         elif isinstance(domain, IntRange) and params[key] == domain.low:
             out[key] = params[key]
     return out
+
+
+# A repair judges at most this many nearby configurations (a check costs a few ms).
+REPAIR_CHECKS = 24
+
+
+class Proposals:
+    """Judges a sampler's proposal (Optuna names) as the trial's check would, and repairs
+    one that does not fit (`hpo.feasible_sampler`)."""
+
+    def __init__(self, estimator: StudyEstimator, profiles: Sequence[str]) -> None:
+        self.estimator = estimator
+        self.space = estimator.prepared.space
+        self.nearby = [(c, _trial_params(c, self.space)) for c in candidates(self.space, profiles)]
+
+    def fits(self, trial_params: Mapping[str, Any]) -> bool | None:
+        """Whether the proposal's full run fits; None when a time-relevant choice is missing."""
+        params = candidate_of(trial_params, self.space)
+        return None if params is None else self.estimator.verdict(params).feasible
+
+    def repair(self, trial_params: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The proposal with its time-relevant choices those of the nearest configuration
+        that fits (fewest choices changed, the candidates' order among equals; at most
+        `REPAIR_CHECKS` judged), the rest kept; None when none of those fits."""
+        if candidate_of(trial_params, self.space) is None:
+            return None
+
+        def changed(named: Mapping[str, Any]) -> int:
+            return sum(trial_params.get(key) != value for key, value in named.items())
+
+        ranked = sorted(self.nearby, key=lambda pair: changed(pair[1]))
+        for params, named in ranked[:REPAIR_CHECKS]:
+            if changed(named) and self.estimator.verdict(params).feasible:
+                return {**trial_params, **named}
+        return None
+
+
+def candidate_of(trial_params: Mapping[str, Any], space: SearchSpace) -> dict[str, Any] | None:
+    """The candidate (see `candidates`) of a proposal's time-relevant choices, by their
+    Optuna names; None when one of them is not in `trial_params`."""
+    name = trial_params.get("profile")
+    if name not in space.profiles:
+        return None
+    profile = space.profiles[name]
+    fields = [profile_param_name(field, name) for field in PROFILE_FIELDS]
+    keys = [key for key in ("lora_r", "packing", "quantization") if key in space.domains]
+    if any(key not in trial_params for key in (*fields, *keys)):
+        return None
+    return {
+        **TIME_NEUTRAL_PARAMS,
+        "profile": name,
+        "micro_batch_size": trial_params[fields[0]],
+        "gradient_accumulation_steps": trial_params[fields[1]],
+        "max_length": profile.max_length,
+        "gradient_checkpointing": profile.gradient_checkpointing,
+        "lora_r": trial_params.get("lora_r", 8),  # as `candidates` without a rank domain
+        **{key: trial_params.get(key, WORDS[key][0]) for key in ("packing", "quantization")},
+    }
 
 
 def candidates(space: SearchSpace, profiles: Sequence[str]) -> Iterator[dict[str, Any]]:

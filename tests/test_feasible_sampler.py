@@ -1,0 +1,186 @@
+"""TPE's joint proposals whose full run would not fit are drawn again before a trial starts
+(`hpo.feasible_sampler`), instead of becoming trials that are refused untrained."""
+
+from __future__ import annotations
+
+import math
+import types
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from hpo.feasible_sampler import (
+    ATTEMPTS,
+    REDRAWN_ATTR,
+    REPAIRED_ATTR,
+    FeasibleSampler,
+    redraw_infeasible,
+)
+from hpo.prepare import prepare
+from hpo.runner import _judge_proposals
+from hpo.samplers import make_sampler
+from hpo.what_fits import candidate_of, candidates
+from search_spaces.sampling import sample
+from tests.test_estimator import config_for, pinned
+
+STARTUP = 5
+
+
+def _toy_study(
+    *, wrapped: bool, judge: Any = None, repair: Any = None, seed: int = 0
+) -> optuna.Study:
+    """An in-memory TPE study (group, multivariate, as `make_sampler`), wrapped or not."""
+    study = optuna.create_study(sampler=make_sampler("tpe", seed=seed, n_startup_trials=STARTUP))
+    if wrapped:
+        study.sampler = FeasibleSampler(study.sampler, judge or (lambda p: p["x"] <= 2), repair)
+    return study
+
+
+def _to_two(params: Any) -> dict[str, Any]:
+    return {**params, "x": 2}
+
+
+def _toy_objective(trial: optuna.Trial) -> float:
+    """Larger x scores better, but x > 2 "does not fit" and is refused, as the study does."""
+    x = trial.suggest_categorical("x", [1, 2, 3, 4])
+    y = trial.suggest_float("y", 0.0, 1.0)
+    if x > 2:
+        raise optuna.TrialPruned("would not fit")
+    return -x + y
+
+
+def _after_startup(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return sorted(study.trials, key=lambda t: t.number)[STARTUP:]
+
+
+def test_proposals_that_would_not_fit_are_drawn_again_then_repaired() -> None:
+    plain = _toy_study(wrapped=False)
+    redrawn = _toy_study(wrapped=True)
+    repaired = _toy_study(wrapped=True, repair=_to_two)
+    for study in (plain, redrawn, repaired):
+        study.optimize(_toy_objective, n_trials=30)
+
+    def refused(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+        return [t for t in _after_startup(study) if t.params["x"] > 2]
+
+    assert len(refused(plain)) >= 5  # TPE alone keeps proposing the better-looking misfits
+    # Without a repair a misfit gets through only when every draw missed, and says so.
+    assert refused(redrawn) != refused(plain)
+    assert all(t.system_attrs[REDRAWN_ATTR] == ATTEMPTS for t in refused(redrawn))
+    # With it, none gets through; the repaired trials are marked, the rest of TPE's kept.
+    assert refused(repaired) == []
+    marked = [t for t in repaired.trials if REPAIRED_ATTR in t.system_attrs]
+    assert marked and all(t.params["x"] == 2 for t in marked)
+    assert all(t.system_attrs[REDRAWN_ATTR] == ATTEMPTS for t in marked)
+    sampler = repaired.sampler
+    assert isinstance(sampler, FeasibleSampler) and sampler.repaired == len(marked)
+    drawn = [t for t in repaired.trials if REDRAWN_ATTR in t.system_attrs]
+    assert sampler.redrawn == sum(t.system_attrs[REDRAWN_ATTR] - 1 for t in drawn)
+
+
+def test_enqueued_and_start_up_configurations_pass_unjudged() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def judge(params: Any) -> bool:
+        seen.append(dict(params))
+        return params["x"] <= 2
+
+    study = _toy_study(wrapped=True, judge=judge)
+    study.optimize(_toy_objective, n_trials=STARTUP)  # random start-up: nothing to judge
+    assert seen == []
+    study.enqueue_trial({"x": 4, "y": 0.5})  # a user's choice is kept, misfit or not
+    study.optimize(_toy_objective, n_trials=1)
+    last = study.trials[-1]
+    assert last.params["x"] == 4 and REDRAWN_ATTR not in last.system_attrs
+    assert seen == []
+
+
+def test_when_nothing_fits_the_last_draw_goes_on_to_be_refused() -> None:
+    study = _toy_study(wrapped=True, judge=lambda params: False)
+    study.optimize(_toy_objective, n_trials=STARTUP + 3)
+    for trial in _after_startup(study):
+        assert trial.system_attrs[REDRAWN_ATTR] == ATTEMPTS
+    # An undecidable proposal (a choice missing) is not drawn again.
+    undecided = _toy_study(wrapped=True, judge=lambda params: None)
+    undecided.optimize(_toy_objective, n_trials=STARTUP + 3)
+    assert all(REDRAWN_ATTR not in t.system_attrs for t in undecided.trials)
+
+
+def test_only_tpe_is_wrapped() -> None:
+    for name in ("random", "nsga2", "gp"):
+        study = optuna.create_study(sampler=make_sampler(name, seed=0))
+        assert redraw_infeasible(study, lambda params: True) is None
+        assert not isinstance(study.sampler, FeasibleSampler)
+    study = optuna.create_study(sampler=make_sampler("tpe", seed=0))
+    wrapper = redraw_infeasible(study, lambda params: True)
+    assert wrapper is study.sampler and redraw_infeasible(study, lambda p: True) is wrapper
+
+
+def test_the_study_judges_with_its_time_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """On the real space and time model (pinned coefficients, all four profiles, a window
+    half the candidates miss): every proposal after TPE's start-up fits, by the check a
+    trial makes, drawn again or repaired where TPE alone proposes misfits."""
+    profiles = ["fast", "balanced", "quality", "memory_efficient"]
+    probe = config_for(tmp_path, tiny_model_dir, epochs=20.0, profiles=profiles)
+    prepared = prepare(probe)
+    estimator = pinned(probe, prepared)
+    p90 = sorted(
+        estimator.verdict(c).full_run.seconds_p90 for c in candidates(prepared.space, profiles)
+    )
+    window = math.sqrt(p90[len(p90) // 2 - 1] * p90[len(p90) // 2])
+    config = config_for(
+        tmp_path,
+        tiny_model_dir,
+        epochs=20.0,
+        profiles=profiles,
+        window_hours=window / 3600,
+        safety_margin_minutes=0.0,
+    )
+    estimator = pinned(config, prepared)
+    context = types.SimpleNamespace(config=config, prepared=prepared, estimator=estimator)
+
+    def run(wrapped: bool) -> list[bool]:
+        study = optuna.create_study(sampler=make_sampler("tpe", seed=3, n_startup_trials=STARTUP))
+        if wrapped:
+            _judge_proposals(study, context)  # type: ignore[arg-type]
+        fits = []
+        for _ in range(STARTUP + 20):
+            trial = study.ask()
+            params = sample(trial, prepared.space, profiles)
+            verdict = estimator.verdict(params)
+            # The slower a configuration, the better it scores: TPE is drawn to the misfits.
+            if verdict.feasible:
+                study.tell(trial, -verdict.full_run.seconds_p50)
+            else:
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            frozen = study.trials[-1]
+            if frozen.number >= STARTUP:
+                fits.append(verdict.feasible)
+            assert candidate_of(frozen.params, prepared.space) is not None
+        return fits
+
+    judged, plain = run(wrapped=True), run(wrapped=False)
+    assert judged and all(judged)
+    assert not all(plain)  # without the wrapper, TPE proposes misfits here
+
+
+@pytest.mark.parametrize("missing", ["profile", "micro_batch_size@fast", "lora_r"])
+def test_candidate_of_needs_every_time_relevant_choice(
+    tiny_model_dir: Path, tmp_path: Path, missing: str
+) -> None:
+    prepared = prepare(config_for(tmp_path, tiny_model_dir))
+    params = {
+        "profile": "fast",
+        "micro_batch_size@fast": 8,
+        "gradient_accumulation_steps@fast": 2,
+        "lora_r": 16,
+        "packing": "none",
+        "quantization": "none",
+    }
+    params = {
+        k: v for k, v in params.items() if k in prepared.space.domains or "@" in k or k == "profile"
+    }
+    assert candidate_of(params, prepared.space)["micro_batch_size"] == 8  # type: ignore[index]
+    assert candidate_of({k: v for k, v in params.items() if k != missing}, prepared.space) is None
