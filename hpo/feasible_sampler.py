@@ -147,3 +147,25 @@ def redraw_infeasible(
         return None
     study.sampler = FeasibleSampler(sampler, fits, repair)
     return study.sampler
+
+
+def redraw_counts(trials: Sequence[FrozenTrial]) -> dict[str, int]:
+    """Over a study's trials (all workers): how many took more than one draw, the draws
+    beyond the first, and how many were repaired; empty when none."""
+    drawn = [t for t in trials if REDRAWN_ATTR in t.system_attrs]
+    if not drawn:
+        return {}
+    return {
+        "trials": len(drawn),
+        "extra_draws": sum(int(t.system_attrs[REDRAWN_ATTR]) - 1 for t in drawn),
+        "repaired": sum(bool(t.system_attrs.get(REPAIRED_ATTR)) for t in drawn),
+    }
+
+
+def redraw_line(counts: dict[str, int]) -> str:
+    """The summary's line on `redraw_counts`."""
+    return (
+        f"{counts['trials']} proposals of the sampler would not have fit the window: drawn "
+        f"again before training ({counts['extra_draws']} extra draws, {counts['repaired']} "
+        "repaired to the nearest configuration that fits)"
+    )

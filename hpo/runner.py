@@ -217,7 +217,7 @@ def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> 
                 len(starts),
                 "; ".join(", ".join(f"{k} {v}" for k, v in p.items()) for p in starts),
             )
-    _judge_proposals(study, context)
+    proposals = _judge_proposals(study, context)
     bar = StudyProgress(config.n_trials, done, enabled=progress)
 
     def update_parent(study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
@@ -225,7 +225,11 @@ def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> 
 
     keeper = context.budget
     # The reference run before the budget's check: the check then counts its time.
-    callbacks: list[Any] = [ReferenceRun(context), *([keeper.after_trial] if keeper else [])]
+    callbacks: list[Any] = [
+        ReferenceRun(context),
+        _stop_when_nothing_fits(proposals, context),
+        *([keeper.after_trial] if keeper else []),
+    ]
     try:
         if remaining and (keeper is None or keeper.before_start()):
             study.optimize(
@@ -251,12 +255,39 @@ def _optimize(study: optuna.Study, context: StudyContext, *, progress: bool) -> 
         tracker.flush()
 
 
-def _judge_proposals(study: optuna.Study, context: StudyContext) -> None:
+def _judge_proposals(study: optuna.Study, context: StudyContext) -> Proposals:
     """TPE's joint proposals whose full run would not fit are drawn again, then repaired,
     before a trial starts (`hpo.feasible_sampler`), judged as the trial's own check would."""
     allowed = tuple(context.config.profiles or context.prepared.space.profile_names)
     proposals = Proposals(context.estimator, allowed)
     redraw_infeasible(study, proposals.fits, proposals.repair)
+    return proposals
+
+
+def _stop_when_nothing_fits(
+    proposals: Proposals, context: StudyContext
+) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    """After a refused trial: when no configuration fits by the calibration the study's
+    trials have made, stop. A refusal measures nothing, so that calibration stands and every
+    later proposal would be refused too: the rest of the budget would buy nothing."""
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if not trial.user_attrs.get("never_trained") or not proposals.nothing_fits():
+            return
+        log.warning(
+            "stopping: by the time model calibrated on this study's trials (%s) no "
+            "configuration's full run fits the window any more (trial %d: %s); the best "
+            "trial so far is exported. A longer window, fewer epochs or a faster profile "
+            "would fit more",
+            context.estimator.coefficients.source,
+            trial.number,
+            trial.user_attrs.get("state_reason", "refused"),
+        )
+        if context.budget is not None:
+            context.budget.nothing_fits = True
+        study.stop()
+
+    return callback
 
 
 def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> int:

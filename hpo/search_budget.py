@@ -47,7 +47,7 @@ BEFORE_TRIALS_ATTR = "search_before_trials_seconds"
 TAIL_ATTR = "search_tail_seconds"
 STOPPED_ATTR = "stopped_by"  # on a trial the budget cut short
 ENDED_ATTR = "search_ended_by"  # on the study: the limit that ended its last session
-ENDED_BY = ("search budget", "n_trials", "timeout")
+ENDED_BY = ("search budget", "n_trials", "timeout", "nothing fits")
 WORKERS_ENV = "HPO_WORKERS"  # set by `--workers N` for its workers: they share one budget
 # The reserve for the close before any session measured it: at most this share of the budget.
 TAIL_PRIOR_SHARE = 0.05
@@ -223,6 +223,8 @@ class BudgetKeeper:
         self.current: int | None = None  # this session's trial in training
         self.trials_ended: float | None = None  # on `clock`: this session's trials are over
         self.stopped = False
+        # No configuration fits by the study's calibration any more (`hpo.runner`).
+        self.nothing_fits = False
         self.first_session = True  # the study's first plan (its MLflow params are written once)
         # The summary `--workers N` writes once its workers are done (it runs no trial): the
         # limit that ended the study is the workers'.
@@ -303,11 +305,13 @@ class BudgetKeeper:
         return statistics.median(done) if done else self.plan.trial_hours * 3600
 
     def ended_by(self, finished: int, n_trials: int) -> str:
-        """Which limit ended the study: search budget, n_trials or timeout."""
+        """Which limit ended the study: search budget, nothing fits, n_trials or timeout."""
         if self.after_workers and self.study.user_attrs.get(ENDED_ATTR) in ENDED_BY:
             return str(self.study.user_attrs[ENDED_ATTR])
         if self.stopped:
             return "search budget"
+        if self.nothing_fits:
+            return "nothing fits"
         return "n_trials" if finished >= n_trials else "timeout"
 
     def report(self, ended_by: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from common.redact import redact
 from common.workdir import WorkDir
 from hpo.config import StudyConfig
 from hpo.export import PARAM_KEYS, current_correction, estimate_section, export_study
+from hpo.feasible_sampler import redraw_counts, redraw_line
 from hpo.final_loss import SCORED_BY_ATTR
 from hpo.pick import best_complete_trial, standing_trials
 from hpo.reference_run import REFERENCE_ATTR, reference_line
@@ -54,6 +55,8 @@ class StudySummary:
     best_scored_by: str | None = None
     # The loss-shape reference run (`hpo.reference_run`): what it ran, spent and fitted.
     reference_run: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Proposals drawn again or repaired before training (`hpo.feasible_sampler`): counts.
+    redrawn: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -78,6 +81,7 @@ def summarize(
         objective=config.objective,
         objectives=list(config.objectives),
         reference_run=dict(study.user_attrs.get(REFERENCE_ATTR) or {}),
+        redrawn=redraw_counts(study.get_trials(deepcopy=False)),
     )
     if not summary.states["complete"]:
         return summary
@@ -143,6 +147,8 @@ def print_summary(summary: StudySummary, server: dict[str, Any]) -> None:
     _print_search(summary.search or {})
     if summary.reference_run:
         print(reference_line(summary.reference_run))
+    if summary.redrawn:
+        print(redraw_line(summary.redrawn))
     if summary.best_value is None:
         print("no trial completed: nothing to export")
     else:

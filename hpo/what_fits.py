@@ -148,39 +148,56 @@ def _trial_params(params: Mapping[str, Any], space: SearchSpace) -> dict[str, An
     return out
 
 
-# A repair judges at most this many nearby configurations (a check costs a few ms).
-REPAIR_CHECKS = 24
-
-
 class Proposals:
-    """Judges a sampler's proposal (Optuna names) as the trial's check would, and repairs
-    one that does not fit (`hpo.feasible_sampler`)."""
+    """Judges a sampler's proposal (Optuna names) as the trial's check would, repairs one
+    that does not fit (`hpo.feasible_sampler`), and says when nothing fits any more.
+
+    Whether anything fits is known per calibration (`Coefficients.source`): a repair that
+    found nothing scanned every candidate, and while that calibration stands (a refused
+    trial measures nothing, so it stands) proposals are no longer judged or repaired.
+    """
 
     def __init__(self, estimator: StudyEstimator, profiles: Sequence[str]) -> None:
         self.estimator = estimator
         self.space = estimator.prepared.space
         self.nearby = [(c, _trial_params(c, self.space)) for c in candidates(self.space, profiles)]
+        self._nothing_fits: dict[str, bool] = {}  # by calibration
 
     def fits(self, trial_params: Mapping[str, Any]) -> bool | None:
-        """Whether the proposal's full run fits; None when a time-relevant choice is missing."""
+        """Whether the proposal's full run fits; None when a time-relevant choice is missing
+        or nothing fits by this calibration (no draw could)."""
         params = candidate_of(trial_params, self.space)
-        return None if params is None else self.estimator.verdict(params).feasible
+        if params is None or self._nothing_fits.get(self._source()):
+            return None
+        return self.estimator.verdict(params).feasible
 
     def repair(self, trial_params: Mapping[str, Any]) -> dict[str, Any] | None:
         """The proposal with its time-relevant choices those of the nearest configuration
-        that fits (fewest choices changed, the candidates' order among equals; at most
-        `REPAIR_CHECKS` judged), the rest kept; None when none of those fits."""
+        that fits (fewest choices changed, the candidates' order among equals), the rest
+        kept; None when nothing fits."""
         if candidate_of(trial_params, self.space) is None:
             return None
 
         def changed(named: Mapping[str, Any]) -> int:
             return sum(trial_params.get(key) != value for key, value in named.items())
 
-        ranked = sorted(self.nearby, key=lambda pair: changed(pair[1]))
-        for params, named in ranked[:REPAIR_CHECKS]:
+        for params, named in sorted(self.nearby, key=lambda pair: changed(pair[1])):
             if changed(named) and self.estimator.verdict(params).feasible:
                 return {**trial_params, **named}
+        self._nothing_fits[self._source()] = True
         return None
+
+    def nothing_fits(self) -> bool:
+        """Whether no candidate fits by the current calibration (one scan per calibration)."""
+        source = self._source()
+        if source not in self._nothing_fits:
+            self._nothing_fits[source] = not any(
+                self.estimator.verdict(params).feasible for params, _ in self.nearby
+            )
+        return self._nothing_fits[source]
+
+    def _source(self) -> str:
+        return self.estimator.coefficients.source
 
 
 def candidate_of(trial_params: Mapping[str, Any], space: SearchSpace) -> dict[str, Any] | None:

@@ -16,12 +16,14 @@ from hpo.feasible_sampler import (
     REDRAWN_ATTR,
     REPAIRED_ATTR,
     FeasibleSampler,
+    redraw_counts,
     redraw_infeasible,
 )
 from hpo.prepare import prepare
-from hpo.runner import _judge_proposals
+from hpo.runner import _judge_proposals, _stop_when_nothing_fits, run_study
 from hpo.samplers import make_sampler
-from hpo.what_fits import candidate_of, candidates
+from hpo.summary import print_summary
+from hpo.what_fits import Proposals, candidate_of, candidates
 from search_spaces.sampling import sample
 from tests.test_estimator import config_for, pinned
 
@@ -184,3 +186,103 @@ def test_candidate_of_needs_every_time_relevant_choice(
     }
     assert candidate_of(params, prepared.space)["micro_batch_size"] == 8  # type: ignore[index]
     assert candidate_of({k: v for k, v in params.items() if k != missing}, prepared.space) is None
+
+
+def test_a_study_in_a_tight_window_trains_what_tpe_proposes(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real study (pinned time model, all four profiles, a window half the candidates
+    miss): past TPE's start-up, no proposal is refused untrained unless every draw missed
+    and no nearby configuration fit; the summary counts the redraws as the trials do."""
+    profiles = ["fast", "balanced", "quality", "memory_efficient"]
+    probe = config_for(tmp_path, tiny_model_dir, epochs=20.0, profiles=profiles)
+    prepared = prepare(probe)
+    estimator = pinned(probe, prepared)
+    p90 = sorted(
+        estimator.verdict(c).full_run.seconds_p90 for c in candidates(prepared.space, profiles)
+    )
+    window = math.sqrt(p90[len(p90) // 2 - 1] * p90[len(p90) // 2])
+    startup = 10  # make_sampler's TPE
+    config = config_for(
+        tmp_path,
+        tiny_model_dir,
+        study_name="tight",
+        sampler="tpe",
+        epochs=20.0,
+        profiles=profiles,
+        n_trials=startup + 6,
+        window_hours=window / 3600,
+        safety_margin_minutes=0.0,
+    )
+    summary = run_study(config, progress=False, estimator_factory=pinned)
+    study = optuna.load_study(study_name="tight", storage=config.storage_url)
+    trials = sorted(study.trials, key=lambda t: t.number)
+    assert len(trials) == startup + 6
+    for trial in trials[startup:]:
+        if "fixed_params" in trial.system_attrs:
+            continue  # an enqueued feasible start
+        if trial.user_attrs.get("never_trained"):
+            assert trial.system_attrs.get(REDRAWN_ATTR) == ATTEMPTS
+            assert REPAIRED_ATTR not in trial.system_attrs
+        else:
+            assert trial.user_attrs["estimate"]["fits_window"] is True
+    assert summary.redrawn == redraw_counts(trials)
+    print_summary(summary, {"host": "127.0.0.1", "port": 5000})
+    printed = capsys.readouterr().out
+    assert ("drawn again before training" in printed) == bool(summary.redrawn)
+
+
+def test_a_study_stops_once_nothing_fits_by_its_calibration(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A refusal measures nothing, so once no configuration fits by the study's calibration
+    every later proposal would be refused: the study stops after the refusal that shows it,
+    and repairs stop scanning while that calibration stands."""
+    profiles = ["fast", "balanced"]
+    prepared = prepare(config_for(tmp_path, tiny_model_dir, profiles=profiles))
+
+    def proposals_for(window_hours: float) -> Proposals:
+        config = config_for(
+            tmp_path, tiny_model_dir, profiles=profiles, window_hours=window_hours,
+            safety_margin_minutes=0.0,
+        )  # fmt: skip
+        return Proposals(pinned(config, prepared), profiles)
+
+    roomy, hopeless = proposals_for(1000.0), proposals_for(1e-6)
+    assert not roomy.nothing_fits() and hopeless.nothing_fits()
+    proposal = {
+        "profile": "fast",
+        **_fast_choices(prepared),
+        "lora_r": 8,
+        "packing": "none",
+        "quantization": "none",
+    }
+    assert roomy.fits(proposal) is True
+    assert hopeless.repair(proposal) is None and hopeless.fits(proposal) is None
+
+    budget = types.SimpleNamespace(nothing_fits=False)
+    context = types.SimpleNamespace(estimator=hopeless.estimator, budget=budget)
+
+    def refused(trial: optuna.Trial) -> float:
+        trial.set_user_attr("never_trained", True)
+        trial.set_user_attr("state_reason", "predicted 1 h > 4 ms available")
+        raise optuna.TrialPruned
+
+    study = optuna.create_study()
+    stop = _stop_when_nothing_fits(hopeless, context)  # type: ignore[arg-type]
+    study.optimize(refused, n_trials=5, callbacks=[stop])
+    assert len(study.trials) == 1 and budget.nothing_fits
+    # Where something fits, a refusal is one proposal's bad luck: the study goes on.
+    budget.nothing_fits = False
+    context.estimator = roomy.estimator
+    study = optuna.create_study()
+    study.optimize(refused, n_trials=3, callbacks=[_stop_when_nothing_fits(roomy, context)])  # type: ignore[arg-type]
+    assert len(study.trials) == 3 and not budget.nothing_fits
+
+
+def _fast_choices(prepared: Any) -> dict[str, Any]:
+    fast = prepared.space.profiles["fast"]
+    return {
+        "micro_batch_size@fast": fast.micro_batch_size[0],
+        "gradient_accumulation_steps@fast": fast.gradient_accumulation_steps[0],
+    }

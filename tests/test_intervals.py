@@ -14,6 +14,7 @@ import pytest
 from analysis.calibration.file import Calibration, load
 from analysis.calibration.fit import fit
 from analysis.calibration.measurements import RunMeasurements
+from analysis.calibration.spread import configuration
 from analysis.timemodel import Z90, Coefficients, Estimate, Plan, predict
 from tests.test_calibration import CONFIGS, CPU, MODEL, PLAN, PRIOR, TRUTH, runs, synthetic_run
 
@@ -190,3 +191,25 @@ def test_memory_p90_bounds_noisy_held_out_runs() -> None:
             above.append(run.peak_memory_bytes > predict(memory_plan(run), c).peak_memory_bytes_p90)
     assert 0.01 < sum(above) / len(above) <= 0.1
     assert float(np.median(margins)) > math.log(1.05)  # wider than the floor: the scatter shows
+
+
+def test_the_same_settings_on_rows_of_another_length_are_not_a_repeat() -> None:
+    # A probe-design run (short synthetic rows) and a trial on the study's data share
+    # micro-batch, max_length and rank: their levels differ by the model's error on other
+    # work, not by the machine's drift (a pair 4.6x apart once made the drift's p90 x2.8
+    # and a study refused everything after).
+    rng = np.random.default_rng(0)
+    first = synthetic_run(rng, *REPEATED)
+    again = synthetic_run(rng, *REPEATED, truth=at_level(1.5))
+    shorter = dataclasses.replace(
+        again,
+        micro_step_seq_len=tuple(max(1, s // 4) for s in again.micro_step_seq_len),
+        micro_step_tokens=tuple(max(1, t // 4) for t in again.micro_step_tokens),
+        micro_step_new_shape=(),
+    )
+    assert configuration(first) == configuration(again) != configuration(shorter)
+    without = fit([*runs(0), first], MODEL, CPU, prior=PRIOR).coefficients
+    repeated = fit([*runs(0), first, again], MODEL, CPU, prior=PRIOR).coefficients
+    other_work = fit([*runs(0), first, shorter], MODEL, CPU, prior=PRIOR).coefficients
+    assert repeated.drift_log_sd > without.drift_log_sd + 0.05  # 1.5x apart: drift
+    assert other_work.drift_log_sd == pytest.approx(without.drift_log_sd, rel=0.01)  # no repeat
