@@ -39,6 +39,10 @@ TIME_NEUTRAL_PARAMS: dict[str, Any] = {
 # A refusal on the priors alone would be a guess: when their optimistic end (p10) fits, the
 # study measures this machine first (the probe design, saved for later studies).
 PROBE_BEFORE_REFUSING_SECONDS = 60.0
+# ... and that probe is search time: with `--search-hours` at most this share of it (its
+# first three runs always run). In a 2-minute budget on the 2-vCPU VM (2026-11-24) the
+# 60 s probe ran its whole design, 13 s: 11 % of the budget before the first trial.
+PROBE_SHARE_OF_SEARCH = 0.05
 # ... and the priors' p10 is not that optimistic where fixed costs dominate: on the 2-vCPU
 # VM (2026-11-24) the CPU priors' p50 was 1.3-3.3x the probe-calibrated p50 over the default
 # space's 160 configurations of the tiny model (3 epochs), their p10 up to 2.0x it, so a
@@ -53,7 +57,7 @@ def check_space(estimator: StudyEstimator) -> None:
 
     Without a calibration for this machine and model, a "nothing fits" from the priors whose
     p10 is within `PRIOR_MAX_PESSIMISM` of the window is checked by measuring first
-    (`PROBE_BEFORE_REFUSING_SECONDS`).
+    (`probe_seconds`).
 
     Raises:
         BadInputError: Nothing fits; the one-line message carries the suggestion.
@@ -64,14 +68,15 @@ def check_space(estimator: StudyEstimator) -> None:
     if fastest.feasible:
         return
     if _worth_measuring(estimator, fastest):
+        seconds = probe_seconds(estimator)
         log.warning(
             "by the uncalibrated time model nothing fits (the fastest, %s, is %s), but the "
             "priors can be that far off: measuring this machine (about %.0f s) before deciding",
             _describe(params),
             fastest.reason,
-            PROBE_BEFORE_REFUSING_SECONDS,
+            seconds,
         )
-        estimator.probe(PROBE_BEFORE_REFUSING_SECONDS)
+        estimator.probe(seconds)
         fastest, params = _fastest(estimator, allowed)
         if fastest.feasible:
             return
@@ -100,6 +105,14 @@ def check_space(estimator: StudyEstimator) -> None:
         f"{head}; no faster profile, fewer epochs or shorter max_length fits either: "
         "a longer window, more memory or faster hardware is needed"
     )
+
+
+def probe_seconds(estimator: StudyEstimator) -> float:
+    """The measure-before-refusing probe's budget: `PROBE_BEFORE_REFUSING_SECONDS`, or
+    `PROBE_SHARE_OF_SEARCH` of the study's `search_hours` where that is less."""
+    hours = estimator.config.budget.search_hours
+    seconds = PROBE_BEFORE_REFUSING_SECONDS
+    return seconds if not hours else min(seconds, PROBE_SHARE_OF_SEARCH * hours * 3600)
 
 
 # TPE models good configurations from the trials that fit; while none fits it builds that

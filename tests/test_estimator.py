@@ -29,6 +29,7 @@ from hpo.what_fits import (
     FEASIBLE_STARTS,
     PRIOR_MAX_PESSIMISM,
     PROBE_BEFORE_REFUSING_SECONDS,
+    PROBE_SHARE_OF_SEARCH,
     TIME_NEUTRAL_PARAMS,
     candidates,
     check_space,
@@ -301,6 +302,23 @@ def test_measures_before_refusing_on_priors(tiny_model_dir: Path, demo_prepared:
     with pytest.raises(BadInputError, match="no configuration fits"):
         check_space(estimator)
     assert estimator.probed == [PROBE_BEFORE_REFUSING_SECONDS]
+
+
+def test_the_probe_is_search_time_sized_to_the_search_budget(
+    tiny_model_dir: Path, demo_prepared: Any
+) -> None:
+    config, prepared, measured = _fast_profile(tiny_model_dir, demo_prepared)
+    window = measured.seconds_p90 * 1.05
+    probed = []
+    for hours in (2 / 60, 10.0):
+        budget = dataclasses.replace(config.budget, search_hours=hours)
+        estimator = _unprobed(
+            ProbedEstimator, dataclasses.replace(config, budget=budget), prepared, window
+        )
+        check_space(estimator)  # measured, then it fits
+        probed += estimator.probed
+    # 5 % of a 2-minute search; a 10-hour search gets the whole probe, as an unbudgeted one.
+    assert probed == [pytest.approx(PROBE_SHARE_OF_SEARCH * 120), PROBE_BEFORE_REFUSING_SECONDS]
 
 
 class SlowPriorEstimator(ProbedEstimator):
