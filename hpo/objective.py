@@ -37,6 +37,10 @@ from trainers.spec import TrainSpec, full_run_steps
 if TYPE_CHECKING:
     from hpo.search_budget import BudgetKeeper
 
+# A trial trained to measure the machine while nothing fits by the study's calibration
+# (`hpo.runner`): trained though its check says its full run does not fit.
+MEASUREMENT_ATTR = "measurement"
+
 
 def _drop_checkpoints(output_dir: str) -> None:
     """A trial's checkpoint was saved to be timed; a trial never resumes, so it goes."""
@@ -173,7 +177,8 @@ class Objective:
         """
         ctx = self.context
         verdict = ctx.estimator.check(trial, *runs, attrs={**params, **derived})
-        if not verdict.feasible:
+        # A measurement (`hpo.runner`: nothing fits by the calibration) trains regardless.
+        if not verdict.feasible and not trial.user_attrs.get(MEASUREMENT_ATTR):
             reason = verdict.reason
             pending.update(state_reason=reason, never_trained=True)
             self._end(run_id, "pruned", reason, verdict.metrics(), never_trained="true")

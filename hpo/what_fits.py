@@ -173,6 +173,7 @@ class Proposals:
     def __init__(self, estimator: StudyEstimator, profiles: Sequence[str]) -> None:
         self.estimator = estimator
         self.space = estimator.prepared.space
+        self.profiles = tuple(profiles)
         self.nearby = [(c, _trial_params(c, self.space)) for c in candidates(self.space, profiles)]
         self._nothing_fits: dict[str, bool] = {}  # by calibration
 
@@ -208,6 +209,11 @@ class Proposals:
                 self.estimator.verdict(params).feasible for params, _ in self.nearby
             )
         return self._nothing_fits[source]
+
+    def fastest(self) -> tuple[dict[str, Any], Verdict]:
+        """The candidate with the lowest full-run p90 (Optuna names) and its verdict."""
+        verdict, params = _fastest(self.estimator, self.profiles)
+        return _trial_params(params, self.space), verdict
 
     def _source(self) -> str:
         return self.estimator.coefficients.source

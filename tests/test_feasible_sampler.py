@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import types
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 import optuna
 import pytest
 
+from analysis.machine import model_profile
+from analysis.timemodel import Coefficients
 from hpo.feasible_sampler import (
     ATTEMPTS,
     REDRAWN_ATTR,
@@ -19,13 +22,19 @@ from hpo.feasible_sampler import (
     redraw_counts,
     redraw_infeasible,
 )
+from hpo.objective import MEASUREMENT_ATTR
 from hpo.prepare import prepare
-from hpo.runner import _judge_proposals, _stop_when_nothing_fits, run_study
+from hpo.runner import (
+    MEASUREMENTS_WHEN_NOTHING_FITS,
+    _judge_proposals,
+    _when_nothing_fits,
+    run_study,
+)
 from hpo.samplers import make_sampler
 from hpo.summary import print_summary
 from hpo.what_fits import Proposals, candidate_of, candidates
 from search_spaces.sampling import sample
-from tests.test_estimator import config_for, pinned
+from tests.test_estimator import PINNED, PinnedEstimator, config_for, pinned
 
 STARTUP = 5
 
@@ -232,12 +241,12 @@ def test_a_study_in_a_tight_window_trains_what_tpe_proposes(
     assert ("drawn again before training" in printed) == bool(summary.redrawn)
 
 
-def test_a_study_stops_once_nothing_fits_by_its_calibration(
+def test_once_nothing_fits_the_study_measures_then_stops(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """A refusal measures nothing, so once no configuration fits by the study's calibration
-    every later proposal would be refused: the study stops after the refusal that shows it,
-    and repairs stop scanning while that calibration stands."""
+    every later proposal would be refused: the fastest configuration is enqueued as a
+    measurement a few times, then the study stops. Repairs stop scanning meanwhile."""
     profiles = ["fast", "balanced"]
     prepared = prepare(config_for(tmp_path, tiny_model_dir, profiles=profiles))
 
@@ -259,25 +268,92 @@ def test_a_study_stops_once_nothing_fits_by_its_calibration(
     }
     assert roomy.fits(proposal) is True
     assert hopeless.repair(proposal) is None and hopeless.fits(proposal) is None
+    fastest, verdict = hopeless.fastest()
+    p90 = [
+        hopeless.estimator.verdict(c).full_run.seconds_p90
+        for c in candidates(prepared.space, profiles)
+    ]
+    assert not verdict.feasible and verdict.full_run.seconds_p90 == min(p90)
 
     budget = types.SimpleNamespace(nothing_fits=False)
     context = types.SimpleNamespace(estimator=hopeless.estimator, budget=budget)
 
     def refused(trial: optuna.Trial) -> float:
+        sample(trial, prepared.space, profiles)
         trial.set_user_attr("never_trained", True)
-        trial.set_user_attr("state_reason", "predicted 1 h > 4 ms available")
         raise optuna.TrialPruned
 
     study = optuna.create_study()
-    stop = _stop_when_nothing_fits(hopeless, context)  # type: ignore[arg-type]
-    study.optimize(refused, n_trials=5, callbacks=[stop])
-    assert len(study.trials) == 1 and budget.nothing_fits
+    callback = _when_nothing_fits(hopeless, context)  # type: ignore[arg-type]
+    study.optimize(refused, n_trials=20, callbacks=[callback])
+    trials = study.trials
+    assert len(trials) == 1 + MEASUREMENTS_WHEN_NOTHING_FITS and budget.nothing_fits
+    for trial in trials[1:]:
+        assert trial.user_attrs[MEASUREMENT_ATTR] is True
+        assert {k: trial.params[k] for k in fastest} == fastest
     # Where something fits, a refusal is one proposal's bad luck: the study goes on.
     budget.nothing_fits = False
     context.estimator = roomy.estimator
     study = optuna.create_study()
-    study.optimize(refused, n_trials=3, callbacks=[_stop_when_nothing_fits(roomy, context)])  # type: ignore[arg-type]
+    study.optimize(refused, n_trials=3, callbacks=[_when_nothing_fits(roomy, context)])  # type: ignore[arg-type]
     assert len(study.trials) == 3 and not budget.nothing_fits
+
+
+class TurnsSlowEstimator(PinnedEstimator):
+    """The pinned rates until the first trial trains, then ten times slower: a calibration
+    by which nothing fits any more (as one from a few noisy trials can be)."""
+
+    @property
+    def coefficients(self) -> Coefficients:
+        if not self.observed:
+            return PINNED
+        slow = {f: getattr(PINNED, f) * 10 for f in SLOWED}
+        return dataclasses.replace(PINNED, **slow, source="pinned-slow")
+
+    def observe(self, *args: Any, **kwargs: Any) -> Any:
+        self.observed = True
+        return super().observe(*args, **kwargs)
+
+    observed = False
+
+
+SLOWED = (
+    "micro_fixed_seconds", "micro_seconds_per_flop", "micro_seconds_per_adapter_flop",
+    "micro_seconds_per_attention_flop", "optimizer_fixed_seconds", "startup_fixed_seconds",
+)  # fmt: skip
+
+
+def test_a_study_trains_its_measurements_and_stops(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A real study whose calibration turns against every configuration after its first
+    trained trial: its measurements train though their check says they do not fit, are not
+    exported while another trial fits (`hpo.pick`), and the study stops after them."""
+    profiles = ["fast"]
+    config = config_for(tmp_path, tiny_model_dir, epochs=20.0, profiles=profiles)
+    prepared = prepare(config)
+    estimator = TurnsSlowEstimator(config, prepared, model=model_profile(prepared.model_path))
+    window = 2 * min(
+        estimator.verdict(c).full_run.seconds_p90 for c in candidates(prepared.space, profiles)
+    )
+    config = config_for(
+        tmp_path, tiny_model_dir, study_name="turns", epochs=20.0, profiles=profiles,
+        n_trials=30, window_hours=window / 3600, safety_margin_minutes=0.0,
+        search_hours=1.0,
+    )  # fmt: skip
+
+    def factory(config: Any, prepared: Any) -> TurnsSlowEstimator:
+        return TurnsSlowEstimator(config, prepared, model=model_profile(prepared.model_path))
+
+    summary = run_study(config, progress=False, estimator_factory=factory)
+    study = optuna.load_study(study_name="turns", storage=config.storage_url)
+    trials = sorted(study.trials, key=lambda t: t.number)
+    measurements = [t for t in trials if t.user_attrs.get(MEASUREMENT_ATTR)]
+    assert len(measurements) == MEASUREMENTS_WHEN_NOTHING_FITS
+    for trial in measurements:
+        assert not trial.user_attrs.get("never_trained") and "steps_seconds" in trial.user_attrs
+        assert trial.constraints["duration"] > 0  # its check said it does not fit
+    assert len(trials) < 30 and summary.search["ended_by"] == "nothing fits"
+    # Their estimates say they do not fit: the pick passes over them while a trial fits.
+    assert all(t.user_attrs["estimate"]["fits_window"] is False for t in measurements)
 
 
 def _fast_choices(prepared: Any) -> dict[str, Any]:
