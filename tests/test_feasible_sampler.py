@@ -129,23 +129,31 @@ def test_only_tpe_is_wrapped() -> None:
     assert wrapper is study.sampler and redraw_infeasible(study, lambda p: True) is wrapper
 
 
+ALL_PROFILES = ["fast", "balanced", "quality", "memory_efficient"]
+
+
+def _half_the_space_fits(model: Path, work: Path) -> tuple[Any, float]:
+    """The prepared study (all four profiles, 20 epochs) and a window (seconds) between the
+    two middle candidates' p90 by the pinned time model: half the candidates miss it."""
+    probe = config_for(work, model, epochs=20.0, profiles=ALL_PROFILES)
+    prepared = prepare(probe)
+    estimator = pinned(probe, prepared)
+    p90 = sorted(
+        estimator.verdict(c).full_run.seconds_p90 for c in candidates(prepared.space, ALL_PROFILES)
+    )
+    return prepared, math.sqrt(p90[len(p90) // 2 - 1] * p90[len(p90) // 2])
+
+
 def test_the_study_judges_with_its_time_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     """On the real space and time model (pinned coefficients, all four profiles, a window
     half the candidates miss): every proposal after TPE's start-up fits, by the check a
     trial makes, drawn again or repaired where TPE alone proposes misfits."""
-    profiles = ["fast", "balanced", "quality", "memory_efficient"]
-    probe = config_for(tmp_path, tiny_model_dir, epochs=20.0, profiles=profiles)
-    prepared = prepare(probe)
-    estimator = pinned(probe, prepared)
-    p90 = sorted(
-        estimator.verdict(c).full_run.seconds_p90 for c in candidates(prepared.space, profiles)
-    )
-    window = math.sqrt(p90[len(p90) // 2 - 1] * p90[len(p90) // 2])
+    prepared, window = _half_the_space_fits(tiny_model_dir, tmp_path)
     config = config_for(
         tmp_path,
         tiny_model_dir,
         epochs=20.0,
-        profiles=profiles,
+        profiles=ALL_PROFILES,
         window_hours=window / 3600,
         safety_margin_minutes=0.0,
     )
@@ -159,7 +167,7 @@ def test_the_study_judges_with_its_time_model(tiny_model_dir: Path, tmp_path: Pa
         fits = []
         for _ in range(STARTUP + 20):
             trial = study.ask()
-            params = sample(trial, prepared.space, profiles)
+            params = sample(trial, prepared.space, ALL_PROFILES)
             verdict = estimator.verdict(params)
             # The slower a configuration, the better it scores: TPE is drawn to the misfits.
             if verdict.feasible:
@@ -203,14 +211,7 @@ def test_a_study_in_a_tight_window_trains_what_tpe_proposes(
     """A real study (pinned time model, all four profiles, a window half the candidates
     miss): past TPE's start-up, no proposal is refused untrained unless every draw missed
     and no nearby configuration fit; the summary counts the redraws as the trials do."""
-    profiles = ["fast", "balanced", "quality", "memory_efficient"]
-    probe = config_for(tmp_path, tiny_model_dir, epochs=20.0, profiles=profiles)
-    prepared = prepare(probe)
-    estimator = pinned(probe, prepared)
-    p90 = sorted(
-        estimator.verdict(c).full_run.seconds_p90 for c in candidates(prepared.space, profiles)
-    )
-    window = math.sqrt(p90[len(p90) // 2 - 1] * p90[len(p90) // 2])
+    prepared, window = _half_the_space_fits(tiny_model_dir, tmp_path)
     startup = 10  # make_sampler's TPE
     config = config_for(
         tmp_path,
@@ -218,7 +219,7 @@ def test_a_study_in_a_tight_window_trains_what_tpe_proposes(
         study_name="tight",
         sampler="tpe",
         epochs=20.0,
-        profiles=profiles,
+        profiles=ALL_PROFILES,
         n_trials=startup + 6,
         window_hours=window / 3600,
         safety_margin_minutes=0.0,
