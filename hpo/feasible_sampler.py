@@ -25,7 +25,6 @@ whose configuration took more than one draw says how many in its system attribut
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +35,6 @@ if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
     from optuna.study import Study
     from optuna.trial import FrozenTrial, TrialState
-
-log = logging.getLogger(__name__)
 
 # Draws per trial before repairing: a TPE draw costs ~10-25 ms at a few hundred trials and a
 # check a few ms, against ~0.08 s for the refused trial they replace.
