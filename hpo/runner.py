@@ -279,8 +279,8 @@ def _when_nothing_fits(
     refused. It may be wrong: a calibration from a few short trials carries a wide band (on
     the 2-vCPU VM, x1.3 at p90 against the probe's x1.08) and moves with each trial. So the
     fastest configuration (lowest p90) is trained as a measurement (trial attribute
-    `measurement`, trained though its check says it does not fit, and exported only if the
-    calibration it leaves says it fits), up to `MEASUREMENTS_WHEN_NOTHING_FITS` times; if
+    `measurement`, trained though its check says it does not fit; the pick passes over it
+    while a trial that fits remains), up to `MEASUREMENTS_WHEN_NOTHING_FITS` times; if
     still nothing fits, the study stops: the rest of the budget would buy only refusals.
     """
     measured = 0

@@ -4,6 +4,10 @@
 nothing fits ends the command (exit 2) before anything is written. It tries, in order: a
 faster profile of the space, fewer epochs (the most that fit, by bisection), a shorter
 max_length.
+
+During a study: the few configurations that fit a tight window to start with
+(`feasible_starts`), the probe's share of a search budget (`probe_seconds`), and the sampler's
+proposals judged and repaired as a trial's check would judge them (`Proposals`).
 """
 
 from __future__ import annotations

@@ -25,12 +25,11 @@ def configuration(run: RunMeasurements) -> tuple[object, ...]:
     """What makes two runs the same configuration as far as step time goes.
 
     The batches' typical padded length is part of it (half-octave buckets of the median):
-    the same `max_length` on other data is other work. A probe-design run (short synthetic
-    rows) and a study's trial on its data (rows padded to 256 tokens) shared every other
-    field on the 2-vCPU VM (2026-11-24); their levels differed 4.6x (the trial's 4 steps),
-    the pair was read as the machine's drift (p90 x2.8), every configuration's p90 then
-    missed a window half the space fits, and the study refused its 500 remaining proposals
-    unmeasured.
+    the same `max_length` on other data is other work. A probe-design run (rows of ~10
+    tokens) and a study's trial (rows packed to 2,026 tokens) shared every other field on
+    the 2-vCPU VM (2026-11-24); their levels differed 4.6x (the trial's 4 steps), the pair
+    was read as the machine's drift (p90 x2.8), every configuration's p90 then missed a
+    window half the space fits, and the study refused 506 of its 510 trials unmeasured.
     """
     lengths = [length for length in run.micro_step_seq_len if length > 0]
     typical = round(2 * math.log2(float(np.median(lengths)))) if lengths else None
