@@ -26,6 +26,7 @@ from hpo.final_loss import (
 from hpo.pick import PROMOTED_FROM_ATTR
 from hpo.prepare import Prepared
 from hpo.runspec import trial_spec
+from hpo.states import trials_seen_by_sampler
 from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
 from hpo.trial_attrs import set_user_attrs
 from search_spaces import sample
@@ -258,7 +259,8 @@ class Objective:
         )
         if curve is None:
             return None
-        others = trial.study.get_trials(deepcopy=False)
+        # The trials the sampler read at this trial's start: no second read of the storage.
+        others = trials_seen_by_sampler(trial.study)
         return predict_final_loss(
             curve,
             peers=study_peers(

@@ -34,6 +34,20 @@ def trials_after_tell(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     new trial in it), the others share it. Only for the thread that runs the trials (another
     thread's snapshot would never be cleared); not frozen copies, so read-only.
     """
+    return _snapshot(study)
+
+
+def trials_seen_by_sampler(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The study's trials as the sampler saw them when this trial began (same snapshot).
+
+    Within a trial, for what needs the other trials but not ones finished since it began:
+    the trial's own record in it is as of its start. A peer worker's trial that ended while
+    this one trained is missing (the next trial sees it); with one worker nothing is.
+    """
+    return _snapshot(study)
+
+
+def _snapshot(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     getter = getattr(study, "_get_trials", None)
     if getter is None:  # an Optuna without the snapshot
         return study.get_trials(deepcopy=False)

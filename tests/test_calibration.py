@@ -10,6 +10,7 @@ import pytest
 from analysis.calibration.file import VERSION, Calibration, load, load_for
 from analysis.calibration.fit import fit, update
 from analysis.calibration.measurements import RunMeasurements
+from analysis.calibration.robust_fit import leave_one_out_fits, robust_positive_fit
 from analysis.calibration.spread import configuration
 from analysis.hardware import fingerprint, prior_coefficients
 from analysis.timemodel import Coefficients, ModelProfile, Plan, predict
@@ -465,3 +466,36 @@ def test_the_newest_runs_that_measured_start_up_and_saves_are_kept() -> None:
     assert fit(runs(seed=5), MODEL, CPU, prior=PRIOR).runs == tuple(
         r.capped() for r in runs(seed=5)
     )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_leave_one_out_refits_equal_scipy_refits_one_by_one(seed: int) -> None:
+    """The vectorised leave-one-out fits of the memory margin solve what scipy's solver
+    solves per left-out run (from the fit to all runs), gross outliers and an unusable
+    observation included."""
+    rng = np.random.default_rng(seed)
+    n = 14
+    x = np.column_stack([np.ones(n), rng.uniform(1e6, 5e8, n)])
+    offset = rng.uniform(1e8, 2e8, n)
+    truth = np.array([3e7, 6.0])
+    y = (offset + x @ truth) * np.exp(rng.normal(0, 0.04, n))
+    y[3] *= 2.5  # a gross outlier (a process whose memory ratcheted up)
+    y[7] = np.nan  # not measured
+    prior = np.array([5e7, 2.0])
+    sd = np.array([0.5, 2.0])
+    everything, _ = robust_positive_fit(x, y, prior, offset=offset, prior_log_sd=sd)
+    fits = leave_one_out_fits(x, y, prior, everything, offset=offset, prior_log_sd=sd)
+    assert fits.shape == (n, 2)
+    for k in range(n):
+        rows = np.arange(n) != k
+        if k == 7:  # leaving out the unusable one leaves the usable ones
+            rows = np.ones(n, dtype=bool)
+        one, _ = robust_positive_fit(
+            x[rows], y[rows], prior, offset=offset[rows], prior_log_sd=sd, start=everything
+        )
+        np.testing.assert_allclose(fits[k], one, rtol=1e-4)
+    # They are refits, not the start handed back: leaving out a usable run moves the fit
+    # (the Cauchy loss already all but ignores the outlier: leaving it out moves it least).
+    moved = np.abs(np.log(fits[:, 1] / everything[1]))
+    assert np.all(np.delete(moved, [3, 7]) > 1e-5)
+    assert moved[3] < np.median(np.delete(moved, [3, 7]))

@@ -9,7 +9,11 @@ import numpy as np
 from scipy.stats import t as student_t
 
 from analysis.calibration.measurements import RunMeasurements
-from analysis.calibration.robust_fit import PRIOR_LOG_SD, robust_positive_fit
+from analysis.calibration.robust_fit import (
+    PRIOR_LOG_SD,
+    leave_one_out_fits,
+    robust_positive_fit,
+)
 from analysis.hardware import HardwareInfo
 from analysis.timemodel import Coefficients, ModelProfile
 from analysis.workload import activation_bytes, static_memory_bytes
@@ -20,6 +24,8 @@ from analysis.workload import activation_bytes, static_memory_bytes
 _MEMORY_SD_PRIOR = 0.03
 _MEMORY_LOG_P90_FLOOR = math.log(1.05)
 _MEMORY_HOLDOUT_RUNS = 20  # the newest runs whose leave-one-out error sets the margin
+# The fixed part is held close to its prior (runtime overhead is well known).
+_MEMORY_PRIOR_LOG_SD = np.array([0.5, PRIOR_LOG_SD])
 
 
 def _memory_features(
@@ -38,14 +44,6 @@ def _memory_features(
         model, run.trainable_parameters, hardware.precision, run.quantization
     )
     return activation, static
-
-
-def _memory_peak(
-    run: RunMeasurements, model: ModelProfile, hardware: HardwareInfo, coef: np.ndarray
-) -> float:
-    """Peak memory predicted for `run` by (fixed bytes, activation scale) `coef`."""
-    activation, static = _memory_features(run, model, hardware)
-    return float(coef[0] + static + coef[1] * activation)
 
 
 def fit_memory(
@@ -69,12 +67,16 @@ def fit_memory(
     coef, _ = robust_positive_fit(
         np.column_stack([np.ones_like(activation), activation]),
         peaks,
-        np.array([prior.memory_fixed_bytes, prior.activation_memory_scale]),
+        _memory_prior(prior),
         offset=static,
-        prior_log_sd=np.array([0.5, PRIOR_LOG_SD]),
+        prior_log_sd=_MEMORY_PRIOR_LOG_SD,
         start=start,
     )
     return coef, len(measured)
+
+
+def _memory_prior(prior: Coefficients) -> np.ndarray:
+    return np.array([prior.memory_fixed_bytes, prior.activation_memory_scale])
 
 
 def memory_margin(
@@ -98,12 +100,18 @@ def memory_margin(
         return prior.memory_log_p90
     # Each leave-one-out fit starts from the fit to all of them: one run moves it little.
     everything, _ = fit_memory(measured, model, hardware, prior)
-    errors = []
-    for i, run in enumerate(measured):
-        others = [*measured[:i], *measured[i + 1 :]]
-        coef, _ = fit_memory(others, model, hardware, prior, start=everything)
-        predicted = _memory_peak(run, model, hardware, coef)
-        errors.append(math.log(run.peak_memory_bytes / predicted))
+    activation, static = np.array([_memory_features(r, model, hardware) for r in measured]).T
+    peaks = np.array([float(r.peak_memory_bytes) for r in measured])
+    without = leave_one_out_fits(
+        np.column_stack([np.ones_like(activation), activation]),
+        peaks,
+        _memory_prior(prior),
+        everything,
+        offset=static,
+        prior_log_sd=_MEMORY_PRIOR_LOG_SD,
+    )
+    predicted = without[:, 0] + static + without[:, 1] * activation
+    errors = [float(e) for e in np.log(peaks / predicted)]
     k = len(errors)
     bias = max(float(np.mean(errors)), 0.0)
     sd = math.sqrt((2 * _MEMORY_SD_PRIOR**2 + (k - 1) * float(np.var(errors, ddof=1))) / (k + 1))

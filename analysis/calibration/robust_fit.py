@@ -9,6 +9,8 @@ from scipy.optimize import least_squares
 
 _F_SCALE = 0.1  # log-ratio scale where the robust loss turns from quadratic to flat
 PRIOR_LOG_SD = 2.0  # a weak pull to the prior: decides only what the data leave open
+_LOO_STEPS = 50  # Gauss-Newton steps of the leave-one-out refits before scipy takes over
+_LOO_TOLERANCE = 1e-9  # a step this small (in log coefficients) ends a refit
 
 
 def _robust_loss(name: str, n_data: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -97,3 +99,63 @@ def robust_positive_fit(
     full = np.full(observed.shape, np.nan)
     full[ok] = np.log(y / predicted(theta))
     return prior * np.exp(theta), full
+
+
+def leave_one_out_fits(
+    features: np.ndarray,
+    observed: np.ndarray,
+    prior: np.ndarray,
+    start: np.ndarray,
+    *,
+    offset: np.ndarray | None = None,
+    prior_log_sd: np.ndarray | float = PRIOR_LOG_SD,
+) -> np.ndarray:
+    """`robust_positive_fit(..., start=start)` without each observation in turn: row i of
+    the result is the fit to all but observation i (rows of unusable observations: the
+    fit to the usable ones).
+
+    The same Cauchy pass from the same start, solved for all of them at once: Gauss-Newton
+    steps on the reweighted squares (the Cauchy weight 1 / (1 + (r / f)^2) per residual,
+    the prior's penalty as it is), vectorised over the left-out observation. One call of
+    scipy's solver per left-out observation cost ~1.3 ms, most of it the solver's own
+    Python: a study's time-model refit spent 20 of its 55 ms there. A problem that does not
+    settle in the steps allowed is solved by scipy's solver after all.
+    """
+    prior = np.maximum(np.asarray(prior, dtype=np.float64), 1e-300)
+    base = np.zeros_like(observed) if offset is None else offset
+    ok = np.isfinite(observed) & (observed > 0) & np.all(np.isfinite(features), axis=1)
+    x, y, base = features[ok], observed[ok], base[ok]
+    n, p = x.shape
+    sd = np.broadcast_to(np.asarray(prior_log_sd, dtype=np.float64), prior.shape)
+    penalty = (_F_SCALE / sd) ** 2
+    keep = 1.0 - np.eye(n)  # row k: every observation but k
+    theta = np.tile(np.clip(np.log(np.maximum(start, 1e-300) / prior), -30.0, 30.0), (n, 1))
+    settled = np.zeros(n, dtype=bool)
+    for _ in range(_LOO_STEPS):
+        coef = prior * np.exp(theta)  # (n, p)
+        predicted = np.maximum(base + coef @ x.T, 1e-300)  # (n, n): problem k, observation i
+        r = np.log(predicted / y)
+        w = keep / (1.0 + (r / _F_SCALE) ** 2)
+        jac = x[None, :, :] * coef[:, None, :] / predicted[:, :, None]  # (n, n, p)
+        a = np.einsum("kni,kn,knj->kij", jac, w, jac) + np.diag(penalty)
+        g = np.einsum("kni,kn,kn->ki", jac, w, r) + penalty * theta
+        step = -np.linalg.solve(a, g[:, :, None])[:, :, 0]
+        step[settled] = 0.0
+        theta = np.clip(theta + step, -30.0, 30.0)
+        settled |= np.max(np.abs(step), axis=1) < _LOO_TOLERANCE
+        if settled.all():
+            break
+    for k in np.flatnonzero(~settled | ~np.isfinite(theta).all(axis=1)):
+        rows = np.arange(n) != k
+        coef_k, _ = robust_positive_fit(
+            x[rows], y[rows], prior, offset=base[rows], prior_log_sd=prior_log_sd, start=start
+        )
+        theta[k] = np.log(coef_k / prior)
+    fits = np.empty((observed.size, p))
+    fits[ok] = prior * np.exp(theta)
+    if not ok.all():
+        everything, _ = robust_positive_fit(
+            x, y, prior, offset=base, prior_log_sd=prior_log_sd, start=start
+        )
+        fits[~ok] = everything
+    return fits
