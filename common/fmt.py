@@ -26,11 +26,18 @@ def format_hours(hours: float, *, minute_decimals: int = 1) -> str:
     """A duration given in hours, for a summary line: `42 s`, `12.5 min`, `14.2 h`.
 
     Minutes up to an hour and a half (`85.0 min` reads better than `1.4 h`); seconds below
-    one minute. `minute_decimals`: digits after the point for minutes.
+    one minute, with a decimal below ten (`0.6 s`: a tiny model's trial, which read `0 s`)
+    and milliseconds below a tenth of a second. `minute_decimals`: digits after the point
+    for minutes.
     """
     minutes = hours * 60
-    if minutes < 1:
-        return f"{minutes * 60:.0f} s"
+    seconds = max(0.0, minutes * 60)
+    if 0 < seconds < 0.0995:
+        return f"{seconds * 1000:.2g} ms"
+    if seconds < 9.95:
+        return f"{seconds:.1f} s" if seconds > 0 else "0 s"
+    if seconds < 59.5:
+        return f"{seconds:.0f} s"
     if minutes < 90:
         return f"{minutes:.{minute_decimals}f} min"
     return f"{hours:.1f} h"

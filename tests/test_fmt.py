@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.fmt import format_duration
+from common.fmt import format_duration, format_hours
 
 
 @pytest.mark.parametrize(
@@ -36,3 +36,23 @@ def test_ticks_below_one_second_are_told_apart() -> None:
     labels = [format_duration(t) for t in ticks]
     assert len(set(labels)) == len(labels), labels
     assert all(label.endswith(" ms") for label in labels), labels
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.0, "0 s"),
+        (0.0004, "0.4 ms"),
+        (0.05, "50 ms"),
+        (0.6, "0.6 s"),  # a tiny model's trial in a search plan: it read `0 s`
+        (4.24, "4.2 s"),
+        (9.96, "10 s"),
+        (42.0, "42 s"),
+        (59.6, "1.0 min"),  # not `60 s`
+        (750.0, "12.5 min"),
+        (5000.0, "83.3 min"),  # minutes up to an hour and a half
+        (7200.0, "2.0 h"),
+    ],
+)
+def test_format_hours(seconds: float, text: str) -> None:
+    assert format_hours(seconds / 3600) == text
