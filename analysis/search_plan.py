@@ -5,7 +5,8 @@ with the fidelity (start-up, its evaluations, one timed checkpoint save) plus th
 share of the full run's training. Given a budget of GPU-hours the plan keeps the trials the
 user asked for and lowers their fidelity first (at 0.02 a study picked the same
 configuration as at 0.1 for a fifth of the time, issue 24), down to the smallest trial whose
-curve the loss law can still fit; only then does it drop trials.
+curve the loss law can still fit; only then does it drop trials. It lowers the fidelity for
+at most `ENOUGH_TRIALS` trials: a budget that buys more runs more at the trial fraction.
 
 Pure functions of the time model's estimates: `hpo` plans a study with them and
 `analysis.plan` prints the same plan before anything is downloaded.
@@ -31,6 +32,14 @@ DEFAULT_BUDGET_FROM_HOURS = 1.0
 MIN_FIDELITY = 0.01
 # The joint loss-law fit needs at least three points on a curve (analysis/loss_law.py).
 MIN_FIT_EVALS = 3
+# The fidelity is lowered to make room for the trials asked for, but not for more than this
+# many: past it, longer trials are worth more than more of them. `hpo_efficiency.py`, 2
+# minutes, `--n-trials 100000` (2026-11-24): where the fidelity went down to its floor
+# (0.0118 of a 507-step full run, 6 steps a trial, 776 trials planned, 135 run), the pick's
+# full run ended at 3.00; at the same window and seed with this cap (0.1, ~100 trials) it
+# ended at 1.23 (147 trials); seeds whose floor was already 0.1 picked 0.87-1.07. 50 leaves TPE
+# 40 trials past its 10 random ones.
+ENOUGH_TRIALS = 50
 
 
 @dataclass(frozen=True)
@@ -243,8 +252,9 @@ def plan_search(
     trials, fidelity = n_trials, max_fidelity
     if budget_hours is not None:
         left = max(0.0, (budget_hours - before_trials_hours) * 3600 - workers * cost.once)
-        # The largest fidelity at which all n_trials fit, within [min_fidelity, max_fidelity].
-        each = left / n_trials
+        # The largest fidelity at which the trials asked for fit (at most ENOUGH_TRIALS of
+        # them), within [min_fidelity, max_fidelity]; then as many as fit, up to n_trials.
+        each = left / min(n_trials, ENOUGH_TRIALS)
         if cost.per_fidelity > 0:
             fidelity = (each - cost.fixed) / cost.per_fidelity
         fidelity = min(max_fidelity, max(min_fidelity, fidelity))

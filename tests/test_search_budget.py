@@ -15,6 +15,7 @@ import pytest
 
 from analysis.search_plan import (
     DEFAULT_SEARCH_BUDGET_PCT,
+    ENOUGH_TRIALS,
     MIN_FIDELITY,
     TrialCost,
     budget_hours,
@@ -82,6 +83,20 @@ def test_a_budget_lowers_the_fidelity_first_and_keeps_the_trials(budget: float) 
     assert MIN_FIDELITY <= plan.fidelity < 0.1
     assert plan.planned_hours <= budget * 1.000001
     assert plan.planned_hours >= 0.99 * budget  # the budget is used, not left idle
+
+
+def test_a_budget_lowers_the_fidelity_for_enough_trials_not_for_every_trial_asked() -> None:
+    # `--n-trials` large: "as many as the budget buys". A trial at 0.1 costs 2.1 h.
+    roomy = _plan(COST, 200.0, n_trials=100_000)
+    assert roomy.fidelity == 0.1  # 95 trials fit at the trial fraction: it stays
+    assert roomy.trials == 95
+    tight = _plan(COST, 42.0, n_trials=100_000)  # 20 at 0.1: lowered until 50 fit, not 100 000
+    assert MIN_FIDELITY < tight.fidelity < 0.1
+    assert tight.trials == ENOUGH_TRIALS
+    assert tight.planned_hours == pytest.approx(42.0, rel=1e-6)
+    # Asked for fewer than that, the plan makes room for exactly those.
+    few = _plan(COST, 42.0, n_trials=30)
+    assert few.trials == 30 and tight.fidelity < few.fidelity < 0.1
 
 
 def test_a_budget_below_the_smallest_trials_drops_trials_not_fidelity() -> None:
