@@ -26,7 +26,7 @@ from hpo.final_loss import (
 from hpo.pick import PROMOTED_FROM_ATTR
 from hpo.prepare import Prepared
 from hpo.runspec import trial_spec
-from hpo.states import trials_seen_by_sampler
+from hpo.states import trials_snapshot
 from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
 from hpo.trial_attrs import set_user_attrs
 from search_spaces import sample
@@ -260,7 +260,7 @@ class Objective:
         if curve is None:
             return None
         # The trials the sampler read at this trial's start: no second read of the storage.
-        others = trials_seen_by_sampler(trial.study)
+        others = trials_snapshot(trial.study)
         return predict_final_loss(
             curve,
             peers=study_peers(

@@ -7,7 +7,7 @@ from typing import Any
 
 import optuna
 
-from hpo.states import state_counts, trial_loss, trials_after_tell
+from hpo.states import state_counts, trial_loss, trials_snapshot
 
 
 class StudyProgress:
@@ -27,7 +27,7 @@ class StudyProgress:
         )
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        trials = trials_after_tell(study)
+        trials = trials_snapshot(study)
         counts = state_counts(study, trials)
         postfix = {
             "complete": counts["complete"],

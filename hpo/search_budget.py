@@ -31,7 +31,7 @@ import optuna
 from analysis.search_plan import SearchPlan, TrialCost, plan_search_for_run, refit, trial_cost
 from common.mlflow_store import metric
 from hpo.config import StudyConfig
-from hpo.states import trials_after_tell
+from hpo.states import trials_snapshot
 from trainers.events import EvalInfo, TrainingCallback
 
 if TYPE_CHECKING:
@@ -275,7 +275,7 @@ class BudgetKeeper:
         """Optuna callback: refit the plan to what the trials measured; stop the study when
         the rest would not buy half a typical trial."""
         self.record(study, trial)
-        trials = trials_after_tell(study)
+        trials = trials_snapshot(study)
         measured = measured_fixed(trials)
         if measured is not None and self.cost is not None:
             self.plan = refit(self.plan, self.cost.measured(*measured), n_trials=self.n_trials)

@@ -26,28 +26,17 @@ def state_counts(
     return count_states(t for t in trials if t.state in STATE_NAMES)
 
 
-def trials_after_tell(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The study's trials for the callbacks after a trial, read from the storage once.
+def trials_snapshot(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The study's trials from Optuna's per-thread snapshot, read from the storage once.
 
-    Optuna keeps a per-thread snapshot of the trials that `tell` and `ask` clear: the first
-    callback after a trial reads the storage (a read costs about 3 ms on SQLite, with the
-    new trial in it), the others share it. Only for the thread that runs the trials (another
-    thread's snapshot would never be cleared); not frozen copies, so read-only.
+    Optuna keeps a per-thread snapshot of the trials that `ask` and `tell` clear. After a
+    trial, the first callback reads the storage (about 3 ms on SQLite, with the new trial in
+    it) and the others share it. Within a trial it is what the sampler read at the trial's
+    start: the trial's own record as of then, and a peer worker's trial that ended while
+    this one trained is missing (the next trial sees it); with one worker nothing is. Only
+    for the thread that runs the trials (another thread's snapshot would never be cleared);
+    not frozen copies, so read-only.
     """
-    return _snapshot(study)
-
-
-def trials_seen_by_sampler(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The study's trials as the sampler saw them when this trial began (same snapshot).
-
-    Within a trial, for what needs the other trials but not ones finished since it began:
-    the trial's own record in it is as of its start. A peer worker's trial that ended while
-    this one trained is missing (the next trial sees it); with one worker nothing is.
-    """
-    return _snapshot(study)
-
-
-def _snapshot(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     getter = getattr(study, "_get_trials", None)
     if getter is None:  # an Optuna without the snapshot
         return study.get_trials(deepcopy=False)

@@ -1,4 +1,4 @@
-"""The callbacks after a trial share one storage read of the study (`trials_after_tell`),
+"""The callbacks after a trial share one storage read of the study (`trials_snapshot`),
 and each trial's callbacks see that trial finished."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 import optuna.storages._rdb.storage as rdb
 
-from hpo.states import state_counts, trials_after_tell
+from hpo.states import state_counts, trials_snapshot
 from hpo.storage import make_storage
 
 
@@ -32,11 +32,11 @@ def test_callbacks_after_a_trial_share_one_read_that_holds_it(
 
     def first(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         reads.clear()
-        trials = trials_after_tell(study)
+        trials = trials_snapshot(study)
         seen.append((trial.number, state_counts(study, trials), len(trials)))
 
     def second(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        again = trials_after_tell(study)
+        again = trials_snapshot(study)
         assert [t.number for t in again] == list(range(trial.number + 1))
         assert len(reads) == 1  # the first callback's read, shared
 

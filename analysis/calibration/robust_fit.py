@@ -111,8 +111,8 @@ def leave_one_out_fits(
     prior_log_sd: np.ndarray | float = PRIOR_LOG_SD,
 ) -> np.ndarray:
     """`robust_positive_fit(..., start=start)` without each observation in turn: row i of
-    the result is the fit to all but observation i (rows of unusable observations: the
-    fit to the usable ones).
+    the result is the fit to all but observation i. `start`: the fit to all of them, which
+    is also the row of an unusable observation (leaving it out changes nothing).
 
     The same Cauchy pass from the same start, solved for all of them at once: Gauss-Newton
     steps on the reweighted squares (the Cauchy weight 1 / (1 + (r / f)^2) per residual,
@@ -151,11 +151,6 @@ def leave_one_out_fits(
             x[rows], y[rows], prior, offset=base[rows], prior_log_sd=prior_log_sd, start=start
         )
         theta[k] = np.log(coef_k / prior)
-    fits = np.empty((observed.size, p))
+    fits = np.tile(np.asarray(start, dtype=np.float64), (observed.size, 1))
     fits[ok] = prior * np.exp(theta)
-    if not ok.all():
-        everything, _ = robust_positive_fit(
-            x, y, prior, offset=base, prior_log_sd=prior_log_sd, start=start
-        )
-        fits[~ok] = everything
     return fits
