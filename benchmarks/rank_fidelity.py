@@ -21,7 +21,7 @@ wall time) and `fit_seconds` (the median time of one trial's prediction); plus t
 other configurations' full runs.
 
     python benchmarks/rank_fidelity.py [--configs 12] [--pretrain-steps 0] [--data chat]
-        [--fractions 0.01,0.02,0.05,0.1] [--json FILE]
+        [--fractions 0.01,0.02,0.05,0.1] [--samples 3000] [--json FILE]
     python benchmarks/rank_fidelity.py --rescore FILE   # score recorded runs again
 """
 
@@ -178,12 +178,13 @@ def reference_pick(rows: list[dict[str, Any]], fraction: str) -> int:
 
 def predictions(
     rows: list[dict[str, Any]], fraction: str, reference: dict[str, Any] | None = None,
-    *, warm: bool = True,
+    *, warm: bool = True, attrs: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """What a study records for each trial, trial i fitted with trials 0..i-1 (and, from
     trial `REFERENCE_AFTER` on, the `reference` run's curve when given: its seconds count
     in the first of those trials' search time). With `warm`, each fit starts from the last
-    trial's, as in a study (`hpo.final_loss`); without, every fit starts cold."""
+    trial's, as in a study (`hpo.final_loss`); without, every fit starts cold. `attrs`, when
+    given, gets each trial's user attributes as the study stores them."""
     from analysis.loss_correction import LossCorrection
     from hpo.final_loss import TrialCurve, predict_final_loss
     from hpo.reference_run import REFERENCE_AFTER
@@ -202,6 +203,8 @@ def predictions(
         )  # fmt: skip
         fit_seconds = time.perf_counter() - started
         peers.append(dataclasses.replace(curve, stored_fit=final.stored_fit if warm else None))
+        if attrs is not None:
+            attrs.append(final.user_attrs())
         fit = final.fit
         out.append(
             {
@@ -213,6 +216,33 @@ def predictions(
                 + (reference["seconds"] if reference and index == REFERENCE_AFTER else 0.0),
             }
         )  # fmt: skip
+    return out
+
+
+def end_predictions(
+    rows: list[dict[str, Any]], fraction: str, reference: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """What the study says of each trial at its end (`hpo.final_loss.study_prediction`, what
+    its summary and an exported preset carry): refitted with every other trial's curve and
+    the reference run's, not only the trials before it. The score (what ranked the trial
+    during the search) and the seconds are those of `predictions`."""
+    from analysis.loss_correction import LossCorrection
+    from hpo.final_loss import REFERENCE_KEY, SHAPE_CURVES_ATTR, study_prediction
+
+    attrs: list[dict[str, Any]] = []
+    during = predictions(rows, fraction, reference, attrs=attrs)
+    study_attrs = {SHAPE_CURVES_ATTR: {REFERENCE_KEY: reference["curve"]}} if reference else {}
+    out = []
+    for index, before in enumerate(during):
+        started = time.perf_counter()
+        again = study_prediction(
+            attrs[index], [*attrs[:index], *attrs[index + 1 :]], study_attrs,
+            correction=LossCorrection(),
+        )  # fmt: skip
+        assert again is not None
+        fit = again.final.fit
+        out.append({**before, "p10": fit.p10, "p50": fit.p50, "p90": fit.p90,
+                    "method": fit.method, "fit_seconds": time.perf_counter() - started})  # fmt: skip
     return out
 
 
@@ -266,12 +296,12 @@ def report(payload: dict[str, Any]) -> dict[str, Any]:
     scores = {}
     for fraction in payload["fractions"]:
         key = str(fraction)
-        preds = predictions(rows, key)
-        scores[key] = {**score(preds), "predictions": preds}
-        for reference in payload.get("references", {}).get(key, []):
+        for reference in [None, *payload.get("references", {}).get(key, [])]:
+            label = key if reference is None else f"{key} ref {reference['fraction']:g}"
             preds = predictions(rows, key, reference)
-            label = f"{key} ref {reference['fraction']:g}"
             scores[label] = {**score(preds), "predictions": preds}
+            preds = end_predictions(rows, key, reference)
+            scores[f"{label} end"] = {**score(preds), "predictions": preds}
     print(
         f"{len(rows)} configurations, pretrain_steps {payload['pretrain_steps']}, "
         f"data {payload['data']}"
@@ -288,14 +318,21 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
 
     fractions = tuple(float(f) for f in args.fractions.split(","))
     payload: dict[str, Any] = {
-        "pretrain_steps": args.pretrain_steps, "data": args.data, "fractions": fractions,
+        "pretrain_steps": args.pretrain_steps, "data": args.data, "samples": args.samples,
+        "fractions": fractions,
         "trial_evals": args.trial_evals, "machine": machine(), "rows": [], "references": {},
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="hpo-rank-") as folder:
         work = Path(folder)
         model = default_tiny_model(pretrain_steps=args.pretrain_steps)
+        data = demo_data_path(args.data)
+        if args.samples:  # the same world, more records: longer full runs
+            from trainers.data.make_demo_data import write_demo_data
+
+            write_demo_data(work / "data", samples=args.samples)
+            data = work / "data" / data.name
         config = StudyConfig(
-            model=str(model), data=str(demo_data_path(args.data)), work_dir=str(work),
+            model=str(model), data=str(data), work_dir=str(work),
             trial=TrialConfig(evals=args.trial_evals), eval_samples=200,
             full_run=FullRunConfig(epochs=1.0), device="cpu",
             seed=args.seed,
@@ -345,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="prompt_completion", help="bundled data set")
     parser.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS))
     parser.add_argument("--trial-evals", type=int, default=6)
+    parser.add_argument(
+        "--samples", type=int, default=0,
+        help="generate the demo data with this many records (0: the bundled 3000); more "
+        "records make full runs long enough that a few percent is dozens of steps",
+    )  # fmt: skip
     parser.add_argument(
         "--reference-fractions", default="0.1,0.2,0.3",
         help="loss-shape reference runs' shares of their full run (empty: none)",

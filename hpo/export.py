@@ -22,9 +22,10 @@ from common.errors import BadInputError
 from common.files import write_atomic
 from common.flags import study_parser
 from common.workdir import WorkDir
-from hpo.final_loss import FIT_ATTR, correction_summary, loss_band
+from hpo.final_loss import FIT_ATTR, correction_summary, loss_band, study_prediction
 from hpo.pick import pick_trial
 from hpo.runspec import stored_config
+from hpo.states import FINISHED_STATES
 from hpo.storage import make_storage, redact
 from trainers.preset import preset_dict
 from trainers.run_spec import run_spec
@@ -82,7 +83,10 @@ def estimate_section(
         study: The study.
         trial: The exported trial.
         correction: The loss correction as it stands now (full runs may have reported back
-            since the trial ran); default: the one the trial was scored with.
+            since the trial ran); default: the one the trial was scored with. Given, the
+            final loss is predicted again with every curve the study holds now
+            (`hpo.final_loss.study_prediction`): the trials after this one, the reference
+            run and full runs that reported back join its fit.
     """
     config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
     budget = config.get("budget") or {}
@@ -104,7 +108,16 @@ def estimate_section(
     estimate.setdefault("full_run_steps", int(attrs.get("full_run_steps", 0)))
     fit = attrs.get(FIT_ATTR)
     if correction is not None and isinstance(fit, dict):
-        estimate["final_val_loss"] = loss_band(correction.apply(CurveFit.from_dict(fit)))
+        others = (
+            t.user_attrs
+            for t in study.get_trials(deepcopy=False, states=FINISHED_STATES)
+            if t.number != trial.number
+        )
+        refit = study_prediction(attrs, others, study.user_attrs, correction=correction)
+        if refit is not None:  # the whole study's curves, not only the trials before it
+            estimate.update(refit.estimate())
+        else:
+            estimate["final_val_loss"] = loss_band(correction.apply(CurveFit.from_dict(fit)))
         estimate["loss_correction"] = correction_summary(correction)
     return estimate
 

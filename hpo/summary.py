@@ -260,7 +260,11 @@ def _print_estimate(estimate: dict[str, Any]) -> None:
         source = f"corrected by {corrected} full runs" if corrected else "no full run reported yet"
         method = estimate.get("final_val_loss_method")
         if method:  # joint / own / fallback, and from how many of the trial's points
-            source = f"{method}, {estimate.get('final_val_loss_points', '?')} points; {source}"
+            how = f"{method}, {estimate.get('final_val_loss_points', '?')} points"
+            curves = int(estimate.get("final_val_loss_curves") or 0)
+            if curves > 1:  # refitted with the study's curves as they stand at its end
+                how += f" with {curves - 1} other curves"
+            source = f"{how}; {source}"
         print(
             f"full run's final validation loss: {loss['p50']:.4f} predicted "
             f"(p10-p90 {loss['p10']:.4f} to {loss['p90']:.4f}; {source})"

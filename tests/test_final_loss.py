@@ -22,6 +22,7 @@ from hpo.final_loss import (
     curve_points,
     peer_curves,
     predict_final_loss,
+    study_prediction,
     trial_curve,
 )
 
@@ -137,3 +138,35 @@ def test_each_fit_starts_from_the_last_trials_and_a_cold_one_comes_back() -> Non
     )  # fmt: skip
     assert again.stored_fit is not None and again.stored_fit.warm == 0
     assert StoredFit.from_attr({"shared": [1, 2], "log_tau": 0.0, "warm": 0}) is None
+
+
+def test_the_studys_end_predicts_a_trial_again_with_every_curve() -> None:
+    steps = [4, 8, 12, 16, 20]
+    taus = [2.2, 1.5, 2.0, 2.5, 3.0]
+    recorded = []  # what each trial recorded when it ended: fitted with the trials before it
+    for seed, tau in enumerate(taus):
+        peers = [TrialCurve.from_attr(a[LAW_CURVE_ATTR]) for a in recorded]
+        final = predict_final_loss(
+            _trial(tau, steps, seed), peers=[p for p in peers if p is not None],
+            full_run_samples=TOTAL * BATCH, correction=LossCorrection(),
+        )  # fmt: skip
+        recorded.append(final.user_attrs())
+    first = CurveFit.from_dict(recorded[0]["curve_fit"])
+    assert first.method == "fallback"  # 5 points and no peer when it ended
+    s1, s2 = schedule_areas(learning_rates("linear", TOTAL, 0, 1e-3))
+    truth = float(JointFit(SHARED, (taus[0],), 0.0, 0).loss(0, s1[-1], s2[-1]))
+    correction = LossCorrection(scale=0.9, log_sd=0.05, n_runs=3)
+    again = study_prediction(recorded[0], recorded[1:], {}, correction=correction)
+    assert again is not None and again.curves == len(taus)
+    assert again.final.method == "joint" and again.final.n_points == len(steps)
+    # The later trials pin the shared shape down: the refit is nearer the truth.
+    assert abs(again.final.fit.p50 / truth - 1) < 0.5 * abs(first.p50 / truth - 1)
+    estimate = again.estimate()
+    assert estimate["final_val_loss_curves"] == len(taus)
+    assert estimate["final_val_loss_method"] == "joint"
+    # The preset carries the refit's uncorrected p50: what a full run reports back against.
+    assert estimate["final_val_loss"]["p50"] == pytest.approx(
+        0.9 * estimate["final_val_loss_uncorrected_p50"], rel=1e-5
+    )
+    assert study_prediction({"curve_fit": recorded[0]["curve_fit"]}, recorded, {},
+                            correction=correction) is None  # fmt: skip

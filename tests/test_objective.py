@@ -24,11 +24,13 @@ from hpo.estimator import save_cost_known
 from hpo.final_loss import (
     CURVE_ATTR,
     FIT_ATTR,
+    LAW_CURVE_ATTR,
     METHOD_ATTR,
     POINTS_ATTR,
     PREDICTED_ATTR,
     SCORED_BY_ATTR,
     curve_points,
+    shape_curves,
 )
 from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial
 from hpo.runner import run_study
@@ -121,6 +123,18 @@ def test_every_trained_trial_predicts_its_full_runs_final_loss(studied: Studied)
     assert {"p10", "p50", "p90"} <= set(estimate["final_val_loss"])
     assert estimate["final_val_loss_method"] in ("joint", "own", "fallback")
     assert estimate["final_val_loss_points"] >= 1
+    # At its end the study predicts the pick again with every curve it holds: the other
+    # trials' (those after it too) and its shape curves (the reference run).
+    best = studied.study.trials[studied.summary.best_trial or 0]
+    others = [
+        t for t in studied.study.trials if t.number != best.number and LAW_CURVE_ATTR in t.user_attrs
+    ]
+    shapes = shape_curves(studied.study.user_attrs)
+    assert estimate["final_val_loss_curves"] == 1 + len(others) + len(shapes) >= 3
+    # No full run reported back yet: the band is the refit's own, uncorrected.
+    assert estimate["final_val_loss"]["p50"] == pytest.approx(
+        estimate["final_val_loss_uncorrected_p50"], rel=1e-5
+    )
 
 
 def test_trials_see_the_same_data_whatever_their_batch(studied: Studied) -> None:
