@@ -127,7 +127,9 @@ def test_every_trained_trial_predicts_its_full_runs_final_loss(studied: Studied)
     # trials' (those after it too) and its shape curves (the reference run).
     best = studied.study.trials[studied.summary.best_trial or 0]
     others = [
-        t for t in studied.study.trials if t.number != best.number and LAW_CURVE_ATTR in t.user_attrs
+        t
+        for t in studied.study.trials
+        if t.number != best.number and LAW_CURVE_ATTR in t.user_attrs
     ]
     shapes = shape_curves(studied.study.user_attrs)
     assert estimate["final_val_loss_curves"] == 1 + len(others) + len(shapes) >= 3

@@ -32,3 +32,24 @@ def test_the_best_score_is_named_for_what_it_is(
     assert line == f"best trial 3: score 4.5000 ({says}" + (
         ", before correction)" if "predicted" in says else ")"
     )
+
+
+@pytest.mark.parametrize(
+    ("curves", "says"),
+    [
+        (10, "joint, 6 points with 9 other curves; no full run reported yet"),
+        (None, "joint, 6 points; no full run reported yet"),  # a study from before
+    ],
+)
+def test_the_final_loss_line_says_how_many_curves_it_was_fitted_with(
+    curves: int | None, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary = _summary("prediction")
+    summary.best_estimate = {
+        "final_val_loss": {"p10": 1.5, "p50": 2.0, "p90": 2.5},
+        "final_val_loss_method": "joint", "final_val_loss_points": 6,
+        **({"final_val_loss_curves": curves} if curves else {}),
+    }  # fmt: skip
+    print_summary(summary, {})
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("full run's"))
+    assert line.endswith(f"(p10-p90 1.5000 to 2.5000; {says})")
