@@ -199,7 +199,7 @@ def predictions(
         started = time.perf_counter()
         final = predict_final_loss(
             curve, peers=[*peers, *extra], full_run_samples=row["full_run_samples"],
-            correction=LossCorrection(),
+            correction=LossCorrection(), full_run_epochs=1.0,
         )  # fmt: skip
         fit_seconds = time.perf_counter() - started
         peers.append(dataclasses.replace(curve, stored_fit=final.stored_fit if warm else None))
@@ -237,7 +237,7 @@ def end_predictions(
         started = time.perf_counter()
         again = study_prediction(
             attrs[index], [*attrs[:index], *attrs[index + 1 :]], study_attrs,
-            correction=LossCorrection(),
+            correction=LossCorrection(), full_run_epochs=1.0,
         )  # fmt: skip
         assert again is not None
         fit = again.final.fit

@@ -113,7 +113,13 @@ def estimate_section(
             for t in study.get_trials(deepcopy=False, states=FINISHED_STATES)
             if t.number != trial.number
         )
-        refit = study_prediction(attrs, others, study.user_attrs, correction=correction)
+        try:
+            epochs: float | None = stored_config(config).full_run.epochs
+        except BadInputError:  # a stored value this version refuses: no ceiling then
+            epochs = None
+        refit = study_prediction(
+            attrs, others, study.user_attrs, correction=correction, full_run_epochs=epochs
+        )
         if refit is not None:  # the whole study's curves, not only the trials before it
             estimate.update(refit.estimate())
         else:

@@ -269,6 +269,7 @@ class Objective:
             ),
             full_run_samples=derived["full_run_samples"],
             correction=self.context.estimator.loss_correction,
+            full_run_epochs=self.context.config.full_run.epochs,
         )
 
     def _second_objective(self, measured: dict[str, float]) -> float:

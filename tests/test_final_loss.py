@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from analysis.law_prediction import LawPrediction
 from analysis.learning_curve import CurveFit
 from analysis.loss_correction import LossCorrection
 from analysis.loss_law import JointFit
@@ -22,6 +23,7 @@ from hpo.final_loss import (
     curve_points,
     peer_curves,
     predict_final_loss,
+    one_pass_ceiling,
     study_prediction,
     trial_curve,
 )
@@ -170,3 +172,28 @@ def test_the_studys_end_predicts_a_trial_again_with_every_curve() -> None:
     )
     assert study_prediction({"curve_fit": recorded[0]["curve_fit"]}, recorded, {},
                             correction=correction) is None  # fmt: skip
+
+
+def test_a_one_epoch_full_run_is_not_predicted_above_the_trials_last_loss() -> None:
+    steps = [4, 8, 12, 16, 20]
+    peers = [_trial(tau, steps, seed) for seed, tau in enumerate([1.5, 2.0, 2.5, 3.0])]
+    target = _trial(2.2, steps, 9)
+
+    def band(epochs: float | None) -> CurveFit:
+        return predict_final_loss(
+            target, peers=peers, full_run_samples=TOTAL * BATCH, correction=LossCorrection(),
+            full_run_epochs=epochs,
+        ).fit  # fmt: skip
+
+    free, one, three = band(None), band(1.0), band(3.0)
+    last = target.losses[-1]
+    # No decay seen yet: the law's band reaches far above where the trial stopped ...
+    assert free.p90 > 1.2 * last and three == free
+    # ... a run that sees each sample once goes on down from there.
+    assert one.p90 == pytest.approx(last) and one.p50 == free.p50 and one.p10 == free.p10
+    # A prediction above the last loss (a curve that stopped improving) keeps its p50.
+    law = one_pass_ceiling(
+        LawPrediction(p10=1.0, p50=2.0, p90=4.0, method="joint", reason="", n_points=5,
+                      n_curves=2), last_loss=1.5,
+    )  # fmt: skip
+    assert (law.p10, law.p50, law.p90) == (1.0, 2.0, 2.0)
