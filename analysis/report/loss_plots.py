@@ -101,9 +101,11 @@ def curves(rows: Sequence[TrialRow], folder: Path, *, minimize: bool = True) -> 
         title,
         CURVES,
         (
-            f"Trial {best.number} is predicted to end its full run at {fmt(p50)} (p10 {fmt(p10)}, "
-            f"p90 {fmt(p90)}) after {fit.target:,.0f} samples, from {len(points)} evaluations up to "
-            f"{points[-1][0]:,.0f} samples{fell}."
+            f"Trial {best.number} predicted, when it ended, that its full run ends at {fmt(p50)} "
+            f"(p10 {fmt(p10)}, p90 {fmt(p90)}) after {fit.target:,.0f} samples, from "
+            f"{len(points)} evaluations up to {points[-1][0]:,.0f} samples{fell}. The summary "
+            "and the exported preset predict it again with every curve the study holds at "
+            "their time."
         ),
     )
 
