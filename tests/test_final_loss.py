@@ -21,9 +21,9 @@ from hpo.final_loss import (
     StoredFit,
     TrialCurve,
     curve_points,
+    one_pass_ceiling,
     peer_curves,
     predict_final_loss,
-    one_pass_ceiling,
     study_prediction,
     trial_curve,
 )
