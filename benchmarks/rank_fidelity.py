@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 LR_UPPER_DECADE = (5e-4, 5e-3)
 FRACTIONS = (0.01, 0.02, 0.05, 0.1)
+EVAL_SAMPLES = 200  # the same validation samples for every trial and full run
 
 
 def draw_configs(n: int, seed: int) -> list[dict[str, Any]]:
@@ -333,7 +334,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
             data = work / "data" / data.name
         config = StudyConfig(
             model=str(model), data=str(data), work_dir=str(work),
-            trial=TrialConfig(evals=args.trial_evals), eval_samples=200,
+            trial=TrialConfig(evals=args.trial_evals), eval_samples=EVAL_SAMPLES,
             full_run=FullRunConfig(epochs=1.0), device="cpu",
             seed=args.seed,
         )  # fmt: skip
@@ -396,6 +397,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the runs and scores here")
     parser.add_argument("--rescore", help="score the runs recorded in this JSON file instead")
     args = parser.parse_args(argv)
+    if args.samples < 0 or 0 < args.samples < 2 * EVAL_SAMPLES:
+        parser.error(
+            f"--samples must be 0 (the bundled data) or at least {2 * EVAL_SAMPLES} "
+            f"({EVAL_SAMPLES} are held out for validation), but got {args.samples}"
+        )
     if args.rescore:
         payload = json.loads(Path(args.rescore).read_text(encoding="utf-8"))
     else:
