@@ -11,6 +11,7 @@ spool.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -25,6 +26,8 @@ from common.spool import Spool
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Metric
+
+log = logging.getLogger(__name__)
 
 # MLflow's limits for one log_batch call, and for one value.
 MAX_METRICS_PER_CALL = 1000
@@ -238,15 +241,44 @@ class MlflowStore:
         param_list = [Param(k, v) for k, v in record["params"].items()]
         tag_list = [RunTag(k, v) for k, v in record["tags"].items()]
         while metric_list or param_list or tag_list:
-            self.client.log_batch(
+            self._log_chunk(
                 run_id,
-                metrics=metric_list[:MAX_METRICS_PER_CALL],
-                params=param_list[:MAX_PARAMS_PER_CALL],
-                tags=tag_list[:MAX_TAGS_PER_CALL],
+                metric_list[:MAX_METRICS_PER_CALL],
+                param_list[:MAX_PARAMS_PER_CALL],
+                tag_list[:MAX_TAGS_PER_CALL],
             )
             metric_list = metric_list[MAX_METRICS_PER_CALL:]
             param_list = param_list[MAX_PARAMS_PER_CALL:]
             tag_list = tag_list[MAX_TAGS_PER_CALL:]
+
+    def _log_chunk(
+        self, run_id: str, metrics: list[Any], params: list[Any], tags: list[Any]
+    ) -> None:
+        """One `log_batch` call. A param another writer logged first keeps its value: MLflow
+        refuses to change one (the whole call), and workers of one study share its parent
+        run, where two first sessions that start together each log their own search plan.
+        The call is made again without the params the run already holds, and says which
+        ones differed."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+        except MlflowException as exc:
+            if not params or _PARAM_CHANGE not in str(exc):
+                raise
+            held = self.client.get_run(run_id).data.params
+            changed = sorted(p.key for p in params if p.key in held and held[p.key] != p.value)
+            log.warning(
+                "run %s already holds params %s with other values (logged first by another "
+                "writer); those keep their first values",
+                run_id, ", ".join(changed),
+            )  # fmt: skip
+            fresh = [p for p in params if p.key not in held]
+            self.client.log_batch(run_id, metrics=metrics, params=fresh, tags=tags)
+
+
+# What MLflow's stores (file, SQL, and the server relaying them) say when a param would change.
+_PARAM_CHANGE = "Changing param values is not allowed"
 
 
 def _local(path: str, spool: Spool | None) -> Path:

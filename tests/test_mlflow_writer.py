@@ -250,3 +250,27 @@ def test_workers_logging_one_dataset_at_once_all_get_it(tmp_path: Path) -> None:
         for run in out.split():
             inputs = client.get_run(run).inputs.dataset_inputs
             assert [i.dataset.name for i in inputs] and len(inputs) == 1
+
+
+def test_a_param_another_writer_logged_first_keeps_its_value(
+    writer: MlflowWriter, experiment_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two workers' first sessions start together and each logs its own plan on the shared
+    # parent run: MLflow refuses to change a param, and that refusal must not fail the study.
+    run_id = writer.create_run(experiment_id, run_name="two-sessions", tags={})
+    writer.log_batch(run_id, params={"plan.hours": 0.5727, "same": "x"})
+    writer.flush()
+    first = writer.client.get_run(run_id).data.params["plan.hours"]
+    writer.log_batch(
+        run_id,
+        metrics=[metric("m", 2.0, 0)],
+        params={"plan.hours": 0.5719, "same": "x", "new": 3},
+        tags={"plan": "second"},
+    )
+    writer.flush()  # nothing queued failed
+    data = writer.client.get_run(run_id).data
+    assert data.params["plan.hours"] == first and data.params["same"] == "x"
+    assert data.params["new"] == "3" and data.tags["plan"] == "second"
+    assert data.metrics["m"] == 2.0
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "common.mlflow_store"]
+    assert "plan.hours" in said and "same" not in said
