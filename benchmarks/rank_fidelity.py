@@ -21,7 +21,7 @@ wall time) and `fit_seconds` (the median time of one trial's prediction); plus t
 other configurations' full runs.
 
     python benchmarks/rank_fidelity.py [--configs 12] [--pretrain-steps 0] [--data chat]
-        [--fractions 0.01,0.02,0.05,0.1] [--samples 3000] [--json FILE]
+        [--fractions 0.01,0.02,0.05,0.1] [--samples 3000] [--label-noise 0.3] [--json FILE]
     python benchmarks/rank_fidelity.py --rescore FILE   # score recorded runs again
 """
 
@@ -305,7 +305,8 @@ def report(payload: dict[str, Any]) -> dict[str, Any]:
             scores[f"{label} end"] = {**score(preds), "predictions": preds}
     print(
         f"{len(rows)} configurations, pretrain_steps {payload['pretrain_steps']}, "
-        f"data {payload['data']}"
+        f"data {payload['data']}, samples {payload.get('samples') or 3000}, "
+        f"label noise {payload.get('label_noise', 0.0):g}"
     )
     short = ["fraction", "spearman", "sp.p50", "sp.fidelity", "pick", "pick p50", "regret", "med err %", "p90 err %",
              "med err corr %", "coverage", "half-width %", "fallbacks", "search s", "fit s"]  # fmt: skip
@@ -320,17 +321,19 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     fractions = tuple(float(f) for f in args.fractions.split(","))
     payload: dict[str, Any] = {
         "pretrain_steps": args.pretrain_steps, "data": args.data, "samples": args.samples,
-        "fractions": fractions,
+        "label_noise": args.label_noise, "fractions": fractions,
         "trial_evals": args.trial_evals, "machine": machine(), "rows": [], "references": {},
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="hpo-rank-") as folder:
         work = Path(folder)
         model = default_tiny_model(pretrain_steps=args.pretrain_steps)
         data = demo_data_path(args.data)
-        if args.samples:  # the same world, more records: longer full runs
+        if args.samples or args.label_noise:  # the same world: more records, or a loss floor
             from trainers.data.make_demo_data import write_demo_data
 
-            write_demo_data(work / "data", samples=args.samples)
+            write_demo_data(
+                work / "data", samples=args.samples or 3000, label_noise=args.label_noise
+            )
             data = work / "data" / data.name
         config = StudyConfig(
             model=str(model), data=str(data), work_dir=str(work),
@@ -389,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
         "records make full runs long enough that a few percent is dozens of steps",
     )  # fmt: skip
     parser.add_argument(
+        "--label-noise", type=float, default=0.0,
+        help="generate the demo data with this share of facts and sums answered at random: "
+        "a loss floor, as real fine-tuning data has (0: exact answers)",
+    )  # fmt: skip
+    parser.add_argument(
         "--reference-fractions", default="0.1,0.2,0.3",
         help="loss-shape reference runs' shares of their full run (empty: none)",
     )  # fmt: skip
@@ -402,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--samples must be 0 (the bundled data) or at least {2 * EVAL_SAMPLES} "
             f"({EVAL_SAMPLES} are held out for validation), but got {args.samples}"
         )
+    if not 0.0 <= args.label_noise <= 1.0:
+        parser.error(f"--label-noise must lie in [0, 1], but got {args.label_noise}")
     if args.rescore:
         payload = json.loads(Path(args.rescore).read_text(encoding="utf-8"))
     else:

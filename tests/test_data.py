@@ -204,6 +204,25 @@ def test_shipped_demo_data_matches_its_generator(tmp_path: Path) -> None:
         assert written.read_bytes() == (demo_data_path().parent / written.name).read_bytes()
 
 
+def test_label_noise_answers_some_facts_and_sums_at_random_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """Same questions, in the same order; only fact and sum answers change, about as often as
+    asked (0.3 of the 60 % of records that are facts or sums, less the draws that land on
+    the right answer), while reversals and counting stay exact."""
+    exact = [json.loads(x) for x in demo_data_path().read_text().splitlines()]
+    write_demo_data(tmp_path, label_noise=0.3)
+    noisy = [json.loads(x) for x in (tmp_path / demo_data_path().name).read_text().splitlines()]
+    assert [r["prompt"] for r in noisy] == [r["prompt"] for r in exact]
+    changed = [(e, n) for e, n in zip(exact, noisy, strict=True) if e != n]
+    assert 0.10 < len(changed) / len(exact) < 0.25
+    assert all(not e["prompt"].startswith(("Reverse", "Count")) for e, _ in changed)
+    sums = [n for e, n in changed if "+" in e["prompt"]]
+    assert sums and all(n["completion"].strip().isdigit() for n in sums)
+    with pytest.raises(ValueError, match="label_noise must lie in"):
+        write_demo_data(tmp_path, label_noise=1.5)
+
+
 # --- malformed input ------------------------------------------------------------------------
 
 GOOD = {"prompt": "1 + 1 =", "completion": " 2"}
