@@ -28,11 +28,13 @@ other configurations' full runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -314,35 +316,44 @@ def report(payload: dict[str, Any]) -> dict[str, Any]:
     return scores
 
 
-def collect(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the full runs and the trials; the payload is written after each configuration."""
+@contextlib.contextmanager
+def study_setup(
+    pretrain_steps: int, data_name: str, samples: int, label_noise: float, trial_evals: int,
+    seed: int,
+) -> Iterator[tuple[StudyConfig, Any, Path]]:  # fmt: skip
+    """The benchmark's model, data and study config in a temporary folder (removed after)."""
     from trainers.data.paths import demo_data_path
 
-    fractions = tuple(float(f) for f in args.fractions.split(","))
-    payload: dict[str, Any] = {
-        "pretrain_steps": args.pretrain_steps, "data": args.data, "samples": args.samples,
-        "label_noise": args.label_noise, "fractions": fractions,
-        "trial_evals": args.trial_evals, "machine": machine(), "rows": [], "references": {},
-    }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="hpo-rank-") as folder:
         work = Path(folder)
-        model = default_tiny_model(pretrain_steps=args.pretrain_steps)
-        data = demo_data_path(args.data)
-        if args.samples or args.label_noise:  # the same world: more records, or a loss floor
+        model = default_tiny_model(pretrain_steps=pretrain_steps)
+        data = demo_data_path(data_name)
+        if samples or label_noise:  # the same world: more records, or a loss floor
             from trainers.data.make_demo_data import write_demo_data
 
-            write_demo_data(
-                work / "data", samples=args.samples or 3000, label_noise=args.label_noise
-            )
+            write_demo_data(work / "data", samples=samples or 3000, label_noise=label_noise)
             data = work / "data" / data.name
         config = StudyConfig(
             model=str(model), data=str(data), work_dir=str(work),
-            trial=TrialConfig(evals=args.trial_evals), eval_samples=EVAL_SAMPLES,
-            full_run=FullRunConfig(epochs=1.0), device="cpu",
-            seed=args.seed,
+            trial=TrialConfig(evals=trial_evals), eval_samples=EVAL_SAMPLES,
+            full_run=FullRunConfig(epochs=1.0), device="cpu", seed=seed,
         )  # fmt: skip
         prepared = prepare(config)
-        config = dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
+        yield dataclasses.replace(config, eval_max_length=prepared.eval_max_length), prepared, work
+
+
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the full runs and the trials; the payload is written after each configuration."""
+    fractions = tuple(float(f) for f in args.fractions.split(","))
+    payload: dict[str, Any] = {
+        "pretrain_steps": args.pretrain_steps, "data": args.data, "samples": args.samples,
+        "label_noise": args.label_noise, "seed": args.seed, "fractions": fractions,
+        "trial_evals": args.trial_evals, "machine": machine(), "rows": [], "references": {},
+    }  # fmt: skip
+    with study_setup(
+        args.pretrain_steps, args.data, args.samples, args.label_noise, args.trial_evals,
+        args.seed,
+    ) as (config, prepared, work):  # fmt: skip
         for index, params in enumerate(draw_configs(args.configs, args.seed)):
             row = run_config(config, params, prepared, work, index, fractions)
             payload["rows"].append(row)
@@ -358,6 +369,23 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
                 )
             write_json(args.json, payload)
     return payload
+
+
+def redo_references(payload: dict[str, Any], reference_fractions: str) -> dict[str, Any]:
+    """`payload` with its reference runs made again by the reference run as it is now (the
+    full runs and trials are kept: they do not depend on it)."""
+    with study_setup(
+        payload["pretrain_steps"], payload["data"], payload.get("samples") or 0,
+        payload.get("label_noise", 0.0), payload["trial_evals"], payload.get("seed", 0),
+    ) as (config, prepared, work):  # fmt: skip
+        fractions = tuple(float(f) for f in payload["fractions"])
+        return {
+            **payload,
+            "references": references(
+                config, payload["rows"][:REFERENCE_AFTER], prepared, work, fractions,
+                reference_fractions,
+            ),
+        }  # fmt: skip
 
 
 def references(
@@ -404,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", help="write the runs and scores here")
     parser.add_argument("--rescore", help="score the runs recorded in this JSON file instead")
+    parser.add_argument(
+        "--redo-references", action="store_true",
+        help="with --rescore: run the reference runs again (as the study runs them now) "
+        "before scoring; the full runs and trials are kept",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.samples < 0 or 0 < args.samples < 2 * EVAL_SAMPLES:
         parser.error(
@@ -412,8 +445,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not 0.0 <= args.label_noise <= 1.0:
         parser.error(f"--label-noise must lie in [0, 1], but got {args.label_noise}")
+    if args.redo_references and not args.rescore:
+        parser.error("--redo-references needs --rescore FILE (the recorded runs)")
     if args.rescore:
         payload = json.loads(Path(args.rescore).read_text(encoding="utf-8"))
+        if args.redo_references:
+            if args.threads:
+                import torch
+
+                torch.set_num_threads(args.threads)
+            payload = redo_references(payload, args.reference_fractions)
     else:
         if args.threads:
             import torch
