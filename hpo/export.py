@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +23,17 @@ from common.errors import BadInputError
 from common.files import write_atomic
 from common.flags import study_parser
 from common.workdir import WorkDir
-from hpo.final_loss import FIT_ATTR, correction_summary, loss_band, study_prediction
-from hpo.pick import pick_trial
+from hpo.final_loss import (
+    FIT_ATTR,
+    MAX_END_REFITS,
+    StudyPrediction,
+    correction_summary,
+    loss_band,
+    study_prediction,
+)
+from hpo.pick import pick_trial, standing_trials
 from hpo.runspec import stored_config
-from hpo.states import FINISHED_STATES
+from hpo.states import FINISHED_STATES, trial_loss
 from hpo.storage import make_storage, redact
 from trainers.preset import preset_dict
 from trainers.run_spec import run_spec
@@ -108,24 +116,59 @@ def estimate_section(
     estimate.setdefault("full_run_steps", int(attrs.get("full_run_steps", 0)))
     fit = attrs.get(FIT_ATTR)
     if correction is not None and isinstance(fit, dict):
-        others = (
-            t.user_attrs
-            for t in study.get_trials(deepcopy=False, states=FINISHED_STATES)
-            if t.number != trial.number
-        )
-        try:
-            epochs: float | None = stored_config(config).full_run.epochs
-        except BadInputError:  # a stored value this version refuses: no ceiling then
-            epochs = None
-        refit = study_prediction(
-            attrs, others, study.user_attrs, correction=correction, full_run_epochs=epochs
-        )
+        refit = _refit(study, trial, correction)
         if refit is not None:  # the whole study's curves, not only the trials before it
             estimate.update(refit.estimate())
         else:
             estimate["final_val_loss"] = loss_band(correction.apply(CurveFit.from_dict(fit)))
         estimate["loss_correction"] = correction_summary(correction)
     return estimate
+
+
+def _refit(
+    study: optuna.Study,
+    trial: optuna.trial.FrozenTrial,
+    correction: LossCorrection,
+    finished: Sequence[optuna.trial.FrozenTrial] | None = None,
+) -> StudyPrediction | None:
+    """`trial`'s final loss predicted again with every curve `study` holds now."""
+    if finished is None:
+        finished = study.get_trials(deepcopy=False, states=FINISHED_STATES)
+    others = (t.user_attrs for t in finished if t.number != trial.number)
+    config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
+    try:
+        epochs: float | None = stored_config(config).full_run.epochs
+    except BadInputError:  # a stored value this version refuses: no ceiling then
+        epochs = None
+    return study_prediction(
+        trial.user_attrs, others, study.user_attrs, correction=correction, full_run_epochs=epochs
+    )
+
+
+def end_predictions(study: optuna.Study) -> dict[str, dict[str, float]]:
+    """The standing trials' final losses predicted again with every curve the study holds
+    now: {trial number: {p10, p50, p90, curves}}, for the `MAX_END_REFITS` best by score.
+
+    Each trial recorded its prediction when it ended, fitted only with the trials before
+    it (the first has no peer and falls back); `--pick cheapest-within` and the report's
+    loss-and-hours front compare levels, so they compare these (`rank_fidelity.py`: the
+    refit ranks the full runs with Spearman 0.33-1.00 against 0.21-0.90 for the recorded
+    p50s). The loss correction is the one the study's calibration file holds now.
+    """
+    finished = study.get_trials(deepcopy=False, states=FINISHED_STATES)
+    standing = sorted(standing_trials(study), key=lambda t: (_score(t), t.number))
+    out: dict[str, dict[str, float]] = {}
+    for trial in standing[:MAX_END_REFITS]:
+        correction = current_correction(study, trial) or LossCorrection()
+        refit = _refit(study, trial, correction, finished)
+        if refit is not None:
+            out[str(trial.number)] = {**refit.final.band(), "curves": refit.curves}
+    return out
+
+
+def _score(trial: optuna.trial.FrozenTrial) -> float:
+    loss = trial_loss(trial)
+    return float("inf") if loss is None else loss
 
 
 def current_correction(
@@ -242,7 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     within = _within_pct(args.pick)
     check_writable(args.out)
     study = load_study(args.study_name, args.storage, open_storage=make_storage)
-    trial, rule = pick_trial(study, trial=args.trial, within_pct=within)
+    losses = None
+    if within is not None:  # compare levels refitted with the whole study, not as recorded
+        losses = {int(k): v["p50"] for k, v in end_predictions(study).items()}
+    trial, rule = pick_trial(study, trial=args.trial, within_pct=within, losses=losses)
     if args.format != "preset":
         from hpo.export_formats import write_format
 

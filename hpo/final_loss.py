@@ -35,6 +35,7 @@ SCORED_BY_ATTR = "scored_by"  # "prediction", or "loss_at_fidelity" where it is 
 # fractions 0.01-0.1 on the tiny models).
 TRUSTED_LOG_HALF_WIDTH = math.log(1.2)
 MAX_PEERS = 24  # the most recent trials a prediction is fitted with (time grows with them)
+MAX_END_REFITS = 48  # the best trials the study's end predicts again (hpo.export.end_predictions)
 # On the study: {source: TrialCurve.to_attr()} of runs that went through a decay of their own
 # (the loss-shape reference run, full runs that reported back): every trial's fit takes them.
 SHAPE_CURVES_ATTR = "loss_shape_curves"

@@ -9,6 +9,7 @@ loss for a much shorter run.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
@@ -53,7 +54,11 @@ def _loss(trial: optuna.trial.FrozenTrial) -> float:
 
 
 def pick_trial(
-    study: optuna.Study, *, trial: int | None = None, within_pct: float | None = None
+    study: optuna.Study,
+    *,
+    trial: int | None = None,
+    within_pct: float | None = None,
+    losses: Mapping[int, float] | None = None,
 ) -> tuple[optuna.trial.FrozenTrial, str]:
     """The trial to export and the rule that picked it (recorded in the preset).
 
@@ -62,6 +67,8 @@ def pick_trial(
         trial: Export this trial number (it must be complete).
         within_pct: Export the cheapest feasible trial within this many percent of the best
             predicted loss.
+        losses: Predicted final losses by trial number that `within_pct` compares instead
+            of those the trials recorded (`hpo.export.end_predictions`).
 
     Raises:
         BadInputError: Both rules given, the trial is not complete, a negative percentage,
@@ -81,7 +88,7 @@ def pick_trial(
         return best_complete_trial(study), rule
     if not within_pct >= 0:
         raise BadInputError(f"cheapest-within needs a percentage >= 0, but got {within_pct!r}")
-    points = [(*loss_and_cost(t), t.number) for t in standing_trials(study) if _fits(t)]
+    points = [(*loss_and_cost(t, losses), t.number) for t in standing_trials(study) if _fits(t)]
     point = cheapest_within(points, within_pct)
     if point is None:
         raise BadInputError(f"study '{study.study_name}' has no complete trial that fits")
@@ -90,10 +97,15 @@ def pick_trial(
     return picked, f"cheapest within {within_pct:g} % of the best predicted loss"
 
 
-def loss_and_cost(trial: optuna.trial.FrozenTrial) -> tuple[float, float]:
-    """Predicted final loss (p50) and the full run's cost, else its hours (p50)."""
+def loss_and_cost(
+    trial: optuna.trial.FrozenTrial, losses: Mapping[int, float] | None = None
+) -> tuple[float, float]:
+    """Predicted final loss (p50: from `losses` when it has the trial, else as recorded)
+    and the full run's cost, else its hours (p50)."""
     attrs = trial.user_attrs
     loss = (attrs.get(PREDICTED_ATTR) or {}).get("p50", trial_loss(trial))
+    if losses is not None and trial.number in losses:
+        loss = losses[trial.number]
     estimate: dict[str, Any] = attrs.get("estimate") or {}
     hours = (estimate.get("duration_hours") or {}).get("p50", float("inf"))
     cost = (estimate.get("cost") or {}).get("p50") if estimate.get("price_per_hour") else None

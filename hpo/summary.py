@@ -10,11 +10,18 @@ from typing import Any
 
 import optuna
 
+from analysis.report.rows import END_PREDICTIONS_ATTR
 from common.fmt import format_duration, format_hours
 from common.redact import redact
 from common.workdir import WorkDir
 from hpo.config import StudyConfig
-from hpo.export import PARAM_KEYS, current_correction, estimate_section, export_study
+from hpo.export import (
+    PARAM_KEYS,
+    current_correction,
+    end_predictions,
+    estimate_section,
+    export_study,
+)
 from hpo.feasible_sampler import redraw_counts, redraw_line
 from hpo.final_loss import SCORED_BY_ATTR
 from hpo.pick import best_complete_trial, standing_trials
@@ -87,6 +94,8 @@ def summarize(
         return summary
     if config.multi_objective:
         summary.pareto_front = pareto_points(study, config.objectives[1])
+    # The levels the report's front compares, refitted with every curve the study holds.
+    study.set_user_attr(END_PREDICTIONS_ATTR, end_predictions(study))
     best = best_complete_trial(study)
     summary.best_value, summary.best_trial = trial_loss(best), best.number
     summary.best_scored_by = best.user_attrs.get(SCORED_BY_ATTR)

@@ -18,6 +18,7 @@ from mlflow import MlflowClient
 from analysis.calibrate import main as calibrate_main
 from analysis.calibration.file import load
 from analysis.learning_curve import CurveFit
+from analysis.report.rows import END_PREDICTIONS_ATTR
 from common.cli import run_cli
 from hpo.config import StudyConfig, load_config
 from hpo.estimator import save_cost_known
@@ -32,7 +33,7 @@ from hpo.final_loss import (
     curve_points,
     shape_curves,
 )
-from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial
+from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial, standing_trials
 from hpo.runner import run_study
 from hpo.runspec import trial_schedule
 from hpo.summary import StudySummary
@@ -133,6 +134,13 @@ def test_every_trained_trial_predicts_its_full_runs_final_loss(studied: Studied)
     ]
     shapes = shape_curves(studied.study.user_attrs)
     assert estimate["final_val_loss_curves"] == 1 + len(others) + len(shapes) >= 3
+    # Every standing trial is predicted again at the end, for the report's front and
+    # `--pick cheapest-within`: the pick's entry is the summary's own refit.
+    ends = studied.study.user_attrs[END_PREDICTIONS_ATTR]
+    standing = [t for t in standing_trials(studied.study) if LAW_CURVE_ATTR in t.user_attrs]
+    assert set(ends) == {str(t.number) for t in standing}
+    assert ends[str(best.number)]["p50"] == pytest.approx(estimate["final_val_loss"]["p50"])
+    assert ends[str(best.number)]["curves"] == estimate["final_val_loss_curves"]
     # No full run reported back yet: the band is the refit's own, uncorrected.
     assert estimate["final_val_loss"]["p50"] == pytest.approx(
         estimate["final_val_loss_uncorrected_p50"], rel=1e-5

@@ -85,6 +85,15 @@ def test_cheapest_within_picks_the_cheapest_fitting_point(pct: float, expected: 
     assert rule == f"cheapest within {pct:g} % of the best predicted loss"
 
 
+def test_cheapest_within_compares_the_levels_it_is_given() -> None:
+    """`hpo.export` hands it the study's end refits: a trial whose refit is worse than it
+    recorded no longer sets the best level (trial 0 at 2.2: the best is trial 1's 2.01, and
+    trial 2's 2.03 is within 1 % of it)."""
+    assert pick_trial(_study(), within_pct=1.0)[0].number == 1
+    assert pick_trial(_study(), within_pct=1.0, losses={0: 2.2})[0].number == 2
+    assert pick_trial(_study(), within_pct=1.0, losses={2: 2.5})[0].number == 1
+
+
 def test_without_a_price_hours_are_the_cost() -> None:
     trial, _ = pick_trial(_study(price=0.0), within_pct=1.0)
     assert trial.number == 1

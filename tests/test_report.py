@@ -101,6 +101,16 @@ def test_trial_rows_tell_never_trained_from_pruned(storage: str) -> None:
     assert rows[0].estimate("no", "such") is None
 
 
+def test_the_front_compares_the_studys_end_refit_where_it_has_one() -> None:
+    recorded = {"predicted_final_loss": {"p10": 1.0, "p50": 2.0, "p90": 3.0}}
+    row = TrialRow(0, "complete", 2.5, None, None, None, attrs=recorded)
+    assert row.loss_for_front == 2.0  # as the trial recorded it
+    refit = TrialRow(0, "complete", 2.5, None, None, None, attrs=recorded, end_band={"p50": 1.4})
+    assert refit.loss_for_front == 1.4
+    assert refit.predicted_loss == (1.0, 2.0, 3.0)  # the trial's own record is unchanged
+    assert TrialRow(0, "complete", 2.5, None, None, None).loss_for_front == 2.5  # its value
+
+
 def _timed_row(number: int, state: str, **attrs: float) -> TrialRow:
     return TrialRow(number, state, None, None, None, None, attrs=attrs)
 

@@ -20,7 +20,14 @@ import analysis.report.loss_plots as loss_plots
 import analysis.report.machine_plots as machine_plots
 import analysis.report.search_plots as search_plots
 from analysis.report.canvas import Section
-from analysis.report.rows import FullRun, TrialRow, best_complete, count, trial_rows
+from analysis.report.rows import (
+    END_PREDICTIONS_ATTR,
+    FullRun,
+    TrialRow,
+    best_complete,
+    count,
+    trial_rows,
+)
 from common.errors import BadInputError
 from common.files import replace_folder, write_atomic
 from common.fmt import format_hours
@@ -72,7 +79,7 @@ def write_report(
     Raises:
         BadInputError: The study has no complete trial, or `out_dir` is not a folder.
     """
-    rows = trial_rows(study.get_trials(deepcopy=False))
+    rows = trial_rows(study.get_trials(deepcopy=False), study.user_attrs.get(END_PREDICTIONS_ATTR))
     # A multi-objective study (loss and hours or cost) is read by its first objective, the
     # loss; the Pareto plot shows the trade-off.
     minimize = study.directions[0].name == "MINIMIZE"

@@ -24,6 +24,11 @@ NEVER_TRAINED = "never_trained"
 STATES = ("complete", "pruned", "failed", NEVER_TRAINED, "running")
 
 
+# On the study: {trial number: {p10, p50, p90, curves}}, the standing trials' final losses
+# as the study's end predicted them again (`hpo.export.end_predictions`).
+END_PREDICTIONS_ATTR = "end_predictions"
+
+
 @dataclass(frozen=True)
 class TrialRow:
     """One trial, reduced to what the report reads.
@@ -48,6 +53,7 @@ class TrialRow:
     finished: datetime | None
     params: Mapping[str, Any] = field(default_factory=dict)
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    end_band: Mapping[str, Any] | None = None
 
     def number_attr(self, name: str) -> float | None:
         """A user attribute as a finite float, else None."""
@@ -74,9 +80,17 @@ class TrialRow:
 
     @property
     def loss_for_front(self) -> float | None:
-        """The predicted final loss's p50, else the trial's value."""
+        """The predicted final loss's p50 as the study's end refitted it (`end_band`), else
+        as the trial recorded it, else the trial's value."""
+        end = finite((self.end_band or {}).get("p50"))
+        if end is not None:
+            return end
         band = self.predicted_loss
         return band[1] if band else self.value
+
+
+def _band(value: object) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None
 
 
 def finite(value: object) -> float | None:
@@ -103,8 +117,15 @@ def classify(trial: FrozenTrial) -> str:
     }.get(trial.state, "running")
 
 
-def trial_rows(trials: Iterable[FrozenTrial]) -> list[TrialRow]:
-    """One row per trial, in trial-number order."""
+def trial_rows(
+    trials: Iterable[FrozenTrial], end_predictions: Mapping[str, Any] | None = None
+) -> list[TrialRow]:
+    """One row per trial, in trial-number order.
+
+    `end_predictions`: the study's `END_PREDICTIONS_ATTR` ({trial number: band}, the final
+    losses its end predicted again with every curve; `hpo.export.end_predictions`).
+    """
+    ends = end_predictions if isinstance(end_predictions, Mapping) else {}
     rows = []
     for trial in trials:
         state = classify(trial)
@@ -120,6 +141,7 @@ def trial_rows(trials: Iterable[FrozenTrial]) -> list[TrialRow]:
                 finished=trial.datetime_complete,
                 params=dict(trial.params),
                 attrs=dict(trial.user_attrs),
+                end_band=_band(ends.get(str(trial.number))),
             )
         )
     return sorted(rows, key=lambda row: row.number)
