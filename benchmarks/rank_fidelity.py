@@ -223,17 +223,16 @@ def predictions(
 
 
 def end_predictions(
-    rows: list[dict[str, Any]], fraction: str, reference: dict[str, Any] | None = None
+    during: list[dict[str, Any]], attrs: list[dict[str, Any]], reference: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
     """What the study says of each trial at its end (`hpo.final_loss.study_prediction`, what
     its summary and an exported preset carry): refitted with every other trial's curve and
-    the reference run's, not only the trials before it. The score (what ranked the trial
-    during the search) and the seconds are those of `predictions`."""
+    the reference run's, not only the trials before it. `during` and `attrs`: what
+    `predictions` returned and stored for the same trials (the score, what ranked a trial
+    during the search, and its seconds are kept)."""
     from analysis.loss_correction import LossCorrection
     from hpo.final_loss import REFERENCE_KEY, SHAPE_CURVES_ATTR, study_prediction
 
-    attrs: list[dict[str, Any]] = []
-    during = predictions(rows, fraction, reference, attrs=attrs)
     study_attrs = {SHAPE_CURVES_ATTR: {REFERENCE_KEY: reference["curve"]}} if reference else {}
     out = []
     for index, before in enumerate(during):
@@ -301,10 +300,11 @@ def report(payload: dict[str, Any]) -> dict[str, Any]:
         key = str(fraction)
         for reference in [None, *payload.get("references", {}).get(key, [])]:
             label = key if reference is None else f"{key} ref {reference['fraction']:g}"
-            preds = predictions(rows, key, reference)
+            attrs: list[dict[str, Any]] = []
+            preds = predictions(rows, key, reference, attrs=attrs)
             scores[label] = {**score(preds), "predictions": preds}
-            preds = end_predictions(rows, key, reference)
-            scores[f"{label} end"] = {**score(preds), "predictions": preds}
+            ends = end_predictions(preds, attrs, reference)
+            scores[f"{label} end"] = {**score(ends), "predictions": ends}
     print(
         f"{len(rows)} configurations, pretrain_steps {payload['pretrain_steps']}, "
         f"data {payload['data']}, samples {payload.get('samples') or 3000}, "
@@ -447,19 +447,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--label-noise must lie in [0, 1], but got {args.label_noise}")
     if args.redo_references and not args.rescore:
         parser.error("--redo-references needs --rescore FILE (the recorded runs)")
+    if args.threads and (args.redo_references or not args.rescore):  # it trains
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.rescore:
         payload = json.loads(Path(args.rescore).read_text(encoding="utf-8"))
         if args.redo_references:
-            if args.threads:
-                import torch
-
-                torch.set_num_threads(args.threads)
             payload = redo_references(payload, args.reference_fractions)
     else:
-        if args.threads:
-            import torch
-
-            torch.set_num_threads(args.threads)
         payload = collect(args)
     scores = report(payload)
     write_json(args.json, {**payload, "scores": scores})

@@ -31,9 +31,9 @@ from hpo.final_loss import (
     loss_band,
     study_prediction,
 )
-from hpo.pick import pick_trial, standing_trials
+from hpo.pick import pick_trial, score_order, standing_trials
 from hpo.runspec import stored_config
-from hpo.states import FINISHED_STATES, trial_loss
+from hpo.states import FINISHED_STATES
 from hpo.storage import make_storage, redact
 from trainers.preset import preset_dict
 from trainers.run_spec import run_spec
@@ -84,6 +84,7 @@ def estimate_section(
     trial: optuna.trial.FrozenTrial,
     *,
     correction: LossCorrection | None = None,
+    refit: StudyPrediction | None = None,
 ) -> dict[str, Any]:
     """The preset's `estimate`: the time model's prediction when the study had one.
 
@@ -95,6 +96,7 @@ def estimate_section(
             final loss is predicted again with every curve the study holds now
             (`hpo.final_loss.study_prediction`): the trials after this one, the reference
             run and full runs that reported back join its fit.
+        refit: That refit, made already with `correction` (`end_predictions`).
     """
     config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
     budget = config.get("budget") or {}
@@ -116,7 +118,7 @@ def estimate_section(
     estimate.setdefault("full_run_steps", int(attrs.get("full_run_steps", 0)))
     fit = attrs.get(FIT_ATTR)
     if correction is not None and isinstance(fit, dict):
-        refit = _refit(study, trial, correction)
+        refit = refit or _refit(study, trial, correction)
         if refit is not None:  # the whole study's curves, not only the trials before it
             estimate.update(refit.estimate())
         else:
@@ -145,9 +147,9 @@ def _refit(
     )
 
 
-def end_predictions(study: optuna.Study) -> dict[str, dict[str, float]]:
+def end_predictions(study: optuna.Study) -> dict[int, StudyPrediction]:
     """The standing trials' final losses predicted again with every curve the study holds
-    now: {trial number: {p10, p50, p90, curves}}, for the `MAX_END_REFITS` best by score.
+    now, by trial number, for the `MAX_END_REFITS` best by score.
 
     Each trial recorded its prediction when it ended, fitted only with the trials before
     it (the first has no peer and falls back); `--pick cheapest-within` and the report's
@@ -156,19 +158,14 @@ def end_predictions(study: optuna.Study) -> dict[str, dict[str, float]]:
     p50s). The loss correction is the one the study's calibration file holds now.
     """
     finished = study.get_trials(deepcopy=False, states=FINISHED_STATES)
-    standing = sorted(standing_trials(study), key=lambda t: (_score(t), t.number))
-    out: dict[str, dict[str, float]] = {}
+    standing = sorted(standing_trials(study), key=score_order)
+    out: dict[int, StudyPrediction] = {}
     for trial in standing[:MAX_END_REFITS]:
         correction = current_correction(study, trial) or LossCorrection()
         refit = _refit(study, trial, correction, finished)
         if refit is not None:
-            out[str(trial.number)] = {**refit.final.band(), "curves": refit.curves}
+            out[trial.number] = refit
     return out
-
-
-def _score(trial: optuna.trial.FrozenTrial) -> float:
-    loss = trial_loss(trial)
-    return float("inf") if loss is None else loss
 
 
 def current_correction(
@@ -188,7 +185,11 @@ def current_correction(
 
 
 def build_preset(
-    study: optuna.Study, trial: optuna.trial.FrozenTrial, *, storage_url: str
+    study: optuna.Study,
+    trial: optuna.trial.FrozenTrial,
+    *,
+    storage_url: str,
+    refit: StudyPrediction | None = None,
 ) -> dict[str, Any]:
     from hpo.tracking import PARENT_ATTR
 
@@ -208,7 +209,9 @@ def build_preset(
     }
     return preset_dict(
         full_run_spec(study, trial),
-        estimate=estimate_section(study, trial, correction=current_correction(study, trial)),
+        estimate=estimate_section(
+            study, trial, correction=current_correction(study, trial), refit=refit
+        ),
         provenance=provenance,
     )
 
@@ -229,16 +232,18 @@ def export_study(
     picked_by: str | None = None,
     tracking_uri: str | None = None,
     tracker: Tracker | None = None,
+    refit: StudyPrediction | None = None,
 ) -> Path:
     """Write the preset of `trial` (default: the best) and attach it to the parent run.
 
     `tracking_uri`: the store to attach it in; default the study's, which is stored with its
     password hidden (a password-protected server then needs MLFLOW_TRACKING_PASSWORD).
     `tracker`: the running study's own (its writer spools while the server is away).
+    `refit`: `trial`'s end refit, when the caller made it already (`end_predictions`).
     """
     if trial is None:
         trial, picked_by = pick_trial(study)
-    preset = build_preset(study, trial, storage_url=storage_url)
+    preset = build_preset(study, trial, storage_url=storage_url, refit=refit)
     preset["provenance"]["picked_by"] = picked_by or "chosen by the caller"
     path = write_preset(preset, out)
     _attach(study, path, tracking_uri, tracker)
@@ -287,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     study = load_study(args.study_name, args.storage, open_storage=make_storage)
     losses = None
     if within is not None:  # compare levels refitted with the whole study, not as recorded
-        losses = {int(k): v["p50"] for k, v in end_predictions(study).items()}
+        losses = {n: r.final.band()["p50"] for n, r in end_predictions(study).items()}
     trial, rule = pick_trial(study, trial=args.trial, within_pct=within, losses=losses)
     if args.format != "preset":
         from hpo.export_formats import write_format

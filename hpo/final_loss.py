@@ -367,6 +367,10 @@ class StudyPrediction:
             "final_val_loss_curves": self.curves,
         }
 
+    def end_band(self) -> dict[str, float]:
+        """Its band and curve count, as the study stores it (`END_PREDICTIONS_ATTR`)."""
+        return {**self.final.band(), "curves": self.curves}
+
 
 def study_prediction(
     trial_attrs: Mapping[str, Any],

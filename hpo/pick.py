@@ -45,7 +45,12 @@ def best_complete_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
     if not standing:
         raise BadInputError(f"study '{study.study_name}' has no complete trial to export")
     fitting = [t for t in standing if _fits(t)]
-    return min(fitting or standing, key=lambda t: (_loss(t), t.number))
+    return min(fitting or standing, key=score_order)
+
+
+def score_order(trial: optuna.trial.FrozenTrial) -> tuple[float, int]:
+    """A sort key: by score (the loss the study minimised; none last), then trial number."""
+    return _loss(trial), trial.number
 
 
 def _loss(trial: optuna.trial.FrozenTrial) -> float:

@@ -24,7 +24,7 @@ from hpo.export import (
 )
 from hpo.feasible_sampler import redraw_counts, redraw_line
 from hpo.final_loss import SCORED_BY_ATTR
-from hpo.pick import best_complete_trial, standing_trials
+from hpo.pick import pick_trial, standing_trials
 from hpo.reference_run import REFERENCE_ATTR, reference_line
 from hpo.states import state_counts, trial_loss
 from hpo.tracking import PARENT_ATTR, Tracker
@@ -95,20 +95,25 @@ def summarize(
     if config.multi_objective:
         summary.pareto_front = pareto_points(study, config.objectives[1])
     # The levels the report's front compares, refitted with every curve the study holds.
-    study.set_user_attr(END_PREDICTIONS_ATTR, end_predictions(study))
-    best = best_complete_trial(study)
+    refits = end_predictions(study)
+    study.set_user_attr(END_PREDICTIONS_ATTR, {str(n): r.end_band() for n, r in refits.items()})
+    best, rule = pick_trial(study)
     summary.best_value, summary.best_trial = trial_loss(best), best.number
     summary.best_scored_by = best.user_attrs.get(SCORED_BY_ATTR)
-    summary.best_estimate = estimate_section(
-        study, best, correction=current_correction(study, best)
-    )
+    correction = current_correction(study, best)
+    # The pick's refit serves the summary and the preset (made with this same correction).
+    refit = refits.get(best.number) if correction is not None else None
+    summary.best_estimate = estimate_section(study, best, correction=correction, refit=refit)
     summary.best_params = {k: best.user_attrs[k] for k in _BEST_KEYS if k in best.user_attrs}
     preset = export_study(
         study,
         WorkDir(config.work_dir).preset(config.study_name),
         storage_url=config.storage_url,
+        trial=best,
+        picked_by=rule,
         tracking_uri=tracker.tracking_uri,
         tracker=tracker,
+        refit=refit,
     )
     summary.preset_path = str(preset)
     return summary
