@@ -4,10 +4,12 @@ Tissue et al., "Scaling Law with Learning Rate Annealing" (NeurIPS 2025, arXiv 2
 
     L(s) = L0 + A * S1(s) ** (-alpha) - C * S2(s)
 
-S1(s) is the area under the learning-rate curve up to optimizer step s (the "forward
-area"), S2(s) the annealing area: a momentum-weighted sum of the rate's drops,
-m_i = decay * m_(i-1) + (eta_(i-1) - eta_i), S2(s) = sum of m_i up to s. Both are in units
-of the run's peak rate (a step at the peak rate adds 1 to S1), so A absorbs how fast a
+S1(s) is the forward area up to optimizer step s: in the paper the area under the
+learning-rate curve; here the sum of eta_i ** `analysis.lr_schedule.FORWARD_POWER` (0.5),
+because in fine-tuning runs a step at a lower rate moves the loss nearly as far as one at the
+peak (measured there). S2(s) is the annealing area: a momentum-weighted sum of the rate's
+drops, m_i = decay * m_(i-1) + (eta_(i-1) - eta_i), S2(s) = sum of m_i up to s. Both are in
+units of the run's peak rate (a step at the peak rate adds 1 to S1), so A absorbs how fast a
 configuration learns per step and C is the loss one unit of annealing removes.
 
 A trial is the start of its full run: it knows the full run's whole schedule (warm-up,

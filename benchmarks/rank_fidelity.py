@@ -43,6 +43,7 @@ from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import analysis.lr_schedule  # noqa: E402
 from analysis.loss_correction import fit_loss_correction  # noqa: E402
 from benchmarks._common import machine, table, write_json  # noqa: E402
 from hpo.config import FullRunConfig, StudyConfig, TrialConfig  # noqa: E402
@@ -308,7 +309,8 @@ def report(payload: dict[str, Any]) -> dict[str, Any]:
     print(
         f"{len(rows)} configurations, pretrain_steps {payload['pretrain_steps']}, "
         f"data {payload['data']}, samples {payload.get('samples') or 3000}, "
-        f"label noise {payload.get('label_noise', 0.0):g}"
+        f"label noise {payload.get('label_noise', 0.0):g}, forward power "
+        f"{analysis.lr_schedule.FORWARD_POWER:g}"
     )
     short = ["fraction", "spearman", "sp.p50", "sp.fidelity", "pick", "pick p50", "regret", "med err %", "p90 err %",
              "med err corr %", "coverage", "half-width %", "fallbacks", "search s", "fit s"]  # fmt: skip
@@ -428,6 +430,11 @@ def main(argv: list[str] | None = None) -> int:
         "--reference-fractions", default="0.1,0.2,0.3",
         help="loss-shape reference runs' shares of their full run (empty: none)",
     )  # fmt: skip
+    parser.add_argument(
+        "--forward-power", type=float, default=None,
+        help="score with S1 adding (rate / peak) ** P per step (default: the law's "
+        "analysis.lr_schedule.FORWARD_POWER; 1: the paper's area under the rate)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", help="write the runs and scores here")
@@ -447,6 +454,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--label-noise must lie in [0, 1], but got {args.label_noise}")
     if args.redo_references and not args.rescore:
         parser.error("--redo-references needs --rescore FILE (the recorded runs)")
+    if args.forward_power is not None:
+        if not 0.0 < args.forward_power <= 1.0:
+            parser.error(f"--forward-power must lie in (0, 1], but got {args.forward_power}")
+        analysis.lr_schedule.FORWARD_POWER = args.forward_power
     if args.threads and (args.redo_references or not args.rescore):  # it trains
         import torch
 
@@ -458,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         payload = collect(args)
     scores = report(payload)
-    write_json(args.json, {**payload, "scores": scores})
+    power = analysis.lr_schedule.FORWARD_POWER
+    write_json(args.json, {**payload, "forward_power": power, "scores": scores})
     return 0
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from analysis.law_prediction import FALLBACK, JOINT, OWN, predict_final
 from analysis.loss_law import CurveData, JointFit, curve_data, fit_joint
-from analysis.lr_schedule import learning_rates, schedule_areas, warmup_steps
+from analysis.lr_schedule import FORWARD_POWER, learning_rates, schedule_areas, warmup_steps
 
 SHARED = (1.5, 4.0, 0.7, 2.0, 0.0)  # L0, D, alpha, beta, C
 
@@ -45,7 +45,14 @@ def test_areas_count_the_rate_and_its_drops() -> None:
     s1, s2 = schedule_areas(rates, decay=0.0)
     # Without momentum the annealing area after a step is how far the rate has dropped.
     assert s2 == pytest.approx(1 - rates / rates[0])
-    assert s1[-1] == pytest.approx(np.sum(rates) / rates[0])
+    # Each step adds its share of the peak rate to the power FORWARD_POWER: the paper's
+    # area under the rate at 1; a lower rate counts for more below 1.
+    assert s1 == pytest.approx(np.cumsum((rates / rates[0]) ** FORWARD_POWER))
+    area, _ = schedule_areas(rates, power=1.0)
+    assert area[-1] == pytest.approx(np.sum(rates) / rates[0])
+    assert np.all(s1[1:] > area[1:]) and s1[0] == pytest.approx(area[0]) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="power"):
+        schedule_areas(rates, power=0.0)
     _, s2_momentum = schedule_areas(rates, decay=0.999)
     assert np.all(s2_momentum >= s2 - 1e-12) and s2_momentum[-1] > s2[-1]
     # Warm-up raises the rate: no annealing while it rises.
@@ -80,9 +87,7 @@ def _curves(
 
 def test_the_joint_fit_predicts_the_end_of_curves_drawn_from_the_law() -> None:
     curves, truths = _curves(8, 0.3, seed=1)
-    predictions = [
-        predict_final(c, curves[:i] + curves[i + 1 :]) for i, c in enumerate(curves)
-    ]
+    predictions = [predict_final(c, curves[:i] + curves[i + 1 :]) for i, c in enumerate(curves)]
     errors = [abs(p.p50 / t - 1) for p, t in zip(predictions, truths, strict=True)]
     assert all(p.method == JOINT and p.n_curves == 8 for p in predictions)
     assert float(np.median(errors)) < 0.05
@@ -156,4 +161,5 @@ def test_an_evaluation_before_any_learning_rate_area_is_left_out() -> None:
     assert data.s1.size == data.losses.size == 2 and np.all(data.s1 > 0)
     assert list(data.losses) == [6.66, 6.6]
     alone = curve_data([1], [6.67], rates)  # only the starting loss: kept, at the first area
-    assert list(alone.losses) == [6.67] and alone.s1[0] == pytest.approx(rates[1] / rates.max())
+    first_area = (rates[1] / rates.max()) ** FORWARD_POWER
+    assert list(alone.losses) == [6.67] and alone.s1[0] == pytest.approx(first_area)
