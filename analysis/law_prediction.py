@@ -48,6 +48,7 @@ _BACKTEST_QUANTILE = 0.8  # the backtest's error per unit of extrapolation taken
 _BACKTEST_MIN_CURVES = 3
 _REFIT_MAX_NFEV = 30  # refits for the band start from the fit: a few steps move them
 LEAVE_OUT_GROUPS = 8
+MAX_LOG_HALF_WIDTH = math.log(1e6)  # a band wider than this says nothing more
 WARM_MAX_NFEV = 100  # a fit from the last trial's parameters moves little
 # The least log sd of a prediction per unit of ln(S1 at the end / S1 at the last point),
 # where no curve of the study went through a decay. Measured (benchmarks/rank_fidelity.py,
@@ -156,13 +157,24 @@ def predict_final(
         max(noise, fit.residual_sd) / p50,
         EXTRAPOLATION_LOG_SD * _beyond_the_curves(fit, curves) if identified else prior,
     )
-    half = Z90 * math.sqrt(sum(t**2 for t in terms))
+    half = log_half_width(Z90 * math.sqrt(sum(t**2 for t in terms)))
     return LawPrediction(
         p10=p50 * math.exp(-half), p50=p50, p90=p50 * math.exp(half),
         method=JOINT if peers else OWN, reason="", n_points=n, n_curves=len(curves),
         extrapolation_log_sd=EXTRAPOLATION_LOG_SD * _distance(target) if identified else prior,
         shape_identified=identified, fit=fit,
     )  # fmt: skip
+
+
+def log_half_width(value: float) -> float:
+    """A band's log half-width, at most `MAX_LOG_HALF_WIDTH`.
+
+    A law that ends near 0 makes the noise term (noise / p50) huge: a p50 of 4e-4 with an
+    evaluation noise of 0.3 gave a log half-width of 1054, and exp() of it overflowed (seen
+    on `rank_fidelity.py`'s recorded pre-trained runs with a forward power of 0.25). A band
+    a million-fold each side already says "unknown"; the one-epoch ceiling then caps p90.
+    """
+    return min(value, MAX_LOG_HALF_WIDTH) if math.isfinite(value) else MAX_LOG_HALF_WIDTH
 
 
 def fit_shared(
@@ -310,7 +322,7 @@ def _fallback(target: CurveData, peers: Sequence[CurveData], reason: str) -> Law
     """
     last = float(target.losses[-1])
     n = int(target.losses.size)
-    half = Z90 * EXTRAPOLATION_LOG_SD * _distance(target)
+    half = log_half_width(Z90 * EXTRAPOLATION_LOG_SD * _distance(target))
     if len(peers) >= 2:
         noise = max(noise_sd(peers), _NOISE_FLOOR * last)
         fit = fit_joint(peers, f_scale=2.0 * noise, max_annealing=0.0)

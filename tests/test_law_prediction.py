@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from analysis.law_prediction import JOINT, leave_out_log_spread, predict_final
+from analysis.law_prediction import JOINT, MAX_LOG_HALF_WIDTH, leave_out_log_spread, predict_final
 from analysis.loss_law import CurveData, JointFit, curve_data, fit_joint
 from analysis.lr_schedule import learning_rates, schedule_areas
 
@@ -103,3 +103,21 @@ def test_the_analytic_jacobian_is_the_laws_derivative() -> None:
 
     numeric = approx_derivative(law, theta, method="3-point")
     assert law_jacobian(theta, owner, s1, s2) == pytest.approx(numeric, abs=1e-6)
+
+
+def test_a_law_ending_near_zero_gets_a_capped_band_not_an_overflow() -> None:
+    """Noisy curves falling steeply to about 0 make the noise term (noise / p50) enormous:
+    the band is capped at a million-fold each side instead of exp() overflowing."""
+    rates = learning_rates("linear", 100_000, 0, 1e-3)
+    steps = np.arange(1, 13) * 2
+    zigzag = (-1.0) ** np.arange(12)
+    curves = [
+        curve_data(
+            list(steps), list(np.maximum(6.0 * (1 + steps / scale) ** -3.0 + zigzag, 1e-4)), rates
+        )
+        for scale in (1.0, 1.5, 2.0, 3.0)
+    ]
+    prediction = predict_final(curves[0], curves[1:])
+    assert 0 < prediction.p50 < 0.01  # the law ends near 0
+    assert math.log(prediction.p90 / prediction.p50) == pytest.approx(MAX_LOG_HALF_WIDTH)
+    assert math.log(prediction.p50 / prediction.p10) == pytest.approx(MAX_LOG_HALF_WIDTH)
