@@ -57,7 +57,9 @@ WARM_MAX_NFEV = 100  # a fit from the last trial's parameters moves little
 # pre-trained for 600 steps; 0.45 x Z90 = 0.58 covers about 80 % of both (in-sample: the
 # benchmark's coverage with it is not an independent test). A study's own backtest measures
 # only short extrapolations (half a trial's curve to its end), which miss most of this
-# error, so it can only raise it.
+# error, so it can only raise it. Measured with S1 the area under the rate; with the
+# tempered area (analysis.lr_schedule.FORWARD_POWER 0.5) a linear decay's end lies about
+# ln(4/3) further from a trial, so the prior at the same run widens a little.
 EXTRAPOLATION_LOG_SD = 0.45
 
 
