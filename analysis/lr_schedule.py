@@ -85,8 +85,9 @@ def schedule_areas(
 
     S1 adds (rate / peak) ** `power` per update (a step at the peak adds 1, a step at rate 0
     nothing); `power` None reads `FORWARD_POWER` when called (`benchmarks/rank_fidelity.py
-    --forward-power` sets it to score recorded runs under another). The drops are counted from the first update on; a rising rate (warm-up) adds
-    no annealing, as in the paper, where warm-up steps are left out of S2.
+    --forward-power` sets it to score recorded runs under another). The drops are counted
+    from the first update on; a rising rate (warm-up) adds no annealing, as in the paper,
+    where warm-up steps are left out of S2.
     """
     if not 0.0 <= decay < 1.0:
         raise ValueError(f"decay must be in [0, 1) but got {decay=}")

@@ -118,6 +118,6 @@ def test_a_law_ending_near_zero_gets_a_capped_band_not_an_overflow() -> None:
         for scale in (1.0, 1.5, 2.0, 3.0)
     ]
     prediction = predict_final(curves[0], curves[1:])
-    assert 0 < prediction.p50 < 0.01  # the law ends near 0
+    assert 0 < prediction.p50 < 0.05  # the law ends near 0 (about 0.002 here)
     assert math.log(prediction.p90 / prediction.p50) == pytest.approx(MAX_LOG_HALF_WIDTH)
     assert math.log(prediction.p50 / prediction.p10) == pytest.approx(MAX_LOG_HALF_WIDTH)
