@@ -68,13 +68,19 @@ def open_study(config: StudyConfig, prepared: Prepared) -> optuna.Study:
             f"{list(config.objectives)}; use another --study-name"
         )
     check_same_space(study, space_record(prepared.space, config.profiles))
-    if CONFIG_ATTR not in study.user_attrs:
-        study.set_user_attr(CONFIG_ATTR, config.to_dict())
+    # Workers that start a new study together each write its attributes, one write at a
+    # time: the config last, so that a worker seeing it sees the model too; a model still
+    # missing beside it (a start that stopped between writes) is written, not refused.
+    attrs = study.user_attrs
+    held = attrs.get(MODEL_ATTR)
+    if CONFIG_ATTR not in attrs or held is None:
         study.set_user_attr(MODEL_ATTR, prepared.model_path)
         study.set_user_attr(DATA_ATTR, prepared.data_path)
-    elif study.user_attrs.get(MODEL_ATTR) != prepared.model_path:
+        if CONFIG_ATTR not in attrs:
+            study.set_user_attr(CONFIG_ATTR, config.to_dict())
+    elif held != prepared.model_path:
         raise BadInputError(
-            f"study '{config.study_name}' was started on model {study.user_attrs[MODEL_ATTR]}; "
+            f"study '{config.study_name}' was started on model {held}; "
             f"use another --study-name for {prepared.model_path}"
         )
     return study

@@ -46,7 +46,9 @@ def test_one_gpu_per_worker(n_workers: int, gpus: list[str], expected: list[str 
     assert gpu_assignment(n_workers, gpus) == expected
 
 
-@pytest.mark.parametrize(("n_workers", "gpus", "expected"), [(3, ["0", "1"], "2 GPU"), (0, [], "workers")])
+@pytest.mark.parametrize(
+    ("n_workers", "gpus", "expected"), [(3, ["0", "1"], "2 GPU"), (0, [], "workers")]
+)
 def test_gpu_assignment_refuses(n_workers: int, gpus: list[str], expected: str) -> None:
     with pytest.raises(BadInputError, match=expected):
         gpu_assignment(n_workers, gpus)
@@ -149,7 +151,9 @@ def test_a_killed_workers_trial_on_sqlite_is_failed_and_retried(
         assert time.monotonic() < deadline, "the worker never started a trial"
         time.sleep(0.5)
         try:
-            running = optuna.load_study(study_name="w", storage=storage).get_trials(states=(RUNNING,))
+            running = optuna.load_study(study_name="w", storage=storage).get_trials(
+                states=(RUNNING,)
+            )
         except Exception:  # tables not created yet
             continue
         if running and WORKER_ATTR in running[0].user_attrs:
@@ -217,3 +221,30 @@ def test_two_local_workers_share_a_journal_study(tiny_model_dir: Path, tmp_path:
     assert numbers == sorted(t.number for t in study.trials)  # every trial exactly once
     assert os.path.exists(work / "workers" / "worker-1.log")
     assert socket.gethostname() == study.trials[0].user_attrs[WORKER_ATTR]["host"]
+
+
+def test_a_worker_opening_a_study_another_is_still_writing_joins_it(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two workers starting a new study together each write its attributes, one at a time.
+    A worker that reads the study between another's writes (its config stored, its model
+    not yet) joins the study; a model that differs is still refused, naming it."""
+    from hpo.export import CONFIG_ATTR, DATA_ATTR, MODEL_ATTR
+    from hpo.prepare import prepare
+    from hpo.runner import open_study
+    from tests.configs import short_study
+
+    storage = f"journal:{tmp_path / 'optuna.journal'}"
+    config = short_study(tmp_path / "work", tiny_model_dir, {"storage": storage})
+    prepared = prepare(config)
+    other = optuna.create_study(study_name=config.study_name, storage=make_storage(storage))
+    other.set_user_attr(CONFIG_ATTR, config.to_dict())  # the other worker's first write
+
+    study = open_study(config, prepared)
+    assert study.user_attrs[MODEL_ATTR] == prepared.model_path
+    assert study.user_attrs[DATA_ATTR] == prepared.data_path
+    assert open_study(config, prepared).user_attrs[CONFIG_ATTR] == config.to_dict()
+
+    other.set_user_attr(MODEL_ATTR, "/models/another")
+    with pytest.raises(BadInputError, match="was started on model /models/another"):
+        open_study(config, prepared)
