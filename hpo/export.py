@@ -128,23 +128,34 @@ def estimate_section(
 
 
 def _refit(
-    study: optuna.Study,
-    trial: optuna.trial.FrozenTrial,
-    correction: LossCorrection,
-    finished: Sequence[optuna.trial.FrozenTrial] | None = None,
+    study: optuna.Study, trial: optuna.trial.FrozenTrial, correction: LossCorrection
 ) -> StudyPrediction | None:
     """`trial`'s final loss predicted again with every curve `study` holds now."""
-    if finished is None:
-        finished = study.get_trials(deepcopy=False, states=FINISHED_STATES)
+    finished = study.get_trials(deepcopy=False, states=FINISHED_STATES)
+    study_attrs = study.user_attrs
+    return _refit_with(trial, finished, study_attrs, correction, _full_run_epochs(study_attrs))
+
+
+def _refit_with(
+    trial: optuna.trial.FrozenTrial,
+    finished: Sequence[optuna.trial.FrozenTrial],
+    study_attrs: dict[str, Any],
+    correction: LossCorrection,
+    epochs: float | None,
+) -> StudyPrediction | None:
     others = (t.user_attrs for t in finished if t.number != trial.number)
-    config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
-    try:
-        epochs: float | None = stored_config(config).full_run.epochs
-    except BadInputError:  # a stored value this version refuses: no ceiling then
-        epochs = None
     return study_prediction(
-        trial.user_attrs, others, study.user_attrs, correction=correction, full_run_epochs=epochs
+        trial.user_attrs, others, study_attrs, correction=correction, full_run_epochs=epochs
     )
+
+
+def _full_run_epochs(study_attrs: dict[str, Any]) -> float | None:
+    """The stored config's full-run epochs; None where this version refuses a stored value
+    (no one-epoch ceiling then)."""
+    try:
+        return stored_config(study_attrs.get(CONFIG_ATTR) or {}).full_run.epochs
+    except BadInputError:
+        return None
 
 
 def end_predictions(study: optuna.Study) -> dict[int, StudyPrediction]:
@@ -159,10 +170,15 @@ def end_predictions(study: optuna.Study) -> dict[int, StudyPrediction]:
     """
     finished = study.get_trials(deepcopy=False, states=FINISHED_STATES)
     standing = sorted(standing_trials(study), key=score_order)
+    study_attrs = study.user_attrs  # one read of the storage and the calibration per study
+    epochs = _full_run_epochs(study_attrs)
+    corrections: dict[object, LossCorrection] = {}
     out: dict[int, StudyPrediction] = {}
     for trial in standing[:MAX_END_REFITS]:
-        correction = current_correction(study, trial) or LossCorrection()
-        refit = _refit(study, trial, correction, finished)
+        key = _fingerprint(trial)
+        if key not in corrections:
+            corrections[key] = _correction(study_attrs, key) or LossCorrection()
+        refit = _refit_with(trial, finished, study_attrs, corrections[key], epochs)
         if refit is not None:
             out[trial.number] = refit
     return out
@@ -172,8 +188,15 @@ def current_correction(
     study: optuna.Study, trial: optuna.trial.FrozenTrial
 ) -> LossCorrection | None:
     """The loss correction in the study's calibration file now, for the trial's fingerprint."""
-    config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
-    key = (trial.user_attrs.get("estimate") or {}).get("hardware_fingerprint")
+    return _correction(study.user_attrs, _fingerprint(trial))
+
+
+def _fingerprint(trial: optuna.trial.FrozenTrial) -> object:
+    return (trial.user_attrs.get("estimate") or {}).get("hardware_fingerprint")
+
+
+def _correction(study_attrs: dict[str, Any], key: object) -> LossCorrection | None:
+    config: dict[str, Any] = study_attrs.get(CONFIG_ATTR) or {}
     work_dir = config.get("work_dir")
     if not key or not work_dir:
         return None
