@@ -232,9 +232,9 @@ def end_predictions(
     `predictions` returned and stored for the same trials (the score, what ranked a trial
     during the search, and its seconds are kept)."""
     from analysis.loss_correction import LossCorrection
-    from hpo.final_loss import REFERENCE_KEY, SHAPE_CURVES_ATTR, study_prediction
+    from hpo.final_loss import REFERENCE_KEY, shape_curve_attrs, study_prediction
 
-    study_attrs = {SHAPE_CURVES_ATTR: {REFERENCE_KEY: reference["curve"]}} if reference else {}
+    study_attrs = shape_curve_attrs({REFERENCE_KEY: reference["curve"]}) if reference else {}
     out = []
     for index, before in enumerate(during):
         started = time.perf_counter()

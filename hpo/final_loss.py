@@ -11,6 +11,7 @@ from full runs that reported back, is then applied as the last layer.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -36,10 +37,15 @@ SCORED_BY_ATTR = "scored_by"  # "prediction", or "loss_at_fidelity" where it is 
 TRUSTED_LOG_HALF_WIDTH = math.log(1.2)
 MAX_PEERS = 24  # the most recent trials a prediction is fitted with (time grows with them)
 MAX_END_REFITS = 48  # the best trials the study's end predicts again (hpo.export.end_predictions)
-# On the study: {source: TrialCurve.to_attr()} of runs that went through a decay of their own
-# (the loss-shape reference run, full runs that reported back): every trial's fit takes them.
-SHAPE_CURVES_ATTR = "loss_shape_curves"
-REFERENCE_KEY = "reference"  # the reference run's key in SHAPE_CURVES_ATTR
+# On the study, one attribute per run that went through a decay of its own (the loss-shape
+# reference run, full runs that reported back), SHAPE_CURVE_PREFIX + its source:
+# TrialCurve.to_attr() and when it was added (ADDED_KEY). Every trial's fit takes them. One
+# attribute each, so that two workers adding curves at once do not overwrite each other's.
+SHAPE_CURVE_PREFIX = "loss_shape_curve:"
+ADDED_KEY = "added_at"  # unix seconds: the most recent curves are kept
+# Studies made before 2026-11-25 kept them all in one attribute, {source: curve}: still read.
+LEGACY_SHAPE_CURVES_ATTR = "loss_shape_curves"
+REFERENCE_KEY = "reference"  # the reference run's source
 MAX_SHAPE_CURVES = 8  # the reference and the most recent full runs
 # {"shared": [L0, D, alpha, beta, C], "log_tau": the trial's own, "warm": fits since a cold
 # one}: the next trial's fit starts from the most recent one (StoredFit).
@@ -188,19 +194,43 @@ def peer_curves(user_attrs: Iterable[Mapping[str, Any]]) -> list[TrialCurve]:
 
 
 def shape_curves(study_attrs: Mapping[str, Any]) -> list[TrialCurve]:
-    """The study's curves through a decay (`SHAPE_CURVES_ATTR`), malformed ones left out."""
-    value = study_attrs.get(SHAPE_CURVES_ATTR)
-    if not isinstance(value, Mapping):
-        return []
-    curves = [TrialCurve.from_attr(v) for v in value.values()]
-    return [c for c in curves if c is not None][-MAX_SHAPE_CURVES:]
+    """The study's curves through a decay: the reference run's, then the most recent others
+    (`MAX_SHAPE_CURVES` in all), malformed ones left out."""
+    held: dict[str, tuple[float, Any]] = {}
+    legacy = study_attrs.get(LEGACY_SHAPE_CURVES_ATTR)
+    if isinstance(legacy, Mapping):  # in the order they were added, before any newer one
+        held.update((str(k), (-math.inf, v)) for k, v in legacy.items())
+    for key, value in study_attrs.items():
+        if key.startswith(SHAPE_CURVE_PREFIX) and isinstance(value, Mapping):
+            added = value.get(ADDED_KEY)
+            finite = isinstance(added, (int, float)) and math.isfinite(added)
+            when = float(added) if finite else -math.inf
+            held[key.removeprefix(SHAPE_CURVE_PREFIX)] = (when, value)
+    curves = {
+        source: curve
+        for source, (_, value) in sorted(held.items(), key=lambda item: item[1][0])
+        if (curve := TrialCurve.from_attr(value)) is not None
+    }
+    reference = curves.pop(REFERENCE_KEY, None)
+    others = list(curves.values())[-(MAX_SHAPE_CURVES - (reference is not None)) :]
+    return [reference, *others] if reference is not None else others
+
+
+def shape_curve_attrs(
+    curves: Mapping[str, Mapping[str, Any]], added_at: float | None = None
+) -> dict[str, dict[str, Any]]:
+    """The study attributes that hold `curves` ({source: TrialCurve.to_attr()}), one each,
+    stamped `added_at` (default: now)."""
+    when = time.time() if added_at is None else added_at
+    return {SHAPE_CURVE_PREFIX + source: {**c, ADDED_KEY: when} for source, c in curves.items()}
 
 
 def add_shape_curves(study: Any, curves: Mapping[str, Mapping[str, Any]]) -> None:
-    """Store `curves` ({source: TrialCurve.to_attr()}) with the study's others (an Optuna study)."""
-    if curves:
-        held = dict(study.user_attrs.get(SHAPE_CURVES_ATTR) or {})
-        study.set_user_attr(SHAPE_CURVES_ATTR, {**held, **curves})
+    """Store `curves` ({source: TrialCurve.to_attr()}) with the study's others (an Optuna
+    study): one attribute per curve, so that workers adding curves at once keep them all (a
+    curve of the same source is replaced)."""
+    for key, value in shape_curve_attrs(curves).items():
+        study.set_user_attr(key, value)
 
 
 def study_peers(

@@ -7,7 +7,7 @@ level misses the decay. Once `REFERENCE_AFTER` trials have finished, the study r
 configuration so far once more as a short complete run: `trial.reference_fraction` of its
 full run's steps, its scheduler's warm-up and decay over that horizon (`max_steps`), so
 its last evaluations lie in the decay. Its curve is stored on the study
-(`hpo.final_loss.SHAPE_CURVES_ATTR`) and joins every later trial's joint fit, where it
+(`hpo.final_loss.add_shape_curves`) and joins every later trial's joint fit, where it
 carries the shared exponent and C; full runs that report back join the same way.
 
 It is not a trial (Optuna knows nothing of it, the pick never sees it): it is the same

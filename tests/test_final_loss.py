@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
+from optuna.storages.journal import JournalFileBackend
 
 from analysis.law_prediction import LawPrediction
 from analysis.learning_curve import CurveFit
@@ -16,14 +20,20 @@ from hpo.final_loss import (
     COLD_FIT_EVERY,
     LAW_CURVE_ATTR,
     LAW_FIT_ATTR,
+    LEGACY_SHAPE_CURVES_ATTR,
+    MAX_SHAPE_CURVES,
     METHOD_ATTR,
     POINTS_ATTR,
+    REFERENCE_KEY,
     StoredFit,
     TrialCurve,
+    add_shape_curves,
     curve_points,
     one_pass_ceiling,
     peer_curves,
     predict_final_loss,
+    shape_curve_attrs,
+    shape_curves,
     study_prediction,
     trial_curve,
 )
@@ -197,3 +207,55 @@ def test_a_one_epoch_full_run_is_not_predicted_above_the_trials_last_loss() -> N
                       n_curves=2), last_loss=1.5,
     )  # fmt: skip
     assert (law.p10, law.p50, law.p90) == (1.0, 2.0, 2.0)
+
+
+def _shape(rate: float) -> dict[str, object]:
+    """A curve through a decay, told apart by its peak rate."""
+    return TrialCurve((10, 20), (80, 160), (3.0, 2.5), "linear", 0.0, rate, 20).to_attr()
+
+
+def test_shape_curves_keep_the_reference_and_the_most_recent_and_read_the_old_attribute() -> None:
+    # An older study kept all of them in one attribute; a newer one keeps one per curve.
+    attrs: dict[str, object] = {
+        LEGACY_SHAPE_CURVES_ATTR: {REFERENCE_KEY: _shape(1e-3), "full_run:old": _shape(2e-3)},
+        "unrelated": {"steps": [1]},
+    }
+    assert [c.learning_rate for c in shape_curves(attrs)] == [1e-3, 2e-3]
+    runs = {f"full_run:{i}": _shape(1e-2 + i * 1e-3) for i in range(MAX_SHAPE_CURVES + 1)}
+    for i, (source, curve) in enumerate(runs.items()):  # added in reverse: the time decides
+        attrs.update(shape_curve_attrs({source: curve}, added_at=1000.0 - i))
+    attrs.update(shape_curve_attrs({"full_run:bad": {"steps": "bad"}}, added_at=2000.0))
+    kept = [c.learning_rate for c in shape_curves(attrs)]
+    # The reference first, then the most recent (the lowest i), the malformed one left out.
+    newest = sorted(1e-2 + i * 1e-3 for i in range(MAX_SHAPE_CURVES - 1))[::-1]
+    assert kept == pytest.approx([1e-3, *newest])
+
+
+def _add_curves(path: str, worker: int, count: int, start: object) -> None:
+    study = optuna.load_study(
+        study_name="s", storage=optuna.storages.JournalStorage(JournalFileBackend(path))
+    )
+    start.wait()  # type: ignore[attr-defined]
+    for i in range(count):
+        add_shape_curves(study, {f"full_run:{worker}-{i}": _shape(1e-3 * (1 + i))})
+
+
+def test_workers_adding_shape_curves_at_once_keep_every_curve(tmp_path: Path) -> None:
+    # Two processes add full runs' curves to one journal study at the same moment: before,
+    # each read the study's one attribute, merged and wrote it back, and could drop the
+    # other's curves.
+    path = str(tmp_path / "journal.log")
+    storage = optuna.storages.JournalStorage(JournalFileBackend(path))
+    optuna.create_study(study_name="s", storage=storage)
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(2)
+    workers = [context.Process(target=_add_curves, args=(path, w, 15, start)) for w in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+        assert w.exitcode == 0
+    held = optuna.load_study(study_name="s", storage=storage).user_attrs
+    assert {k for k in held if k.startswith("loss_shape_curve:")} == {
+        f"loss_shape_curve:full_run:{w}-{i}" for w in range(2) for i in range(15)
+    }

@@ -11,7 +11,7 @@ import pytest
 
 from analysis.loss_law import JointFit
 from analysis.search_plan import TrialCost
-from hpo.final_loss import SHAPE_CURVES_ATTR, TrialCurve, predict_final_loss, shared_shape
+from hpo.final_loss import SHAPE_CURVE_PREFIX, TrialCurve, predict_final_loss, shared_shape
 from hpo.reference_run import (
     REFERENCE_ATTR,
     REFERENCE_BUDGET_SHARE,
@@ -93,7 +93,7 @@ def test_a_study_runs_its_reference_once_budgeted_and_listed(
     study = optuna.load_study(study_name="shaped", storage=config.storage_url)
     assert len(study.trials) == 4  # the reference is no trial: nothing the pick could take
     assert study.user_attrs[REFERENCE_ATTR] == record
-    assert "reference" in study.user_attrs[SHAPE_CURVES_ATTR]
+    assert SHAPE_CURVE_PREFIX + "reference" in study.user_attrs
     # Its seconds are search time: the ledger's spent covers the trials and the reference.
     trials = sum(
         (t.datetime_complete - t.datetime_start).total_seconds()
