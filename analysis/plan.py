@@ -202,6 +202,19 @@ def _search_flags(parser: argparse.ArgumentParser) -> None:
         "--trial-evals", type=int, default=6, help="Evaluations per trial (default 6)."
     )
     search.add_argument(
+        "--promote",
+        type=int,
+        default=0,
+        help="Trials the study continues after the search (default 0): the plan keeps "
+        "their time out of the budget first.",
+    )
+    search.add_argument(
+        "--promote-fraction",
+        type=float,
+        default=0.3,
+        help="Share of its full run a promoted trial trains (default 0.3).",
+    )
+    search.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -284,6 +297,11 @@ def _check_numbers(args: argparse.Namespace) -> None:
             )
     if not 0 < args.trial_fraction <= 1:
         raise BadInputError(f"--trial-fraction must be in (0, 1], but got {args.trial_fraction}")
+    if args.promote < 0 or (args.promote and not args.trial_fraction < args.promote_fraction <= 1):
+        raise BadInputError(
+            f"--promote must be >= 0 and --promote-fraction in (--trial-fraction, 1], but got "
+            f"{args.promote} and {args.promote_fraction}"
+        )
     if args.search_budget_pct is not None and not 0 < args.search_budget_pct <= 1000:
         raise BadInputError(
             f"--search-budget-pct must be in (0, 1000], but got {args.search_budget_pct}"
@@ -358,6 +376,8 @@ def _search(args: argparse.Namespace, chosen: Fit) -> dict[str, Any]:
         evals=args.trial_evals,
         price_per_hour=args.price_per_hour or 0.0,
         workers=args.workers,
+        promote=args.promote,
+        promote_fraction=args.promote_fraction,
     )
     total_p90 = plan.planned_hours + full.seconds_p90 / 3600
     return {

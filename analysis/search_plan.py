@@ -40,6 +40,9 @@ MIN_FIT_EVALS = 3
 # ended at 1.23 (147 trials); seeds whose floor was already 0.1 picked 0.87-1.07. 50 leaves TPE
 # 40 trials past its 10 random ones.
 ENOUGH_TRIALS = 50
+# The most of a budget promotions (`--promote K`) may keep: the trials they choose from need
+# the rest. Fewer are promoted where K of them would take more.
+PROMOTE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,12 @@ class SearchPlan:
         fixed_hours: The part of `trial_hours` that does not shrink with the fidelity.
         fixed_source: Where `fixed_hours` comes from (the prior, or measured trials).
         once_hours: Paid once per worker (loading the base model it keeps between trials).
+        promote: Trials continued to `promote_fraction` after the search (`--promote`):
+            fewer than asked where the budget holds fewer.
+        promote_fraction: Their share of the full run.
+        promote_hours: GPU-hours kept for them (each as a trial at `promote_fraction`): the
+            trials are sized on the rest.
+        promote_asked: The promotions asked for (`promote` is what the budget holds).
     """
 
     budget_hours: float | None
@@ -124,6 +133,10 @@ class SearchPlan:
     fixed_hours: float = 0.0
     fixed_source: str = "prior"
     once_hours: float = 0.0
+    promote: int = 0
+    promote_fraction: float = 0.0
+    promote_hours: float = 0.0
+    promote_asked: int = 0
 
     @property
     def planned_hours(self) -> float:
@@ -131,6 +144,7 @@ class SearchPlan:
             self.before_trials_hours
             + self.workers * self.once_hours
             + self.trials * self.trial_hours
+            + self.promote_hours
         )
 
     @property
@@ -167,6 +181,17 @@ class SearchPlan:
                 f"  {self.workers} workers share the budget (GPU-hours of all of them): about "
                 f"{self.trials_per_worker} trials each, "
                 f"{format_hours(self.planned_hours / self.workers)} of wall clock"
+            )
+        if self.promote:
+            lines.append(
+                f"  then the {self.promote} best continued to {self.promote_fraction:.3g} of "
+                f"their full run (--promote): {format_hours(self.promote_hours)} kept for them"
+            )
+        if self.promote_asked > self.promote:
+            lines.append(
+                f"  --promote {self.promote_asked}: the budget holds {self.promote} at "
+                f"{self.promote_fraction:.3g} of the full run (promotions take at most "
+                f"{PROMOTE_SHARE:.0%} of it)"
             )
         if self.once_hours > 0:
             lines.append(
@@ -224,8 +249,15 @@ def plan_search(
     price_per_hour: float = 0.0,
     before_trials_hours: float = 0.0,
     workers: int = 1,
+    promote: int = 0,
+    promote_fraction: float = 0.0,
 ) -> SearchPlan:
     """Trials and fidelity that fit `budget_hours`: fidelity first, then fewer trials.
+
+    Promotions (`promote` trials continued to `promote_fraction` after the search, each
+    priced as a trial at that fraction) are kept out of the budget first, at most
+    `PROMOTE_SHARE` of what is left (fewer promoted where more would not fit); the trials
+    are sized on the rest.
 
     Args:
         cost: One trial's predicted seconds as a function of its fidelity.
@@ -241,6 +273,8 @@ def plan_search(
         price_per_hour: The machine's price.
         before_trials_hours: Already spent before the trials (set-up, probe).
         workers: Processes sharing the budget.
+        promote: Trials to continue after the search (`--promote`; 0: none).
+        promote_fraction: Their share of the full run.
     """
     if n_trials < 1 or not 0 < max_fidelity <= 1 or full_run_steps < 1:
         raise BadInputError(
@@ -250,8 +284,11 @@ def plan_search(
     min_steps = max(MIN_FIT_EVALS, evals)
     min_fidelity = min(max_fidelity, max(MIN_FIDELITY, min_steps / full_run_steps))
     trials, fidelity = n_trials, max_fidelity
+    promoted = promote
     if budget_hours is not None:
         left = max(0.0, (budget_hours - before_trials_hours) * 3600 - workers * cost.once)
+        promoted = promotions_that_fit(cost, promote, promote_fraction, left)
+        left -= promoted * cost.seconds(promote_fraction)
         # The largest fidelity at which the trials asked for fit (at most ENOUGH_TRIALS of
         # them), within [min_fidelity, max_fidelity]; then as many as fit, up to n_trials.
         each = left / min(n_trials, ENOUGH_TRIALS)
@@ -274,6 +311,19 @@ def plan_search(
         fixed_hours=cost.fixed / 3600,
         fixed_source=cost.fixed_source,
         once_hours=cost.once / 3600,
+        promote=promoted,
+        promote_fraction=promote_fraction if promote else 0.0,
+        promote_hours=promoted * cost.seconds(promote_fraction) / 3600 if promoted else 0.0,
+        promote_asked=promote,
+    )
+
+
+def promotions_that_fit(cost: TrialCost, promote: int, fraction: float, left: float) -> int:
+    """How many of `promote` trials at `fraction` fit in `PROMOTE_SHARE` of `left` seconds."""
+    if promote <= 0 or fraction <= 0:
+        return 0
+    return max(
+        0, min(promote, math.floor(PROMOTE_SHARE * left * (1 + 1e-9) / cost.seconds(fraction)))
     )
 
 
@@ -290,6 +340,8 @@ def plan_search_for_run(
     workers: int = 1,
     reuse_base_model: bool = True,
     measured_fixed: tuple[float, int] | None = None,
+    promote: int = 0,
+    promote_fraction: float = 0.0,
 ) -> SearchPlan:
     """The search before the full run `full`: its budget (`budget_hours`), then `plan_search`.
 
@@ -308,6 +360,8 @@ def plan_search_for_run(
             default): the load is paid once per worker, not per trial.
         measured_fixed: A trial's fixed seconds as measured (by this machine's trials) and
             on how many trials; None: the time model's prior.
+        promote: Trials to continue after the search (`--promote`; 0: none).
+        promote_fraction: Their share of the full run.
     """
     hours = full.seconds_p50 / 3600
     cost = trial_cost(full, evals=evals, reuse_base_model=reuse_base_model)
@@ -328,15 +382,20 @@ def plan_search_for_run(
         price_per_hour=price_per_hour,
         before_trials_hours=before_trials_hours,
         workers=workers,
+        promote=promote,
+        promote_fraction=promote_fraction,
     )
 
 
 def refit(plan: SearchPlan, cost: TrialCost, *, n_trials: int) -> SearchPlan:
     """`plan` at its fidelity (the study's trials compare at equal data) with a trial's cost
-    as measured since: its trial hours and the trials that now fit, at most `n_trials`."""
-    trials = n_trials
+    as measured since: its trial hours, the promotions and the trials that now fit (at most
+    `n_trials`)."""
+    trials, promoted = n_trials, plan.promote_asked
     if plan.budget_hours is not None:
         left = (plan.budget_hours - plan.before_trials_hours) * 3600 - plan.workers * cost.once
+        promoted = promotions_that_fit(cost, plan.promote_asked, plan.promote_fraction, left)
+        left -= promoted * cost.seconds(plan.promote_fraction) if promoted else 0.0
         each = max(cost.seconds(plan.fidelity), 1e-9)
         trials = max(1, min(n_trials, math.floor(max(0.0, left) * (1 + 1e-9) / each)))
     return replace(
@@ -346,4 +405,6 @@ def refit(plan: SearchPlan, cost: TrialCost, *, n_trials: int) -> SearchPlan:
         fixed_hours=cost.fixed / 3600,
         fixed_source=cost.fixed_source,
         once_hours=cost.once / 3600,
+        promote=promoted,
+        promote_hours=promoted * cost.seconds(plan.promote_fraction) / 3600 if promoted else 0.0,
     )

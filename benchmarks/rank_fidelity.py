@@ -103,20 +103,10 @@ def run_config(
         config, params, **common, full_run=True, output_dir=str(work / f"full-{index}")
     )
     full_spec = dataclasses.replace(full_spec, eval_interval=0, checkpoint_interval=0)
-    trials = {}
-    for fraction in fractions:
-        spec = train_spec(
-            config, params, **common, full_run=False, train_samples=prepared.train_samples,
-            fraction=fraction, output_dir=str(work / f"trial-{index}-{fraction}"),
-        )  # fmt: skip
-        started = time.perf_counter()
-        result = train(spec)
-        trials[str(fraction)] = {
-            "eval_records": [
-                {k: r[k] for k in ("step", "samples_seen", "loss")} for r in result.eval_records
-            ],
-            "seconds": time.perf_counter() - started,
-        }
+    trials = {
+        str(fraction): run_trial(config, params, prepared, work, index, fraction)
+        for fraction in fractions
+    }
     started = time.perf_counter()
     full = train(full_spec)
     assert full.final_eval_loss is not None
@@ -133,6 +123,29 @@ def run_config(
         "full_run_loss": full.final_eval_loss,
         "full_run_seconds": time.perf_counter() - started,
         "trials": trials,
+    }
+
+
+def run_trial(
+    config: StudyConfig, params: dict[str, Any], prepared: Any, work: Path, index: int,
+    fraction: float,
+) -> dict[str, Any]:  # fmt: skip
+    """One configuration's trial at `fraction`: the first share of its full run (same
+    schedule, same data order), its evaluations and wall time."""
+    from trainers.loop.run import train
+
+    spec = train_spec(
+        config, params, model=prepared.model_path, data=prepared.data_path, full_run=False,
+        train_samples=prepared.train_samples, fraction=fraction,
+        output_dir=str(work / f"trial-{index}-{fraction}"),
+    )  # fmt: skip
+    started = time.perf_counter()
+    result = train(spec)
+    return {
+        "eval_records": [
+            {k: r[k] for k in ("step", "samples_seen", "loss")} for r in result.eval_records
+        ],
+        "seconds": time.perf_counter() - started,
     }
 
 
@@ -249,6 +262,74 @@ def end_predictions(
     return out
 
 
+def promotion(
+    rows: list[dict[str, Any]], fraction: str, reference: dict[str, Any] | None,
+    during: list[dict[str, Any]], attrs: list[dict[str, Any]], ends: list[dict[str, Any]],
+    *, promote: int, promote_fraction: float,
+) -> dict[str, Any]:  # fmt: skip
+    """What the study exports with and without `--promote K`: the `promote` best trials by
+    score continued to `promote_fraction` of their full runs (their recorded trial there, the
+    same first share of the same full run) and scored again; the pick is the best standing
+    trial (`hpo.pick.standing_trials`: a promoted trial replaces its first). For each, the
+    pick's rank and regret, its end prediction's |error| and whether its full run lies in
+    its band, and the search's seconds (the promoted trials' included)."""
+    from analysis.loss_correction import LossCorrection
+    from hpo.final_loss import (
+        LAW_CURVE_ATTR,
+        REFERENCE_KEY,
+        TrialCurve,
+        predict_final_loss,
+        shape_curve_attrs,
+        study_prediction,
+    )  # fmt: skip
+
+    full = np.array([r["full_run_loss"] for r in rows])
+    study_attrs = shape_curve_attrs({REFERENCE_KEY: reference["curve"]}) if reference else {}
+    shape = [TrialCurve.from_attr(reference["curve"])] if reference else []
+    peers = [TrialCurve.from_attr(a[LAW_CURVE_ATTR]) for a in attrs]
+    chosen = sorted(range(len(during)), key=lambda i: (during[i]["score"], i))[:promote]
+    scores = {i: during[i]["score"] for i in range(len(during)) if i not in chosen}
+    bands = {i: ends[i] for i in scores}
+    seconds = sum(p["seconds"] for p in during)
+    promoted: list[dict[str, Any]] = []
+    for i in chosen:  # in the order the study promotes them, each fitted with those before
+        curve = _curve(rows[i], str(promote_fraction))
+        assert curve is not None
+        final = predict_final_loss(
+            curve, peers=[*(c for c in peers if c is not None),
+                          *(TrialCurve.from_attr(a[LAW_CURVE_ATTR]) for a in promoted), *shape],
+            full_run_samples=rows[i]["full_run_samples"], correction=LossCorrection(),
+            full_run_epochs=1.0,
+        )  # fmt: skip
+        promoted.append(final.user_attrs())
+        scores[i] = final.fit.p50 if final.ranks_by_prediction else final.last_loss
+        seconds += rows[i]["trials"][str(promote_fraction)]["seconds"]
+    for j, i in enumerate(chosen):
+        others = [*attrs, *promoted[:j], *promoted[j + 1 :]]
+        again = study_prediction(
+            promoted[j], others, study_attrs, correction=LossCorrection(), full_run_epochs=1.0
+        )
+        assert again is not None
+        bands[i] = {k: getattr(again.final.fit, k) for k in ("p10", "p50", "p90")}
+
+    def verdict(pick: int, band: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "pick_rank": int(np.sum(full < full[pick])) + 1,
+            "regret": float(full[pick] - full.min()),
+            "pick_abs_pct_error": float(abs(band["p50"] / full[pick] - 1) * 100),
+            "pick_in_band": bool(band["p10"] <= full[pick] <= band["p90"]),
+            "pick_halfwidth_pct": float((band["p90"] - band["p10"]) / 2 / band["p50"] * 100),
+        }
+
+    plain = int(np.argmin([p["score"] for p in during]))
+    pick = min(scores, key=lambda i: (scores[i], i))
+    return {
+        "promote": promote, "promote_fraction": promote_fraction, "promoted": chosen,
+        "without": {**verdict(plain, ends[plain]), "search_seconds": sum(p["seconds"] for p in during)},
+        "with": {**verdict(pick, bands[pick]), "search_seconds": seconds},
+    }  # fmt: skip
+
+
 def score(preds: list[dict[str, Any]]) -> dict[str, Any]:
     """Rank agreement, prediction error, band coverage and regret over one fraction's trials."""
     full = np.array([p["full_run_loss"] for p in preds])
@@ -293,10 +374,15 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def report(payload: dict[str, Any]) -> dict[str, Any]:
-    """Score every fraction of `payload`'s rows; print the table; return the scores."""
+def report(
+    payload: dict[str, Any], *, promote: int = 0, promote_fraction: float = 0.1
+) -> dict[str, Any]:
+    """Score every fraction of `payload`'s rows; print the table; return the scores. With
+    `promote`, also what promoting that many trials to `promote_fraction` (a recorded
+    fraction) changes at every smaller fraction (`promotion`, a second table)."""
     rows = payload["rows"]
     scores = {}
+    promotions = {}
     for fraction in payload["fractions"]:
         key = str(fraction)
         for reference in [None, *payload.get("references", {}).get(key, [])]:
@@ -306,6 +392,15 @@ def report(payload: dict[str, Any]) -> dict[str, Any]:
             scores[label] = {**score(preds), "predictions": preds}
             ends = end_predictions(preds, attrs, reference)
             scores[f"{label} end"] = {**score(ends), "predictions": ends}
+            if (
+                promote
+                and fraction < promote_fraction
+                and str(promote_fraction) in rows[0]["trials"]
+            ):
+                promotions[f"{label} end"] = promotion(
+                    rows, key, reference, preds, attrs, ends, promote=promote,
+                    promote_fraction=promote_fraction,
+                )  # fmt: skip
     print(
         f"{len(rows)} configurations, pretrain_steps {payload['pretrain_steps']}, "
         f"data {payload['data']}, samples {payload.get('samples') or 3000}, "
@@ -315,6 +410,17 @@ def report(payload: dict[str, Any]) -> dict[str, Any]:
     short = ["fraction", "spearman", "sp.p50", "sp.fidelity", "pick", "pick p50", "regret", "med err %", "p90 err %",
              "med err corr %", "coverage", "half-width %", "fallbacks", "search s", "fit s"]  # fmt: skip
     print(table(short, [[k, *(s[c] for c in COLUMNS)] for k, s in scores.items()]))
+    if promotions:
+        print(f"\nthe pick with and without --promote {promote} to {promote_fraction:g}")
+        head = ["fraction", "pick", "regret", "pick err %", "in band", "half-width %",
+                "search s", "promoted: pick", "regret", "pick err %", "in band",
+                "half-width %", "search s"]  # fmt: skip
+        cells = ["pick_rank", "regret", "pick_abs_pct_error", "pick_in_band",
+                 "pick_halfwidth_pct", "search_seconds"]  # fmt: skip
+        print(table(head, [[k, *(v["without"][c] for c in cells), *(v["with"][c] for c in cells)]
+                           for k, v in promotions.items()]))  # fmt: skip
+        for label, value in promotions.items():
+            scores[label]["promotion"] = value
     return scores
 
 
@@ -390,6 +496,28 @@ def redo_references(payload: dict[str, Any], reference_fractions: str) -> dict[s
         }  # fmt: skip
 
 
+def add_fractions(payload: dict[str, Any], fractions: str) -> dict[str, Any]:
+    """`payload` with every recorded configuration's trial at more `fractions` (the full
+    runs, trials and reference runs recorded are kept: the new trials are the first shares
+    of the same full runs, trained as `run_config` trains them)."""
+    extra = sorted({float(f) for f in fractions.split(",") if f} - set(payload["fractions"]))
+    with study_setup(
+        payload["pretrain_steps"], payload["data"], payload.get("samples") or 0,
+        payload.get("label_noise", 0.0), payload["trial_evals"], payload.get("seed", 0),
+    ) as (config, prepared, work):  # fmt: skip
+        rows = []
+        for row in payload["rows"]:
+            trials = dict(row["trials"])
+            for fraction in extra:
+                trials[str(fraction)] = run_trial(
+                    config, row["params"], prepared, work, row["config"], fraction
+                )
+                print(f"config {row['config']}: trial at {fraction:g} in "
+                      f"{trials[str(fraction)]['seconds']:.0f} s", flush=True)  # fmt: skip
+            rows.append({**row, "trials": trials})
+    return {**payload, "rows": rows, "fractions": sorted({*payload["fractions"], *extra})}
+
+
 def references(
     config: StudyConfig, rows: list[dict[str, Any]], prepared: Any, work: Path,
     fractions: tuple[float, ...], reference_fractions: str,
@@ -435,6 +563,19 @@ def main(argv: list[str] | None = None) -> int:
         help="score with S1 adding (rate / peak) ** P per step (default: the law's "
         "analysis.lr_schedule.FORWARD_POWER; 1: the paper's area under the rate)",
     )  # fmt: skip
+    parser.add_argument(
+        "--promote", type=int, default=2,
+        help="also score the pick with the K best trials promoted (0: not)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--promote-fraction", type=float, default=0.1,
+        help="the share promoted trials train on (a fraction the runs recorded)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--add-fractions", default="",
+        help="with --rescore: train every recorded configuration's trial at these fractions "
+        "too (the full runs are kept)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", help="write the runs and scores here")
@@ -452,13 +593,20 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not 0.0 <= args.label_noise <= 1.0:
         parser.error(f"--label-noise must lie in [0, 1], but got {args.label_noise}")
-    if args.redo_references and not args.rescore:
-        parser.error("--redo-references needs --rescore FILE (the recorded runs)")
+    if (args.redo_references or args.add_fractions) and not args.rescore:
+        parser.error(
+            "--redo-references and --add-fractions need --rescore FILE (the recorded runs)"
+        )
+    if args.promote < 0 or not 0.0 < args.promote_fraction <= 1.0:
+        parser.error(
+            f"--promote must be >= 0 and --promote-fraction in (0, 1], but got "
+            f"{args.promote} and {args.promote_fraction}"
+        )
     if args.forward_power is not None:
         if not 0.0 < args.forward_power <= 1.0:
             parser.error(f"--forward-power must lie in (0, 1], but got {args.forward_power}")
         analysis.lr_schedule.FORWARD_POWER = args.forward_power
-    if args.threads and (args.redo_references or not args.rescore):  # it trains
+    if args.threads and (args.redo_references or args.add_fractions or not args.rescore):
         import torch
 
         torch.set_num_threads(args.threads)
@@ -466,9 +614,11 @@ def main(argv: list[str] | None = None) -> int:
         payload = json.loads(Path(args.rescore).read_text(encoding="utf-8"))
         if args.redo_references:
             payload = redo_references(payload, args.reference_fractions)
+        if args.add_fractions:
+            payload = add_fractions(payload, args.add_fractions)
     else:
         payload = collect(args)
-    scores = report(payload)
+    scores = report(payload, promote=args.promote, promote_fraction=args.promote_fraction)
     power = analysis.lr_schedule.FORWARD_POWER
     write_json(args.json, {**payload, "forward_power": power, "scores": scores})
     return 0

@@ -203,8 +203,8 @@ def shape_curves(study_attrs: Mapping[str, Any]) -> list[TrialCurve]:
     for key, value in study_attrs.items():
         if key.startswith(SHAPE_CURVE_PREFIX) and isinstance(value, Mapping):
             added = value.get(ADDED_KEY)
-            finite = isinstance(added, (int, float)) and math.isfinite(added)
-            when = float(added) if finite else -math.inf
+            when = float(added) if isinstance(added, (int, float)) else -math.inf
+            when = when if math.isfinite(when) else -math.inf
             held[key.removeprefix(SHAPE_CURVE_PREFIX)] = (when, value)
     curves = {
         source: curve

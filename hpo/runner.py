@@ -132,7 +132,8 @@ def run_study(
     search_budget.record_plan(tracker, parent, keeper)
     context = StudyContext(config, prepared, tracker, parent, estimator, keeper)
     _optimize(study, context, progress=progress)
-    if not keeper.stopped:
+    if not keeper.stopped or keeper.plan.promote:  # the plan kept their time for them
+        keeper.promoting = True
         promote(study, context, progress=progress)
     keeper.trials_ended = time.perf_counter()
     summary = _close(study, context)
@@ -339,7 +340,11 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
         How many trials were promoted now.
     """
     config = context.config
-    if config.trial.promote <= 0:
+    # Under a search budget, as many as its plan holds (it keeps their time from the trials).
+    count = config.trial.promote
+    if context.budget is not None and context.budget.plan.budget_hours is not None:
+        count = min(count, context.budget.plan.promote)
+    if count <= 0:
         return 0
     trials = study.get_trials(deepcopy=False)
     done = {t.user_attrs.get(PROMOTED_FROM_ATTR) for t in trials} - {None}
@@ -350,7 +355,7 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
         and PROMOTED_FROM_ATTR not in t.user_attrs
         and (loss := trial_loss(t)) is not None
     ]
-    best = [t for _, _, t in sorted(firsts, key=lambda item: item[:2])[: config.trial.promote]]
+    best = [t for _, _, t in sorted(firsts, key=lambda item: item[:2])[:count]]
     chosen = [t for t in best if t.number not in done]
     for trial in chosen:
         study.enqueue_trial(trial.params, user_attrs={PROMOTED_FROM_ATTR: trial.number})

@@ -127,6 +127,8 @@ def make_plan(
         workers=workers,
         reuse_base_model=config.reuse_base_model,
         measured_fixed=measured,
+        promote=config.trial.promote,
+        promote_fraction=config.trial.promote_fraction,
     )
 
 
@@ -223,6 +225,9 @@ class BudgetKeeper:
         self.current: int | None = None  # this session's trial in training
         self.trials_ended: float | None = None  # on `clock`: this session's trials are over
         self.stopped = False
+        # The search's trials are over and the promoted ones run: the plan's time kept for
+        # them is theirs (`usable_seconds`).
+        self.promoting = False
         # No configuration fits by the study's calibration any more (`hpo.runner`).
         self.nothing_fits = False
         self.first_session = True  # the study's first plan (its MLflow params are written once)
@@ -237,9 +242,13 @@ class BudgetKeeper:
 
     @property
     def usable_seconds(self) -> float | None:
-        """The budget less the reserve for the close after the last trial."""
+        """The budget less the reserve for the close after the last trial, and, until the
+        promotions start (`promoting`), less the time the plan keeps for them."""
         budget = self.budget_seconds
-        return None if budget is None else budget - self.reserve_seconds
+        if budget is None:
+            return None
+        kept = 0.0 if self.promoting else self.plan.promote_hours * 3600
+        return budget - self.reserve_seconds - kept
 
     def spent(self, trials: list[optuna.trial.FrozenTrial] | None = None) -> float:
         """GPU-seconds spent: this session's wall clock since launch, the other sessions'

@@ -264,6 +264,8 @@ def plan_parts(plan: dict[str, Any]) -> str:
     if loads:
         parts.append(f"model load {format_hours(loads)}")
     parts.append(f"{plan['trials']} trials x {format_hours(plan['trial_hours'])}")
+    if plan.get("promote"):
+        parts.append(f"{plan['promote']} promoted {format_hours(plan['promote_hours'])}")
     return " + ".join(parts)
 
 

@@ -17,6 +17,7 @@ from analysis.search_plan import (
     DEFAULT_SEARCH_BUDGET_PCT,
     ENOUGH_TRIALS,
     MIN_FIDELITY,
+    PROMOTE_SHARE,
     TrialCost,
     budget_hours,
     plan_search,
@@ -145,6 +146,45 @@ def test_the_fixed_cost_comes_from_the_measured_trials_once_there_are_some() -> 
     assert refitted.fidelity == prior.fidelity  # the study compares its trials at equal data
     assert refitted.trials > prior.trials and refitted.fixed_source == "measured on 3 trials"
     assert refitted.planned_hours <= 4.0 * 1.000001
+
+
+def test_promotions_are_kept_out_of_the_budget_before_the_trials_are_sized() -> None:
+    # --promote 2 at 0.3: each priced as a trial there (0.1 h fixed + 6 h), 12.2 h of 30.
+    plan = _plan(COST, 30.0, promote=2, promote_fraction=0.3)
+    assert (plan.promote, plan.promote_hours) == (2, pytest.approx(12.2))
+    assert plan.trials == 10 and plan.fidelity < 0.1  # the trials get the other 17.8 h
+    assert plan.planned_hours == pytest.approx(30.0)
+    assert "then the 2 best continued to 0.3 of their full run (--promote): 12.2 h" in "\n".join(
+        plan.lines()
+    )
+    # The measured trial cost refits the trials around the same promotions.
+    refitted = refit(plan, COST.measured(36.0, 3), n_trials=10)
+    assert refitted.promote == 2 and refitted.planned_hours <= 30.0 * 1.000001
+    # Without a budget they are planned GPU time all the same.
+    assert _plan(COST, None, promote=2, promote_fraction=0.3).planned_hours == pytest.approx(
+        10 * 2.1 + 12.2
+    )
+
+
+def test_a_budget_holds_only_the_promotions_that_leave_room_for_trials() -> None:
+    # 16 h: at most half for promotions, so one of 6.1 h, not two (12.2 h).
+    plan = _plan(COST, 16.0, promote=2, promote_fraction=0.3)
+    assert (plan.promote, plan.promote_asked) == (1, 2)
+    assert plan.promote_hours <= PROMOTE_SHARE * 16.0
+    assert plan.planned_hours <= 16.0 * 1.000001
+    text = "\n".join(plan.lines())
+    assert "--promote 2: the budget holds 1 at 0.3 of the full run" in text
+    none = _plan(COST, 4.0, promote=1, promote_fraction=0.3)  # one would take 6.1 h of 4
+    assert none.promote == 0 and none.promote_hours == 0 and "holds 0" in "\n".join(none.lines())
+
+
+def test_the_trials_leave_the_promotions_their_time_until_these_start() -> None:
+    plan = _plan(COST, 30.0, promote=2, promote_fraction=0.3)
+    keeper = BudgetKeeper(optuna.create_study(), plan, launched=0.0, clock=Clock())
+    keeper.reserve_seconds = 0.0
+    assert keeper.usable_seconds == pytest.approx((30.0 - 12.2) * 3600)
+    keeper.promoting = True
+    assert keeper.usable_seconds == pytest.approx(30.0 * 3600)
 
 
 def test_with_several_workers_the_plan_says_gpu_hours_of_all_and_trials_per_worker() -> None:
@@ -393,6 +433,44 @@ def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(
     assert again.search["fidelity"] == pytest.approx(search["fidelity"])
 
 
+def test_a_budgeted_study_keeps_the_promotions_time_and_promotes(
+    tiny_model_dir: Path, small_data: Path, tmp_path: Path
+) -> None:
+    config = _config(tmp_path / "w", tiny_model_dir, small_data, promote=1, promote_fraction=0.6)
+    estimator = StudyEstimator(config, prepare(config), cpu_probe=FAST_PRIOR)
+    plan = make_plan(config, estimator)
+    # Room for the base model's load, two predicted trials (more run: the prior is slow), one
+    # promoted trial (at 0.6, twice a trial's share) and a minute of set-up; more trials
+    # asked than fit.
+    promoted = plan.fixed_hours + 2 * (plan.trial_hours - plan.fixed_hours)
+    budget = plan.once_hours + 2 * plan.trial_hours + promoted + 60 / 3600
+    config = _config(
+        tmp_path / "w", tiny_model_dir, small_data, search_hours=budget, n_trials=400,
+        promote=1, promote_fraction=0.6,
+    )  # fmt: skip
+    summary = run_study(
+        config,
+        progress=False,
+        estimator_factory=lambda c, p: StudyEstimator(c, p, cpu_probe=FAST_PRIOR),
+    )
+    search = summary.search
+    assert search["promote"] == 1 and search["opening"]["promote_hours"] > 0
+    assert search["ended_by"] == "search budget"
+    study = optuna.load_study(study_name="budgeted", storage=config.storage_url)
+    # The trials stopped where the promotion's time began: the best of them was promoted.
+    (again,) = [t for t in study.trials if "promoted_from" in t.user_attrs]
+    assert again.state == optuna.trial.TrialState.COMPLETE
+    first = study.trials[again.user_attrs["promoted_from"]]
+    assert again.params == first.params
+    longest = max(
+        (t.datetime_complete - t.datetime_start).total_seconds()
+        for t in study.trials
+        if t.datetime_complete and t.datetime_start
+    )
+    late_close = max(0.0, search["tail_seconds"] - search["reserve_seconds"])
+    assert search["spent_hours"] <= budget + (longest + late_close) / 3600, search
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "field"),
     [
@@ -433,6 +511,15 @@ def test_analysis_plan_prints_the_search_plan_next_to_the_full_run(
     # Hours-long trials at 0.1 would not fit 10 into a tenth of the run: fidelity goes down.
     assert search["fidelity"] < 0.1
     assert search["search_and_run_hours_p50"] == pytest.approx(search["planned_hours"] + full_p50)
+    # Promotions come out of the budget first: two at 0.1 (a fifth of the run) of 40 %.
+    more = ["--search-budget-pct", "40", "--trial-fraction", "0.05", "--promote", "2"]
+    more += ["--promote-fraction", "0.1"]
+    assert plan_main([*args[:-4], *more, "--json", str(out_json)]) == 0
+    promoted = json.loads(out_json.read_text())["search"]
+    assert promoted["promote"] == 2  # each about a tenth of the run (its start-up is not)
+    assert 0.15 * full_p50 < promoted["promote_hours"] <= 0.2 * full_p50
+    assert promoted["planned_hours"] <= 0.4 * full_p50 * 1.000001
+    assert "then the 2 best continued to 0.1 of their full run" in capsys.readouterr().out
 
 
 def test_hpo_init_writes_the_search_budget_the_study_reads(
