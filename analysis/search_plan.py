@@ -322,9 +322,10 @@ def promotions_that_fit(cost: TrialCost, promote: int, fraction: float, left: fl
     """How many of `promote` trials at `fraction` fit in `PROMOTE_SHARE` of `left` seconds."""
     if promote <= 0 or fraction <= 0:
         return 0
-    return max(
-        0, min(promote, math.floor(PROMOTE_SHARE * left * (1 + 1e-9) / cost.seconds(fraction)))
-    )
+    each = cost.seconds(fraction)
+    if each <= 0:  # a time model that prices nothing: nothing to keep out
+        return promote
+    return max(0, min(promote, math.floor(PROMOTE_SHARE * max(left, 0.0) * (1 + 1e-9) / each)))
 
 
 def plan_search_for_run(

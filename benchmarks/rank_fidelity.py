@@ -18,11 +18,15 @@ pick's rank and regret (and the p50's pick), the median
 and p90 absolute error of the uncorrected p50, the share of full runs inside p10-p90, the
 median band half-width, the share of fallbacks, `search_seconds` (the trials' total
 wall time) and `fit_seconds` (the median time of one trial's prediction); plus the median error with the loss correction fitted leave-one-out from the
-other configurations' full runs.
+other configurations' full runs. With `--promote K` (default 2) and a recorded
+`--promote-fraction` (default 0.1), a second table: the study's pick, its end prediction's
+error and band, and the search's seconds, without and with the K best trials promoted there
+(`promotion`). `--add-fractions` trains recorded configurations' trials at more fractions.
 
     python benchmarks/rank_fidelity.py [--configs 12] [--pretrain-steps 0] [--data chat]
         [--fractions 0.01,0.02,0.05,0.1] [--samples 3000] [--label-noise 0.3] [--json FILE]
     python benchmarks/rank_fidelity.py --rescore FILE   # score recorded runs again
+    python benchmarks/rank_fidelity.py --rescore FILE --add-fractions 0.1 --json FILE2
 """
 
 from __future__ import annotations
