@@ -43,6 +43,12 @@ ENOUGH_TRIALS = 50
 # The most of a budget promotions (`--promote K`) may keep: the trials they choose from need
 # the rest. Fewer are promoted where K of them would take more.
 PROMOTE_SHARE = 0.5
+# Trials below this share of their run are short enough to misrank a long one
+# (benchmarks/rank_fidelity.py, 2026-11-25: at 0.01-0.03 of 844-3375-step runs, 10 sets of 8
+# configurations, the pick was outside the best 2 in 10 of 30 set-and-fraction cases and
+# among them in 29 of 30 with the 2 best promoted to 0.1): the plan says so where nothing is
+# promoted.
+SHORT_TRIALS = 0.05
 
 
 @dataclass(frozen=True)
@@ -206,6 +212,13 @@ class SearchPlan:
         lines.append(
             f"  full run for comparison: p50 {format_hours(self.full_run_hours_p50)}{full_cost}"
         )
+        if self.fidelity < SHORT_TRIALS and not self.promote:
+            lines.append(
+                f"  trials at {self.fidelity:.3g} of their run may rank it poorly: at 1-3 % of "
+                "844-3375-step runs the pick was not among the best 2 of 8 in 10 of 30 "
+                "measured cases (rank_fidelity.py); --promote 2 --promote-fraction 0.1 "
+                "(about a fifth of a full run more) picked among the best 2 in 29 of 30"
+            )
         return lines
 
 

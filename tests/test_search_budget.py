@@ -18,6 +18,7 @@ from analysis.search_plan import (
     ENOUGH_TRIALS,
     MIN_FIDELITY,
     PROMOTE_SHARE,
+    SHORT_TRIALS,
     TrialCost,
     budget_hours,
     plan_search,
@@ -176,6 +177,16 @@ def test_a_budget_holds_only_the_promotions_that_leave_room_for_trials() -> None
     assert "--promote 2: the budget holds 1 at 0.3 of the full run" in text
     none = _plan(COST, 4.0, promote=1, promote_fraction=0.3)  # one would take 6.1 h of 4
     assert none.promote == 0 and none.promote_hours == 0 and "holds 0" in "\n".join(none.lines())
+
+
+def test_a_plan_of_short_trials_says_they_may_misrank_unless_it_promotes() -> None:
+    short = _plan(COST, 4.0)  # 0.4 h a trial: 1.5 % of the run
+    assert short.fidelity < SHORT_TRIALS
+    assert "may rank it poorly" in short.lines()[-1] and "--promote 2" in short.lines()[-1]
+    promoting = _plan(COST, 12.0, promote=1, promote_fraction=0.1)
+    assert promoting.promote == 1 and promoting.fidelity < SHORT_TRIALS
+    assert not any("may rank it poorly" in line for line in promoting.lines())
+    assert not any("may rank it poorly" in line for line in _plan(COST, None).lines())
 
 
 def test_the_trials_leave_the_promotions_their_time_until_these_start() -> None:
