@@ -450,11 +450,11 @@ def test_a_budgeted_study_keeps_the_promotions_time_and_promotes(
     config = _config(tmp_path / "w", tiny_model_dir, small_data, promote=1, promote_fraction=0.6)
     estimator = StudyEstimator(config, prepare(config), cpu_probe=FAST_PRIOR)
     plan = make_plan(config, estimator)
-    # Room for the base model's load, two predicted trials (more run: the prior is slow), one
-    # promoted trial (at 0.6, twice a trial's share) and a minute of set-up; more trials
-    # asked than fit.
+    # Room for the base model's load, a predicted trial (more run: the prior is slow), one
+    # promoted trial (at 0.6, twice a trial's share) and 20 s of set-up (2 s here: the model
+    # and data are prepared); more trials asked than fit.
     promoted = plan.fixed_hours + 2 * (plan.trial_hours - plan.fixed_hours)
-    budget = plan.once_hours + 2 * plan.trial_hours + promoted + 60 / 3600
+    budget = plan.once_hours + plan.trial_hours + promoted + 20 / 3600
     config = _config(
         tmp_path / "w", tiny_model_dir, small_data, search_hours=budget, n_trials=400,
         promote=1, promote_fraction=0.6,
