@@ -267,7 +267,7 @@ def end_predictions(
 
 
 def promotion(
-    rows: list[dict[str, Any]], fraction: str, reference: dict[str, Any] | None,
+    rows: list[dict[str, Any]], reference: dict[str, Any] | None,
     during: list[dict[str, Any]], attrs: list[dict[str, Any]], ends: list[dict[str, Any]],
     *, promote: int, promote_fraction: float,
 ) -> dict[str, Any]:  # fmt: skip
@@ -285,26 +285,27 @@ def promotion(
         predict_final_loss,
         shape_curve_attrs,
         study_prediction,
-    )  # fmt: skip
+    )
 
     full = np.array([r["full_run_loss"] for r in rows])
     study_attrs = shape_curve_attrs({REFERENCE_KEY: reference["curve"]}) if reference else {}
     shape = [TrialCurve.from_attr(reference["curve"])] if reference else []
-    peers = [TrialCurve.from_attr(a[LAW_CURVE_ATTR]) for a in attrs]
+    # The first trials' curves, then each promoted one's as it ends.
+    peers = [c for a in attrs if (c := TrialCurve.from_attr(a[LAW_CURVE_ATTR])) is not None]
     chosen = sorted(range(len(during)), key=lambda i: (during[i]["score"], i))[:promote]
     scores = {i: during[i]["score"] for i in range(len(during)) if i not in chosen}
     bands = {i: ends[i] for i in scores}
-    seconds = sum(p["seconds"] for p in during)
+    searched = sum(p["seconds"] for p in during)
+    seconds = searched
     promoted: list[dict[str, Any]] = []
     for i in chosen:  # in the order the study promotes them, each fitted with those before
         curve = _curve(rows[i], str(promote_fraction))
         assert curve is not None
         final = predict_final_loss(
-            curve, peers=[*(c for c in peers if c is not None),
-                          *(TrialCurve.from_attr(a[LAW_CURVE_ATTR]) for a in promoted), *shape],
-            full_run_samples=rows[i]["full_run_samples"], correction=LossCorrection(),
-            full_run_epochs=1.0,
+            curve, peers=[*peers, *shape], full_run_samples=rows[i]["full_run_samples"],
+            correction=LossCorrection(), full_run_epochs=1.0,
         )  # fmt: skip
+        peers.append(curve)
         promoted.append(final.user_attrs())
         scores[i] = final.fit.p50 if final.ranks_by_prediction else final.last_loss
         seconds += rows[i]["trials"][str(promote_fraction)]["seconds"]
@@ -329,7 +330,7 @@ def promotion(
     pick = min(scores, key=lambda i: (scores[i], i))
     return {
         "promote": promote, "promote_fraction": promote_fraction, "promoted": chosen,
-        "without": {**verdict(plain, ends[plain]), "search_seconds": sum(p["seconds"] for p in during)},
+        "without": {**verdict(plain, ends[plain]), "search_seconds": searched},
         "with": {**verdict(pick, bands[pick]), "search_seconds": seconds},
     }  # fmt: skip
 
@@ -402,7 +403,7 @@ def report(
                 and str(promote_fraction) in rows[0]["trials"]
             ):
                 promotions[f"{label} end"] = promotion(
-                    rows, key, reference, preds, attrs, ends, promote=promote,
+                    rows, reference, preds, attrs, ends, promote=promote,
                     promote_fraction=promote_fraction,
                 )  # fmt: skip
     print(
