@@ -46,8 +46,8 @@ PROMOTE_SHARE = 0.5
 # Trials below this share of their run are short enough to misrank a long one
 # (benchmarks/rank_fidelity.py, 2026-11-25: at 0.01-0.03 of 844-3375-step runs, 10 sets of 8
 # configurations, the pick was outside the best 2 in 10 of 30 set-and-fraction cases and
-# among them in 29 of 30 with the 2 best promoted to 0.1): the plan says so where nothing is
-# promoted.
+# among them in 29 of 30 with the 2 best promoted to 0.1): the plan says so where no
+# promotion is asked for (where one is asked and none fits, it says that instead).
 SHORT_TRIALS = 0.05
 
 
@@ -197,7 +197,8 @@ class SearchPlan:
             lines.append(
                 f"  --promote {self.promote_asked}: the budget holds {self.promote} at "
                 f"{self.promote_fraction:.3g} of the full run (promotions take at most "
-                f"{PROMOTE_SHARE:.0%} of it)"
+                f"{100 * PROMOTE_SHARE:.0f} % of it); a larger --search-hours or "
+                "--search-budget-pct holds more"
             )
         if self.once_hours > 0:
             lines.append(
@@ -212,7 +213,7 @@ class SearchPlan:
         lines.append(
             f"  full run for comparison: p50 {format_hours(self.full_run_hours_p50)}{full_cost}"
         )
-        if self.fidelity < SHORT_TRIALS and not self.promote:
+        if self.fidelity < SHORT_TRIALS and not self.promote_asked:
             lines.append(
                 f"  trials at {self.fidelity:.3g} of their run may rank it poorly: at 1-3 % of "
                 "844-3375-step runs the pick was not among the best 2 of 8 in 10 of 30 "
