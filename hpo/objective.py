@@ -51,6 +51,27 @@ def _drop_checkpoints(output_dir: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+DUPLICATE_OF_ATTR = "duplicate_of"  # a promotion queued twice: the trial that runs it
+
+
+def promoted_before(study: optuna.Study, trial_number: int, promoted_from: Any) -> int | None:
+    """The trial, numbered before `trial_number`, that already promotes trial `promoted_from`
+    and has not failed; None if there is none.
+
+    Workers ending at once may each queue the same configuration's promotion (reading the
+    study and queueing a trial are two steps); the first queued promotes it, the others end
+    without training.
+    """
+    for frozen in study.get_trials(deepcopy=False):
+        if (
+            frozen.number < trial_number
+            and frozen.user_attrs.get(PROMOTED_FROM_ATTR) == promoted_from
+            and frozen.state != optuna.trial.TrialState.FAIL
+        ):
+            return frozen.number
+    return None
+
+
 def _first_run_id(study: optuna.Study, number: Any) -> str | None:
     """The MLflow run of trial `number` of `study`, if it recorded one."""
     for frozen in study.get_trials(deepcopy=False):
@@ -118,6 +139,13 @@ class Objective:
         ctx = self.context
         config = ctx.config
         prepared = ctx.prepared
+        promoted_from = trial.user_attrs.get(PROMOTED_FROM_ATTR)
+        if promoted_from is not None:
+            twin = promoted_before(trial.study, trial.number, promoted_from)
+            if twin is not None:
+                reason = f"trial {twin} already promotes trial {promoted_from}"
+                set_user_attrs(trial, {"state_reason": reason, DUPLICATE_OF_ATTR: twin})
+                raise optuna.TrialPruned(reason)
         params = sample(trial, prepared.space, config.profiles)
         full_run = run_spec(params, config, model=prepared.model_path, data=prepared.data_path)
         steps = full_run_steps(full_run, ctx.estimator.train_lengths(full_run.max_length))
@@ -142,7 +170,6 @@ class Objective:
             "trial_fraction": fraction,
             "timed_checkpoint_save": timed_save,
         }
-        promoted_from = trial.user_attrs.get(PROMOTED_FROM_ATTR)
         first_run = None if promoted_from is None else _first_run_id(trial.study, promoted_from)
         if first_run is not None:
             # The same configuration, further: its points go on in its first trial's run.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +33,7 @@ from hpo.study_space import check_same_space, space_record
 from hpo.summary import StudySummary, parent_note, summarize
 from hpo.tracking import Tracker
 from hpo.what_fits import Proposals, check_space, feasible_starts
-from hpo.workers import claimed, fail_dead_workers_trials
+from hpo.workers import WORKER_INDEX_ENV, claimed, fail_dead_workers_trials
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,11 @@ def run_study(
     search_budget.record_plan(tracker, parent, keeper)
     context = StudyContext(config, prepared, tracker, parent, estimator, keeper)
     _optimize(study, context, progress=progress)
-    if not keeper.stopped or keeper.plan.promote:  # the plan kept their time for them
+    # A worker `--workers N` started leaves the promotions to its launcher, which promotes
+    # once when all have ended: workers ending one by one would each promote the best they saw.
+    started_by_launcher = os.environ.get(WORKER_INDEX_ENV) is not None
+    # Under a budget the plan kept their time for them.
+    if not started_by_launcher and (not keeper.stopped or keeper.plan.promote):
         keeper.promoting = True
         promote(study, context, progress=progress)
     keeper.trials_ended = time.perf_counter()
@@ -334,7 +339,8 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
     Each becomes a new trial of the same configuration (Optuna cannot reopen a finished
     trial) that records `promoted_from`, continues the first trial's MLflow run and, once
     complete, stands for the configuration in the export. A configuration is promoted once:
-    running the study again adds no duplicates.
+    running the study again adds no duplicates, and of a promotion two workers queued at
+    once only the first trains (`hpo.objective.promoted_before`).
 
     Returns:
         How many trials were promoted now.

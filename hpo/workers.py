@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WORKER_ATTR = "hpo_worker"  # trial user attribute: the WorkerId that runs it
+WORKER_INDEX_ENV = "HPO_WORKER_INDEX"  # set in each worker `--workers N` starts
 # A dead worker's trial is queued again, like the heartbeat path does (Optuna's callback).
 MAX_RETRY = 2
 
@@ -218,7 +219,7 @@ def run_workers(config: StudyConfig, n_workers: int, argv: list[str]) -> int:
     os.environ[WORKERS_ENV] = str(n_workers)  # they share one budget: each plans with it
     procs = []
     for index, gpu in enumerate(gpus):
-        env = {**os.environ, "HPO_WORKER_INDEX": str(index)}
+        env = {**os.environ, WORKER_INDEX_ENV: str(index)}
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         log_path = work.worker_log(index)

@@ -33,6 +33,7 @@ from hpo.final_loss import (
     curve_points,
     shape_curves,
 )
+from hpo.objective import DUPLICATE_OF_ATTR
 from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial, standing_trials
 from hpo.runner import run_study
 from hpo.runspec import trial_schedule
@@ -232,6 +233,30 @@ def test_a_full_run_corrects_the_next_studys_prediction(
         t.user_attrs[PROMOTED_FROM_ATTR] for t in study.trials if PROMOTED_FROM_ATTR in t.user_attrs
     ]
     assert len(promoted) == len(set(promoted))
+
+
+def test_a_promotion_queued_twice_trains_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Workers ending together may each queue the best configuration's promotion: the first
+    queued trains, the other ends pruned, untrained, naming it."""
+    space = unpacked_default_space(tmp_path)  # packed, a trial and its promotion are 1 step
+    config = _config(tmp_path, tiny_model_dir, n_trials=1, promote=0, space=space)
+    run_study(config, progress=False)
+    study = optuna.load_study(study_name="objective", storage=config.storage_url)
+    first = study.trials[0]
+    for _ in range(2):
+        study.enqueue_trial(first.params, user_attrs={PROMOTED_FROM_ATTR: first.number})
+    run_study(dataclasses.replace(config, n_trials=3), progress=False)
+    study = optuna.load_study(study_name="objective", storage=config.storage_url)
+    runs, twin = [t for t in study.trials if PROMOTED_FROM_ATTR in t.user_attrs]
+    assert runs.state == optuna.trial.TrialState.COMPLETE
+    assert runs.user_attrs["trial_fraction"] == 2 * first.user_attrs["trial_fraction"]
+    assert runs.user_attrs[CURVE_ATTR][-1][0] > first.user_attrs[CURVE_ATTR][-1][0]
+    assert twin.state == optuna.trial.TrialState.PRUNED
+    assert twin.user_attrs[DUPLICATE_OF_ATTR] == runs.number
+    assert twin.user_attrs["state_reason"] == (
+        f"trial {runs.number} already promotes trial {first.number}"
+    )
+    assert CURVE_ATTR not in twin.user_attrs and "mlflow_run_id" not in twin.user_attrs
 
 
 def test_loss_at_fidelity_scores_the_last_loss(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ import pytest
 from mlflow import MlflowClient
 
 from common.errors import BadInputError
+from hpo.pick import PROMOTED_FROM_ATTR
+from hpo.states import trial_loss
 from hpo.storage import make_storage
 from hpo.workers import (
     WORKER_ATTR,
@@ -29,6 +31,7 @@ from tests.cli import run_module, start_module
 
 RUNNING = optuna.trial.TrialState.RUNNING
 FAIL = optuna.trial.TrialState.FAIL
+COMPLETE = optuna.trial.TrialState.COMPLETE
 
 
 @pytest.mark.parametrize(
@@ -197,6 +200,7 @@ def test_two_local_workers_share_a_journal_study(tiny_model_dir: Path, tmp_path:
     storage = f"journal:{work / 'optuna.journal'}"
     args = _study_args(
         tiny_model_dir, work, "--workers", "2", "--n-trials", "3", "--trial-fraction", "0.015",
+        "--promote", "1", "--promote-fraction", "0.03",
         "--storage", storage, "--json", str(tmp_path / "s.json"),
     )  # fmt: skip
     proc = run_module("hpo.study", *args, cwd=tmp_path, timeout=500)
@@ -206,10 +210,18 @@ def test_two_local_workers_share_a_journal_study(tiny_model_dir: Path, tmp_path:
     assert len(pids) == 2
     study = optuna.load_study(study_name="w", storage=make_storage(storage))
     finished = [t for t in study.trials if t.state.is_finished()]
-    assert 3 <= len(finished) <= 4  # a worker may be mid-trial when the study is full
+    firsts = [t for t in study.trials if PROMOTED_FROM_ATTR not in t.user_attrs]
+    assert 3 <= len(firsts) <= 4  # a worker may be mid-trial when the study is full
+    # The launcher promotes once all workers have ended: one promotion of the best.
+    (promoted,) = [t for t in study.trials if PROMOTED_FROM_ATTR in t.user_attrs]
+    assert promoted.state == COMPLETE
+    assert promoted.user_attrs[WORKER_ATTR]["pid"] not in pids
+    best = min((t for t in firsts if t.state == COMPLETE), key=lambda t: trial_loss(t) or 1e9)
+    assert promoted.user_attrs[PROMOTED_FROM_ATTR] == best.number
+    assert promoted.params == best.params
     # Both workers ran trials, each with its own seed: no configuration twice.
-    assert {t.user_attrs[WORKER_ATTR]["pid"] for t in study.trials} == set(pids)
-    assert len({json.dumps(t.params, sort_keys=True) for t in study.trials}) == len(study.trials)
+    assert {t.user_attrs[WORKER_ATTR]["pid"] for t in firsts} == set(pids)
+    assert len({json.dumps(t.params, sort_keys=True) for t in firsts}) == len(firsts)
     summary = json.loads((tmp_path / "s.json").read_text())
     assert sum(summary["states"].values()) == len(finished)
     client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
@@ -218,7 +230,9 @@ def test_two_local_workers_share_a_journal_study(tiny_model_dir: Path, tmp_path:
         filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_parent_run_id']}'",
     )
     numbers = sorted(int(r.data.tags["hpo.trial_number"]) for r in children)
-    assert numbers == sorted(t.number for t in study.trials)  # every trial exactly once
+    assert numbers == sorted(t.number for t in firsts)  # every trial exactly once
+    continued = [r for r in children if r.info.run_id == best.user_attrs["mlflow_run_id"]]
+    assert continued[0].data.tags["hpo.promoted_trial_number"] == str(promoted.number)
     assert os.path.exists(work / "workers" / "worker-1.log")
     assert socket.gethostname() == study.trials[0].user_attrs[WORKER_ATTR]["host"]
 
