@@ -397,6 +397,9 @@ def report(
             scores[label] = {**score(preds), "predictions": preds}
             ends = end_predictions(preds, attrs, reference)
             scores[f"{label} end"] = {**score(ends), "predictions": ends}
+            if all("full_run_curve" in r for r in rows):
+                known = with_full_runs(rows, preds, attrs, reference)
+                scores[f"{label} end, 7 full runs"] = {**score(known), "predictions": known}
             if (
                 promote
                 and fraction < promote_fraction
@@ -523,6 +526,79 @@ def add_fractions(payload: dict[str, Any], fractions: str) -> dict[str, Any]:
     return {**payload, "rows": rows, "fractions": sorted({*payload["fractions"], *extra})}
 
 
+def add_full_run_curves(payload: dict[str, Any], evals: int) -> dict[str, Any]:
+    """`payload` with every recorded configuration's full run trained again, evaluated
+    `evals` times on the way, its curve recorded as a full run reports it back to the study
+    (`analysis.full_runs.FullRun.shape_curve`). The training is the recorded one: its final
+    loss is checked against the recorded (an evaluation changes no weight nor data order)."""
+    from trainers.loop.run import train
+
+    with study_setup(
+        payload["pretrain_steps"], payload["data"], payload.get("samples") or 0,
+        payload.get("label_noise", 0.0), payload["trial_evals"], payload.get("seed", 0),
+    ) as (config, prepared, work):  # fmt: skip
+        rows = []
+        for row in payload["rows"]:
+            spec = train_spec(
+                config, row["params"], model=prepared.model_path, data=prepared.data_path,
+                full_run=True, output_dir=str(work / f"full-{row['config']}"),
+            )  # fmt: skip
+            interval = max(1, row["full_run_steps"] // evals)
+            spec = dataclasses.replace(spec, eval_interval=interval, checkpoint_interval=0)
+            result = train(spec)
+            assert result.final_eval_loss is not None and result.final_step == row["full_run_steps"]
+            drift = abs(result.final_eval_loss / row["full_run_loss"] - 1)
+            if drift > 1e-3:
+                raise SystemExit(
+                    f"config {row['config']}: the full run ended at {result.final_eval_loss:.5f}"
+                    f" trained again, not the recorded {row['full_run_loss']:.5f}"
+                )
+            points = {int(r["step"]): (int(r["samples_seen"]), float(r["loss"]))
+                      for r in result.eval_records}  # fmt: skip
+            points[result.final_step] = (0, float(result.final_eval_loss))
+            steps = sorted(points)
+            curve = {
+                "steps": steps, "samples": [points[k][0] for k in steps],
+                "losses": [points[k][1] for k in steps], "scheduler": row["scheduler"],
+                "warmup_ratio": row["warmup_ratio"], "learning_rate": row["learning_rate"],
+                "full_run_steps": row["full_run_steps"],
+            }  # fmt: skip
+            print(f"config {row['config']}: full run again, {len(steps)} points, final "
+                  f"{result.final_eval_loss:.4f} (recorded {row['full_run_loss']:.4f})",
+                  flush=True)  # fmt: skip
+            rows.append({**row, "full_run_curve": curve})
+    return {**payload, "rows": rows}
+
+
+def with_full_runs(
+    rows: list[dict[str, Any]], during: list[dict[str, Any]], attrs: list[dict[str, Any]],
+    reference: dict[str, Any] | None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Each trial's end prediction once the other configurations' full runs have reported
+    back, as a study holds them (`hpo.reference_run.add_full_run_curves`): their whole
+    curves join the reference run's as shape curves (left out: its own full run). `score`'s
+    LOO correction on these is then the correction those full runs give as well."""
+    from analysis.loss_correction import LossCorrection
+    from hpo.final_loss import REFERENCE_KEY, shape_curve_attrs, study_prediction
+
+    out = []
+    for i, before in enumerate(during):
+        curves = {f"full_run:{j}": r["full_run_curve"] for j, r in enumerate(rows) if j != i}
+        if reference:
+            curves[REFERENCE_KEY] = reference["curve"]
+        study_attrs = shape_curve_attrs(curves, added_at=0.0)
+        started = time.perf_counter()
+        again = study_prediction(
+            attrs[i], [*attrs[:i], *attrs[i + 1 :]], study_attrs,
+            correction=LossCorrection(), full_run_epochs=1.0,
+        )  # fmt: skip
+        assert again is not None
+        fit = again.final.fit
+        out.append({**before, "p10": fit.p10, "p50": fit.p50, "p90": fit.p90,
+                    "method": fit.method, "fit_seconds": time.perf_counter() - started})  # fmt: skip
+    return out
+
+
 def references(
     config: StudyConfig, rows: list[dict[str, Any]], prepared: Any, work: Path,
     fractions: tuple[float, ...], reference_fractions: str,
@@ -581,6 +657,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --rescore: train every recorded configuration's trial at these fractions "
         "too (the full runs are kept)",
     )  # fmt: skip
+    parser.add_argument(
+        "--full-run-curves", type=int, default=0, metavar="EVALS",
+        help="with --rescore: train every recorded full run again with EVALS evaluations and "
+        "score each trial's end prediction with the other full runs' curves as well, as a "
+        "study holds them once they report back (0: not)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", help="write the runs and scores here")
@@ -598,10 +680,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not 0.0 <= args.label_noise <= 1.0:
         parser.error(f"--label-noise must lie in [0, 1], but got {args.label_noise}")
-    if (args.redo_references or args.add_fractions) and not args.rescore:
+    if (args.redo_references or args.add_fractions or args.full_run_curves) and not args.rescore:
         parser.error(
-            "--redo-references and --add-fractions need --rescore FILE (the recorded runs)"
+            "--redo-references, --add-fractions and --full-run-curves need --rescore FILE "
+            "(the recorded runs)"
         )
+    if args.full_run_curves < 0:
+        parser.error(f"--full-run-curves must be >= 0, but got {args.full_run_curves}")
     if args.promote < 0 or not 0.0 < args.promote_fraction <= 1.0:
         parser.error(
             f"--promote must be >= 0 and --promote-fraction in (0, 1], but got "
@@ -611,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
         if not 0.0 < args.forward_power <= 1.0:
             parser.error(f"--forward-power must lie in (0, 1], but got {args.forward_power}")
         analysis.lr_schedule.FORWARD_POWER = args.forward_power
-    if args.threads and (args.redo_references or args.add_fractions or not args.rescore):
+    trains = args.redo_references or args.add_fractions or args.full_run_curves
+    if args.threads and (trains or not args.rescore):
         import torch
 
         torch.set_num_threads(args.threads)
@@ -621,6 +707,8 @@ def main(argv: list[str] | None = None) -> int:
             payload = redo_references(payload, args.reference_fractions)
         if args.add_fractions:
             payload = add_fractions(payload, args.add_fractions)
+        if args.full_run_curves:
+            payload = add_full_run_curves(payload, args.full_run_curves)
     else:
         payload = collect(args)
     scores = report(payload, promote=args.promote, promote_fraction=args.promote_fraction)
