@@ -14,7 +14,10 @@ through a decay of its own: the reference run, a full run that reported back):
 * the fit's residual sd (one evaluation's noise at least);
 * how far the target's end lies beyond the reach of every curve on the shared shape
   (ln(S1 / tau), tau a curve's own speed), times the prior's error per unit of distance:
-  up to there the curves pin the shape down, beyond it the law extrapolates.
+  up to there the curves pin the shape down, beyond it the law extrapolates;
+* the target's own distance to its end times `SHAPED_LOG_SD`: configurations differ in more
+  than their speed along the shared shape, and a curve that reaches past the target's end
+  does not say where the target's own curve goes.
 
 Before the shape is identified no curve in the study says how a run ends, and the band
 adds the extrapolation error measured on `benchmarks/rank_fidelity.py`
@@ -64,6 +67,14 @@ WARM_MAX_NFEV = 100  # a fit from the last trial's parameters moves little
 # prompt/completion 0.40-0.60, the rest 0.15-0.42), 0.31 pooled; 0.45 x Z90 covers 96 %
 # pooled. Kept: the hardest sets need it.
 EXTRAPOLATION_LOG_SD = 0.45
+# The least log sd per unit of the target's own distance once the shape is identified: how
+# far a configuration ends from where the shared shape carries its first points. Without it
+# the band rested on the curves' reach alone, and a full run that reported back (its curve
+# reaches every trial's end) narrowed it to a few %: benchmarks/rank_fidelity.py
+# --full-run-curves (2026-11-25, 7 sets of 3k and 30k records, trial fractions 0.01-0.03,
+# 840 predictions with the reference run and/or 1 or 7 full runs' curves) covered 66 % with
+# the reference and the study's pick's full run, 56 % with 7 full runs. MEASURED_BELOW.
+SHAPED_LOG_SD = 0.05
 
 
 @dataclass(frozen=True)
@@ -122,7 +133,8 @@ def predict_final(
     when the target's last point is left out, the fit's residual sd, and the extrapolation
     error prior: while no curve went through a decay (C unidentified), at the target's whole
     distance (the larger of `backtest_log_sd` and `EXTRAPOLATION_LOG_SD` per unit of
-    distance); after, `EXTRAPOLATION_LOG_SD` per unit of distance beyond the curves' reach.
+    distance); after, `EXTRAPOLATION_LOG_SD` per unit of distance beyond the curves' reach
+    and `SHAPED_LOG_SD` per unit of the target's whole distance.
 
     Args:
         target: The trial's curve.
@@ -161,6 +173,7 @@ def predict_final(
         _own_points_log_shift(curves, fit, max_annealing, noise),
         max(noise, fit.residual_sd) / p50,
         EXTRAPOLATION_LOG_SD * _beyond_the_curves(fit, curves) if identified else prior,
+        SHAPED_LOG_SD * _distance(target) if identified else 0.0,
     )
     half = log_half_width(Z90 * math.sqrt(sum(t**2 for t in terms)))
     return LawPrediction(

@@ -17,6 +17,18 @@ from analysis.learning_curve import CurveFit, integer, number, rounded_dict
 from common.config import require_keys
 
 CORRECTION_VERSION = 1
+# Full runs' worth of "measured what it predicted" a correction is shrunk with, for a
+# prediction whose loss shape the study identified (a curve went through a decay: the
+# reference run, a full run). There each run's ratio is mostly its own configuration's error:
+# benchmarks/rank_fidelity.py (2026-11-25, all 22 recorded sets with the reference run, trial
+# fractions 0.01-0.03) put log(measured / predicted) at sd 0.44 within a study about a
+# common bias whose sd between studies was 0.16 ((0.44 / 0.16) ** 2 = 7.3 runs). Each
+# configuration corrected from its study's 1, 3 or 7 best other full runs: median |error|
+# 17.1 % uncorrected; shrunk as one run (the rule without a shape) 26.5 / 20.4 / 16.4 %, as
+# 8 runs 17.3 / 16.9 / 15.6 %. Without the shape the bias is large and common (log -0.72 on
+# average, k 1.2 by the same measure): one run's worth stays best there (94 % uncorrected ->
+# 38 / 28 / 22 %).
+SHAPED_SHRINK_RUNS = 8
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,16 @@ class LossCorrection:
             p90 = self.scale * fit.p90
         return replace(fit, p10=min(p10, p50), p50=p50, p90=max(p90, p50))
 
+    def for_shape(self, identified: bool) -> LossCorrection:
+        """The correction for a prediction whose loss shape the study identified (or not):
+        the same runs' median ratio shrunk as if `SHAPED_SHRINK_RUNS` more runs, not one, had
+        measured exactly their prediction (`fit_loss_correction`)."""
+        n = self.n_runs
+        if not identified or n == 0 or self.scale == 1.0:
+            return self
+        median = math.log(self.scale) * (n + 1) / n  # fit_loss_correction's shrink undone
+        return replace(self, scale=math.exp(n / (n + SHAPED_SHRINK_RUNS) * median))
+
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict; floats rounded to 6 significant digits."""
         return rounded_dict(self)
@@ -96,7 +118,9 @@ def fit_loss_correction(pairs: Sequence[tuple[float, float]]) -> LossCorrection:
     Rule: with r_i = log(measured_i / predicted_i) over n runs,
     scale = exp(n / (n + 1) x median(r)): the median ratio, shrunk geometrically toward 1
     as if one more run had measured exactly its prediction. One run moves predictions
-    half-way (in log space) to what it measured; ten runs 91 %.
+    half-way (in log space) to what it measured; ten runs 91 %. A prediction whose loss
+    shape the study identified takes `LossCorrection.for_shape`: shrunk as if
+    `SHAPED_SHRINK_RUNS` more runs had (one run moves it 11 %, eight half-way).
     log_sd = 1.4826 x median(|r - median(r)|) (0 with fewer than two runs).
 
     Args:

@@ -398,8 +398,11 @@ def report(
             ends = end_predictions(preds, attrs, reference)
             scores[f"{label} end"] = {**score(ends), "predictions": ends}
             if all("full_run_curve" in r for r in rows):
-                known = with_full_runs(rows, preds, attrs, reference)
-                scores[f"{label} end, 7 full runs"] = {**score(known), "predictions": known}
+                for runs in (1, len(rows) - 1):
+                    known = with_full_runs(rows, preds, attrs, reference, runs=runs, exported=ends)
+                    scores[f"{label} end, {runs} full run{'s' * (runs > 1)}"] = {
+                        **score(known), "predictions": known,
+                    }  # fmt: skip
             if (
                 promote
                 and fraction < promote_fraction
@@ -572,18 +575,25 @@ def add_full_run_curves(payload: dict[str, Any], evals: int) -> dict[str, Any]:
 
 def with_full_runs(
     rows: list[dict[str, Any]], during: list[dict[str, Any]], attrs: list[dict[str, Any]],
-    reference: dict[str, Any] | None,
+    reference: dict[str, Any] | None, *, runs: int | None = None,
+    exported: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """Each trial's end prediction once the other configurations' full runs have reported
-    back, as a study holds them (`hpo.reference_run.add_full_run_curves`): their whole
-    curves join the reference run's as shape curves (left out: its own full run). `score`'s
-    LOO correction on these is then the correction those full runs give as well."""
+    """Each trial's end prediction once other configurations' full runs have reported back,
+    as a study holds them (`hpo.reference_run.add_full_run_curves`): their whole curves join
+    the reference run's as shape curves (never its own full run). `runs`: that many, the
+    study's picks first (its best scores), as a user runs them; None: all the others.
+    `score`'s LOO correction on these is the correction all other full runs give; with
+    `exported` (the end predictions without full runs, what each preset carried), each
+    prediction's `p50_study_corrected` is its p50 with the correction the study fits from the
+    reported runs (`analysis.loss_correction`: their exported p50 against their loss)."""
     from analysis.loss_correction import LossCorrection
     from hpo.final_loss import REFERENCE_KEY, shape_curve_attrs, study_prediction
 
+    by_score = sorted(range(len(during)), key=lambda j: (during[j]["score"], j))
     out = []
     for i, before in enumerate(during):
-        curves = {f"full_run:{j}": r["full_run_curve"] for j, r in enumerate(rows) if j != i}
+        reported = [j for j in by_score if j != i][:runs]
+        curves = {f"full_run:{j}": rows[j]["full_run_curve"] for j in reported}
         if reference:
             curves[REFERENCE_KEY] = reference["curve"]
         study_attrs = shape_curve_attrs(curves, added_at=0.0)
@@ -594,7 +604,11 @@ def with_full_runs(
         )  # fmt: skip
         assert again is not None
         fit = again.final.fit
-        out.append({**before, "p10": fit.p10, "p50": fit.p50, "p90": fit.p90,
+        extra = {}
+        if exported is not None:
+            pairs = [(exported[j]["p50"], rows[j]["full_run_loss"]) for j in reported]
+            extra["p50_study_corrected"] = fit_loss_correction(pairs).scale * fit.p50
+        out.append({**before, "p10": fit.p10, "p50": fit.p50, "p90": fit.p90, **extra,
                     "method": fit.method, "fit_seconds": time.perf_counter() - started})  # fmt: skip
     return out
 

@@ -346,7 +346,7 @@ class StudyEstimator:
         section["final_val_loss_uncorrected_p50"] = rounded(final.fit.p50)
         section["final_val_loss_method"] = final.method
         section["final_val_loss_points"] = final.n_points
-        section["loss_correction"] = correction_summary(self.loss_correction)
+        section["loss_correction"] = correction_summary(final.correction)
         attrs[ESTIMATE_ATTR] = section
 
     def estimate_section(self, estimate: Estimate) -> dict[str, Any]:

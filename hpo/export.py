@@ -120,10 +120,10 @@ def estimate_section(
     if correction is not None and isinstance(fit, dict):
         refit = refit or _refit(study, trial, correction)
         if refit is not None:  # the whole study's curves, not only the trials before it
-            estimate.update(refit.estimate())
+            estimate.update(refit.estimate())  # its loss correction the one it applied
         else:
             estimate["final_val_loss"] = loss_band(correction.apply(CurveFit.from_dict(fit)))
-        estimate["loss_correction"] = correction_summary(correction)
+            estimate["loss_correction"] = correction_summary(correction)
     return estimate
 
 

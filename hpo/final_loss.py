@@ -254,9 +254,10 @@ class FinalLoss:
         curve: The trial's evaluations on its schedule.
         fit: The prediction before the correction (a CurveFit: the report and the export
             read it), its method "joint", "own" or "fallback".
-        predicted: The prediction the study uses: `fit` with the loss correction applied.
+        predicted: The prediction the study uses: `fit` with `correction` applied.
         extrapolation_log_sd: The law's extrapolation error (log sd) at this trial's
             distance from its full run's end.
+        correction: The loss correction applied (`LossCorrection.for_shape` of the study's).
     """
 
     curve: TrialCurve
@@ -264,6 +265,7 @@ class FinalLoss:
     predicted: CurveFit
     extrapolation_log_sd: float = 0.0
     stored_fit: StoredFit | None = None
+    correction: LossCorrection = LossCorrection()
 
     @property
     def ranks_by_prediction(self) -> bool:
@@ -365,12 +367,14 @@ def predict_final_loss(
         law = one_pass_ceiling(law, curve.losses[-1])
     fit = _as_curve_fit(law, curve, full_run_samples)
     stored = StoredFit(law.fit.shared, law.fit.log_tau[-1], warm) if law.fit is not None else None
+    applied = correction.for_shape(law.shape_identified)
     return FinalLoss(
         curve=curve,
         fit=fit,
-        predicted=correction.apply(fit),
+        predicted=applied.apply(fit),
         extrapolation_log_sd=law.extrapolation_log_sd,
         stored_fit=stored,
+        correction=applied,
     )
 
 
@@ -395,6 +399,7 @@ class StudyPrediction:
             "final_val_loss_method": self.final.method,
             "final_val_loss_points": self.final.n_points,
             "final_val_loss_curves": self.curves,
+            "loss_correction": correction_summary(self.final.correction),
         }
 
     def end_band(self) -> dict[str, float]:

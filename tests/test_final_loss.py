@@ -100,6 +100,28 @@ def test_the_correction_scales_the_band_not_the_fit() -> None:
     assert final.predicted.p90 - final.predicted.p10 > 0.9 * (final.fit.p90 - final.fit.p10)
 
 
+def test_a_prediction_through_an_identified_shape_is_corrected_less() -> None:
+    """Once a curve of the study went through a decay (here a whole run of TOTAL steps), a
+    full run's ratio is mostly its own configuration's error: the correction is shrunk
+    further (`LossCorrection.for_shape`), and the estimate says which one it applied."""
+    steps = [4, 8, 12, 16, 20]
+    peers = [_trial(tau, steps, seed) for seed, tau in enumerate([1.5, 2.5, 3.0])]
+    whole = _trial(2.5, list(range(20, TOTAL + 1, 20)), 5)
+    correction = LossCorrection(scale=0.8, log_sd=0.0, n_runs=1)
+    target = _trial(2.0, steps, 7)
+    shaped = predict_final_loss(
+        target, peers=[*peers, whole], full_run_samples=TOTAL * BATCH, correction=correction
+    )
+    plain = predict_final_loss(
+        target, peers=peers, full_run_samples=TOTAL * BATCH, correction=correction
+    )
+    assert plain.correction == correction
+    assert plain.predicted.p50 == pytest.approx(0.8 * plain.fit.p50)
+    assert 0.8 < shaped.correction.scale < 1.0
+    assert shaped.correction == correction.for_shape(True)
+    assert shaped.predicted.p50 == pytest.approx(shaped.correction.scale * shaped.fit.p50)
+
+
 def test_no_finite_loss_is_no_curve() -> None:
     def curve(records: list[dict[str, float]]) -> TrialCurve | None:
         return trial_curve(

@@ -12,7 +12,14 @@ import math
 import numpy as np
 import pytest
 
-from analysis.law_prediction import JOINT, MAX_LOG_HALF_WIDTH, leave_out_log_spread, predict_final
+from analysis.curve_noise import Z90
+from analysis.law_prediction import (
+    JOINT,
+    MAX_LOG_HALF_WIDTH,
+    SHAPED_LOG_SD,
+    leave_out_log_spread,
+    predict_final,
+)
 from analysis.loss_law import CurveData, JointFit, curve_data, fit_joint
 from analysis.lr_schedule import learning_rates, schedule_areas
 
@@ -71,6 +78,21 @@ def test_the_band_holds_the_truth_and_narrows_once_the_shape_is_identified() -> 
     assert width[0] < 0.5 * width[1]
     # The prior still decides ranking: it measures the distance, not the band.
     assert all(p.extrapolation_log_sd > 0 for p in with_shape)
+
+
+def test_a_curve_reaching_past_the_end_leaves_the_targets_own_distance_in_the_band() -> None:
+    """A complete run that reaches past every trial's end (a full run that reported back)
+    pins the shared shape, not where each configuration's own curve ends: the band keeps
+    `SHAPED_LOG_SD` per unit of the target's own distance."""
+    assert SHAPED_LOG_SD > 0
+    trials, _ = _trials(5, 0.05, seed=16)
+    reference = _reference(seed=17)
+    for i, target in enumerate(trials):
+        p = predict_final(target, [*trials[:i], *trials[i + 1 :], reference])
+        assert p.shape_identified
+        distance = math.log(target.s1_end / float(target.s1[-1]))
+        assert distance > 2.0  # a trial at 5 % of its run
+        assert math.log(p.p90 / p.p50) >= Z90 * SHAPED_LOG_SD * distance * (1 - 1e-9)
 
 
 def test_a_prediction_resting_on_one_curve_spreads_when_it_is_left_out() -> None:

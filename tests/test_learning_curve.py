@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from analysis.learning_curve import CurveFit, fit_curve, power_law
-from analysis.loss_correction import LossCorrection, fit_loss_correction
+from analysis.loss_correction import SHAPED_SHRINK_RUNS, LossCorrection, fit_loss_correction
 
 LINEAR_X = np.arange(1, 13) * 2e5  # an evaluation every 200k tokens
 PARAMETER_SETS = [
@@ -254,6 +254,21 @@ def test_single_run_is_shrunk_toward_one() -> None:
     two = fit_loss_correction([(1.0, 0.8), (2.0, 1.6)])
     assert two.scale == pytest.approx(0.8 ** (2 / 3))
     assert two.log_sd == 0.0
+
+
+def test_a_prediction_of_an_identified_shape_is_corrected_less() -> None:
+    """Where the study identified the loss shape a run's ratio is mostly its own
+    configuration's error: its median ratio is shrunk as with `SHAPED_SHRINK_RUNS` more runs
+    at their prediction, not one."""
+    one = fit_loss_correction([(1.0, 0.8)])
+    assert one.for_shape(False) is one
+    shaped = one.for_shape(True)
+    assert shaped.scale == pytest.approx(0.8 ** (1 / (1 + SHAPED_SHRINK_RUNS)))
+    assert 0.8**0.5 < shaped.scale < 1.0
+    assert (shaped.log_sd, shaped.n_runs) == (one.log_sd, one.n_runs)
+    many = fit_loss_correction([(1.0, 0.8)] * SHAPED_SHRINK_RUNS)
+    assert many.for_shape(True).scale == pytest.approx(0.8**0.5)  # half-way
+    assert fit_loss_correction([]).for_shape(True) == LossCorrection()
 
 
 def test_loss_correction_scales_and_widens() -> None:
