@@ -70,10 +70,13 @@ EXTRAPOLATION_LOG_SD = 0.45
 # The least log sd per unit of the target's own distance once the shape is identified: how
 # far a configuration ends from where the shared shape carries its first points. Without it
 # the band rested on the curves' reach alone, and a full run that reported back (its curve
-# reaches every trial's end) narrowed it to a few %: benchmarks/rank_fidelity.py
-# --full-run-curves (2026-11-25, 7 sets of 3k and 30k records, trial fractions 0.01-0.03,
-# 840 predictions with the reference run and/or 1 or 7 full runs' curves) covered 66 % with
-# the reference and the study's pick's full run, 56 % with 7 full runs. MEASURED_BELOW.
+# reaches every trial's end) narrowed it to 10-20 %. benchmarks/rank_fidelity.py
+# --full-run-curves (2026-11-25, 10 sets of 3k and 30k records, trial fractions 0.01-0.03,
+# 1200 end predictions with the reference run and/or the curves of 1 or 7 other full runs):
+# without it 56-66 % of full runs lay inside p10-p90 once full runs' curves were in the fit;
+# with 0.04-0.045 the seed-0 half reached 80 % in every case, 0.05 gives 83-95 % per case
+# (held-out seed-1 half 88 %), median half-width 26 -> 42 %. At trial fractions 0.1 and 0.3
+# (160 predictions) it raises coverage from 76 to 82 %, half-width 12 -> 18 %.
 SHAPED_LOG_SD = 0.05
 
 

@@ -22,11 +22,16 @@ other configurations' full runs. With `--promote K` (default 2) and a recorded
 `--promote-fraction` (default 0.1), a second table: the study's pick, its end prediction's
 error and band, and the search's seconds, without and with the K best trials promoted there
 (`promotion`). `--add-fractions` trains recorded configurations' trials at more fractions.
+`--full-run-curves EVALS` trains the recorded full runs again with evaluations (their final
+loss checked against the record) and adds rows `... end, 1 full run` and `... end, 7 full
+runs`: each trial's end prediction once the study's best other full run, or all 7 others,
+reported back, their curves among the study's shape curves (`with_full_runs`).
 
     python benchmarks/rank_fidelity.py [--configs 12] [--pretrain-steps 0] [--data chat]
         [--fractions 0.01,0.02,0.05,0.1] [--samples 3000] [--label-noise 0.3] [--json FILE]
     python benchmarks/rank_fidelity.py --rescore FILE   # score recorded runs again
     python benchmarks/rank_fidelity.py --rescore FILE --add-fractions 0.1 --json FILE2
+    python benchmarks/rank_fidelity.py --rescore FILE --full-run-curves 12 --json FILE2
 """
 
 from __future__ import annotations
@@ -399,7 +404,7 @@ def report(
             scores[f"{label} end"] = {**score(ends), "predictions": ends}
             if all("full_run_curve" in r for r in rows):
                 for runs in (1, len(rows) - 1):
-                    known = with_full_runs(rows, preds, attrs, reference, runs=runs, exported=ends)
+                    known = with_full_runs(rows, preds, attrs, reference, runs=runs)
                     scores[f"{label} end, {runs} full run{'s' * (runs > 1)}"] = {
                         **score(known), "predictions": known,
                     }  # fmt: skip
@@ -576,16 +581,14 @@ def add_full_run_curves(payload: dict[str, Any], evals: int) -> dict[str, Any]:
 def with_full_runs(
     rows: list[dict[str, Any]], during: list[dict[str, Any]], attrs: list[dict[str, Any]],
     reference: dict[str, Any] | None, *, runs: int | None = None,
-    exported: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Each trial's end prediction once other configurations' full runs have reported back,
     as a study holds them (`hpo.reference_run.add_full_run_curves`): their whole curves join
     the reference run's as shape curves (never its own full run). `runs`: that many, the
-    study's picks first (its best scores), as a user runs them; None: all the others.
-    `score`'s LOO correction on these is the correction all other full runs give; with
-    `exported` (the end predictions without full runs, what each preset carried), each
-    prediction's `p50_study_corrected` is its p50 with the correction the study fits from the
-    reported runs (`analysis.loss_correction`: their exported p50 against their loss)."""
+    study's picks first (its best scores), as a user runs them; None: all the others. The
+    study's loss correction leaves its own full runs out (their curves are in the fit:
+    `hpo.final_loss.curve_run_ids`), so these are uncorrected; `score`'s LOO column is the
+    correction all other full runs would give on top."""
     from analysis.loss_correction import LossCorrection
     from hpo.final_loss import REFERENCE_KEY, shape_curve_attrs, study_prediction
 
@@ -604,11 +607,7 @@ def with_full_runs(
         )  # fmt: skip
         assert again is not None
         fit = again.final.fit
-        extra = {}
-        if exported is not None:
-            pairs = [(exported[j]["p50"], rows[j]["full_run_loss"]) for j in reported]
-            extra["p50_study_corrected"] = fit_loss_correction(pairs).scale * fit.p50
-        out.append({**before, "p10": fit.p10, "p50": fit.p50, "p90": fit.p90, **extra,
+        out.append({**before, "p10": fit.p10, "p50": fit.p50, "p90": fit.p90,
                     "method": fit.method, "fit_seconds": time.perf_counter() - started})  # fmt: skip
     return out
 

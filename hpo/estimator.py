@@ -94,6 +94,8 @@ class StudyEstimator:
         self._prior: Coefficients | None = None
         self.calibration = self.file.load()
         self.probe_runs = 0  # probe runs this estimator trained (0: none, or reused)
+        # The study's own full runs whose curves its fit holds: out of its loss correction.
+        self.curve_runs: frozenset[str] = frozenset()
         if self.calibration is None and config.probe_seconds > 0:
             self.calibration = self._probe(config.probe_seconds)
         self._length_cache: dict[int, tuple[tuple[int, ...], int]] = {}
@@ -236,8 +238,11 @@ class StudyEstimator:
 
     @property
     def loss_correction(self) -> LossCorrection:
-        """Predicted -> measured final loss, from full runs that reported back (else identity)."""
-        return self.calibration.loss_correction if self.calibration else LossCorrection()
+        """Predicted -> measured final loss, from full runs that reported back (else identity),
+        but those whose curves the study's fit holds (`curve_runs`)."""
+        if self.calibration is None:
+            return LossCorrection()
+        return self.calibration.loss_correction_without(self.curve_runs)
 
     def absorb_full_runs(self, runs: Sequence[FullRun]) -> tuple[int, int]:
         """Learn from full runs made for this fingerprint: final losses and step times.
@@ -346,7 +351,7 @@ class StudyEstimator:
         section["final_val_loss_uncorrected_p50"] = rounded(final.fit.p50)
         section["final_val_loss_method"] = final.method
         section["final_val_loss_points"] = final.n_points
-        section["loss_correction"] = correction_summary(final.correction)
+        section["loss_correction"] = correction_summary(final.correction, len(self.curve_runs))
         attrs[ESTIMATE_ATTR] = section
 
     def estimate_section(self, estimate: Estimate) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from hpo.final_loss import (
     MAX_END_REFITS,
     StudyPrediction,
     correction_summary,
+    curve_run_ids,
     loss_band,
     study_prediction,
 )
@@ -123,7 +124,9 @@ def estimate_section(
             estimate.update(refit.estimate())  # its loss correction the one it applied
         else:
             estimate["final_val_loss"] = loss_band(correction.apply(CurveFit.from_dict(fit)))
-            estimate["loss_correction"] = correction_summary(correction)
+            estimate["loss_correction"] = correction_summary(
+                correction, len(curve_run_ids(study.user_attrs))
+            )
     return estimate
 
 
@@ -204,7 +207,7 @@ def _correction(study_attrs: dict[str, Any], key: object) -> LossCorrection | No
         calibration, _ = load_for(WorkDir(work_dir).calibration, str(key))
     except BadInputError:
         return None
-    return calibration.loss_correction if calibration else None
+    return calibration.loss_correction_without(curve_run_ids(study_attrs)) if calibration else None
 
 
 def build_preset(

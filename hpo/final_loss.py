@@ -46,6 +46,7 @@ ADDED_KEY = "added_at"  # unix seconds: the most recent curves are kept
 # Studies made before 2026-11-25 kept them all in one attribute, {source: curve}: still read.
 LEGACY_SHAPE_CURVES_ATTR = "loss_shape_curves"
 REFERENCE_KEY = "reference"  # the reference run's source
+FULL_RUN_SOURCE = "full_run:"  # + its run id: a full run of this study that reported back
 MAX_SHAPE_CURVES = 8  # the reference and the most recent full runs
 # {"shared": [L0, D, alpha, beta, C], "log_tau": the trial's own, "warm": fits since a cold
 # one}: the next trial's fit starts from the most recent one (StoredFit).
@@ -214,6 +215,13 @@ def shape_curves(study_attrs: Mapping[str, Any]) -> list[TrialCurve]:
     reference = curves.pop(REFERENCE_KEY, None)
     others = list(curves.values())[-(MAX_SHAPE_CURVES - (reference is not None)) :]
     return [reference, *others] if reference is not None else others
+
+
+def curve_run_ids(study_attrs: Mapping[str, Any]) -> frozenset[str]:
+    """The run ids of the study's full runs whose curves it holds (`add_full_run_curves`):
+    its loss correction leaves them out (`Calibration.loss_correction_without`)."""
+    prefix = SHAPE_CURVE_PREFIX + FULL_RUN_SOURCE
+    return frozenset(k.removeprefix(prefix) for k in study_attrs if k.startswith(prefix))
 
 
 def shape_curve_attrs(
@@ -385,10 +393,12 @@ class StudyPrediction:
     Attributes:
         final: The prediction, the loss correction applied.
         curves: Curves in the fit, the trial's own included.
+        curve_runs: The study's full runs whose curves it holds (not in the correction).
     """
 
     final: FinalLoss
     curves: int
+    curve_runs: int = 0
 
     def estimate(self) -> dict[str, Any]:
         """The keys of a preset's `estimate` it sets (those `Estimator.add_final_loss` sets
@@ -399,7 +409,7 @@ class StudyPrediction:
             "final_val_loss_method": self.final.method,
             "final_val_loss_points": self.final.n_points,
             "final_val_loss_curves": self.curves,
-            "loss_correction": correction_summary(self.final.correction),
+            "loss_correction": correction_summary(self.final.correction, self.curve_runs),
         }
 
     def end_band(self) -> dict[str, float]:
@@ -444,7 +454,7 @@ def study_prediction(
         curve, peers=peers, full_run_samples=full_run_samples, correction=correction,
         full_run_epochs=full_run_epochs,
     )  # fmt: skip
-    return StudyPrediction(final, len(peers) + 1)
+    return StudyPrediction(final, len(peers) + 1, len(curve_run_ids(study_attrs)))
 
 
 def one_pass_ceiling(law: LawPrediction, last_loss: float) -> LawPrediction:
@@ -494,9 +504,13 @@ def loss_band(fit: CurveFit) -> dict[str, float]:
     return {"p10": _sig6(fit.p10), "p50": _sig6(fit.p50), "p90": _sig6(fit.p90)}
 
 
-def correction_summary(correction: LossCorrection) -> dict[str, Any]:
-    """The correction an estimate was made with: its factor and how many full runs it rests on."""
-    return {"scale": _sig6(correction.scale), "runs": correction.n_runs}
+def correction_summary(correction: LossCorrection, curve_runs: int = 0) -> dict[str, Any]:
+    """The correction an estimate was made with: its factor, how many full runs it rests on
+    and (`curve_runs`) how many of the study's own full runs' curves the fit holds instead."""
+    out: dict[str, Any] = {"scale": _sig6(correction.scale), "runs": correction.n_runs}
+    if curve_runs:
+        out["curve_runs"] = curve_runs
+    return out
 
 
 def _sig6(value: float) -> float:

@@ -35,6 +35,7 @@ from analysis.search_plan import TrialCost
 from common.redact import redact
 from common.workdir import WorkDir
 from hpo.final_loss import (
+    FULL_RUN_SOURCE,
     REFERENCE_KEY,
     TrialCurve,
     add_shape_curves,
@@ -247,7 +248,7 @@ def add_full_run_curves(study: optuna.Study, runs: Sequence[FullRun]) -> int:
         How many curves were stored.
     """
     curves = {
-        f"full_run:{run.run_id}": curve
+        f"{FULL_RUN_SOURCE}{run.run_id}": curve
         for run in runs
         if (run.report.get("provenance") or {}).get("study") == study.study_name
         and (curve := run.shape_curve()) is not None

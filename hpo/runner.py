@@ -20,6 +20,7 @@ from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.export import CONFIG_ATTR, DATA_ATTR, MODEL_ATTR
 from hpo.feasible_sampler import redraw_infeasible
+from hpo.final_loss import curve_run_ids
 from hpo.objective import MEASUREMENT_ATTR, Objective, StudyContext
 from hpo.pick import PROMOTED_FROM_ATTR
 from hpo.prepare import Prepared, prepare
@@ -428,6 +429,7 @@ def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator, study: op
         log.warning("could not read full runs from MLflow: %s", redact(str(exc)))
         return
     add_full_run_curves(study, runs)
+    estimator.curve_runs = curve_run_ids(study.user_attrs)  # out of its correction
     losses, timed = estimator.absorb_full_runs(runs)
     if losses or timed:
         log.info("learnt from full runs: %d final losses, %d timed runs", losses, timed)

@@ -272,8 +272,12 @@ def plan_parts(plan: dict[str, Any]) -> str:
 def _print_estimate(estimate: dict[str, Any]) -> None:
     loss = estimate.get("final_val_loss") or {}
     if {"p10", "p50", "p90"} <= set(loss):
-        corrected = (estimate.get("loss_correction") or {}).get("runs", 0)
-        source = f"corrected by {corrected} full runs" if corrected else "no full run reported yet"
+        correction = estimate.get("loss_correction") or {}
+        corrected, curves_of_runs = correction.get("runs", 0), correction.get("curve_runs", 0)
+        sources = [f"corrected by {corrected} full runs"] if corrected else []
+        if curves_of_runs:  # the study's own full runs: in the fit, not in the correction
+            sources.append(f"{curves_of_runs} of its full runs' curves in the fit")
+        source = "; ".join(sources) or "no full run reported yet"
         method = estimate.get("final_val_loss_method")
         if method:  # joint / own / fallback, and from how many of the trial's points
             how = f"{method}, {estimate.get('final_val_loss_points', '?')} points"

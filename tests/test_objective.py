@@ -31,6 +31,7 @@ from hpo.final_loss import (
     PREDICTED_ATTR,
     SCORED_BY_ATTR,
     curve_points,
+    curve_run_ids,
     shape_curves,
 )
 from hpo.objective import DUPLICATE_OF_ATTR
@@ -218,16 +219,33 @@ def test_a_full_run_corrects_the_next_studys_prediction(
     # One run moves predictions half-way (in log space) to what it measured.
     assert correction.scale == pytest.approx((report["final_eval_loss"] / predicted) ** 0.5)
 
-    # By MLflow: the next study of the work dir reads the run's report itself.
+    # By MLflow: the study, continued, reads the run's report itself. The run's curve joins
+    # its fit, so the study's correction leaves that run out: what it measured counts once.
     summary = run_study(dataclasses.replace(studied.config, n_trials=6), progress=False)
     study = optuna.load_study(study_name="objective", storage=studied.config.storage_url)
+    assert len(curve_run_ids(study.user_attrs)) == 1  # the full run of its preset
     newest = [t for t in study.trials if t.number >= 4 and CURVE_ATTR in t.user_attrs]
     assert newest
     estimate = newest[0].user_attrs["estimate"]
-    assert estimate["loss_correction"]["runs"] == 1
+    assert estimate["loss_correction"] == {"scale": 1.0, "runs": 0, "curve_runs": 1}
+    assert estimate["final_val_loss"]["p50"] == pytest.approx(
+        estimate["final_val_loss_uncorrected_p50"], rel=1e-4
+    )
+    assert summary.best_estimate["loss_correction"]["curve_runs"] == 1
+    # Another study of the work dir holds no curve of that run: the run corrects it. Its one
+    # trial (no peer, no shape curve) is a fallback, whose shape is not identified: the
+    # correction applies as fitted.
+    config = dataclasses.replace(
+        studied.config, study_name="objective-next", n_trials=1,
+        trial=dataclasses.replace(studied.config.trial, promote=0),
+    )  # fmt: skip
+    run_study(config, progress=False)
+    (trial,) = optuna.load_study(study_name="objective-next", storage=config.storage_url).trials
+    estimate = trial.user_attrs["estimate"]
+    assert estimate["final_val_loss_method"] == "fallback"
+    assert estimate["loss_correction"] == {"scale": pytest.approx(correction.scale), "runs": 1}
     scaled = estimate["final_val_loss_uncorrected_p50"] * correction.scale
     assert estimate["final_val_loss"]["p50"] == pytest.approx(scaled, rel=1e-4)
-    assert summary.best_estimate["loss_correction"]["runs"] == 1
     # Resumed with the same promotion: nothing promoted twice.
     promoted = [
         t.user_attrs[PROMOTED_FROM_ATTR] for t in study.trials if PROMOTED_FROM_ATTR in t.user_attrs

@@ -35,20 +35,28 @@ def test_the_best_score_is_named_for_what_it_is(
 
 
 @pytest.mark.parametrize(
-    ("curves", "says"),
+    ("curves", "correction", "says"),
     [
-        (10, "joint, 6 points with 9 other curves; no full run reported yet"),
-        (None, "joint, 6 points; no full run reported yet"),  # a study from before
+        (10, None, "joint, 6 points with 9 other curves; no full run reported yet"),
+        (None, None, "joint, 6 points; no full run reported yet"),  # a study from before
+        (10, {"scale": 0.9, "runs": 2}, "joint, 6 points with 9 other curves; corrected by 2 "
+         "full runs"),
+        (10, {"scale": 0.95, "runs": 1, "curve_runs": 1}, "joint, 6 points with 9 other "
+         "curves; corrected by 1 full runs; 1 of its full runs' curves in the fit"),
+        (10, {"scale": 1.0, "runs": 0, "curve_runs": 2}, "joint, 6 points with 9 other "
+         "curves; 2 of its full runs' curves in the fit"),
     ],
-)
+)  # fmt: skip
 def test_the_final_loss_line_says_how_many_curves_it_was_fitted_with(
-    curves: int | None, says: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+    curves: int | None, correction: dict[str, float] | None, says: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     summary = _summary("prediction")
     summary.best_estimate = {
         "final_val_loss": {"p10": 1.5, "p50": 2.0, "p90": 2.5},
         "final_val_loss_method": "joint", "final_val_loss_points": 6,
         **({"final_val_loss_curves": curves} if curves else {}),
+        **({"loss_correction": correction} if correction else {}),
     }  # fmt: skip
     print_summary(summary, {})
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("full run's"))

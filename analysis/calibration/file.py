@@ -10,7 +10,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,13 @@ class Calibration:
     def loss_correction(self) -> LossCorrection:
         """Predicted -> measured final loss, fitted from `loss_runs` (identity with none)."""
         return fit_loss_correction([(r.predicted, r.measured) for r in self.loss_runs])
+
+    def loss_correction_without(self, run_ids: Collection[str]) -> LossCorrection:
+        """`loss_correction` fitted without the runs in `run_ids`: a study whose fit holds
+        those runs' whole curves has taken what they measured there (counted twice, it moved
+        the other configurations' predictions further off: benchmarks/rank_fidelity.py)."""
+        kept = [(r.predicted, r.measured) for r in self.loss_runs if r.run_id not in run_ids]
+        return fit_loss_correction(kept)
 
     def with_loss_runs(self, new: Sequence[LossRun]) -> Calibration:
         """This calibration with more full runs' losses; a run id already held is replaced."""
