@@ -253,22 +253,29 @@ def end_predictions(
     the reference run's, not only the trials before it. `during` and `attrs`: what
     `predictions` returned and stored for the same trials (the score, what ranked a trial
     during the search, and its seconds are kept)."""
-    from analysis.loss_correction import LossCorrection
-    from hpo.final_loss import REFERENCE_KEY, shape_curve_attrs, study_prediction
+    from hpo.final_loss import REFERENCE_KEY, shape_curve_attrs
 
     study_attrs = shape_curve_attrs({REFERENCE_KEY: reference["curve"]}) if reference else {}
-    out = []
-    for index, before in enumerate(during):
-        started = time.perf_counter()
-        again = study_prediction(
-            attrs[index], [*attrs[:index], *attrs[index + 1 :]], study_attrs,
-            correction=LossCorrection(), full_run_epochs=1.0,
-        )  # fmt: skip
-        assert again is not None
-        fit = again.final.fit
-        out.append({**before, "p10": fit.p10, "p50": fit.p50, "p90": fit.p90,
-                    "method": fit.method, "fit_seconds": time.perf_counter() - started})  # fmt: skip
-    return out
+    return [_refit(before, attrs, i, study_attrs) for i, before in enumerate(during)]
+
+
+def _refit(
+    before: dict[str, Any], attrs: list[dict[str, Any]], index: int, study_attrs: dict[str, Any]
+) -> dict[str, Any]:
+    """`before` (trial `index`'s record) with its end prediction, uncorrected: refitted with
+    the other trials' `attrs` and the study's shape curves in `study_attrs`."""
+    from analysis.loss_correction import LossCorrection
+    from hpo.final_loss import study_prediction
+
+    started = time.perf_counter()
+    again = study_prediction(
+        attrs[index], [*attrs[:index], *attrs[index + 1 :]], study_attrs,
+        correction=LossCorrection(), full_run_epochs=1.0,
+    )  # fmt: skip
+    assert again is not None
+    fit = again.final.fit
+    return {**before, "p10": fit.p10, "p50": fit.p50, "p90": fit.p90, "method": fit.method,
+            "fit_seconds": time.perf_counter() - started}  # fmt: skip
 
 
 def promotion(
@@ -466,6 +473,16 @@ def study_setup(
         yield dataclasses.replace(config, eval_max_length=prepared.eval_max_length), prepared, work
 
 
+def recorded_setup(
+    payload: dict[str, Any],
+) -> contextlib.AbstractContextManager[tuple[StudyConfig, Any, Path]]:
+    """`study_setup` of the runs recorded in `payload` (the same model, data and seed)."""
+    return study_setup(
+        payload["pretrain_steps"], payload["data"], payload.get("samples") or 0,
+        payload.get("label_noise", 0.0), payload["trial_evals"], payload.get("seed", 0),
+    )  # fmt: skip
+
+
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     """Run the full runs and the trials; the payload is written after each configuration."""
     fractions = tuple(float(f) for f in args.fractions.split(","))
@@ -498,10 +515,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
 def redo_references(payload: dict[str, Any], reference_fractions: str) -> dict[str, Any]:
     """`payload` with its reference runs made again by the reference run as it is now (the
     full runs and trials are kept: they do not depend on it)."""
-    with study_setup(
-        payload["pretrain_steps"], payload["data"], payload.get("samples") or 0,
-        payload.get("label_noise", 0.0), payload["trial_evals"], payload.get("seed", 0),
-    ) as (config, prepared, work):  # fmt: skip
+    with recorded_setup(payload) as (config, prepared, work):
         fractions = tuple(float(f) for f in payload["fractions"])
         return {
             **payload,
@@ -517,10 +531,7 @@ def add_fractions(payload: dict[str, Any], fractions: str) -> dict[str, Any]:
     runs, trials and reference runs recorded are kept: the new trials are the first shares
     of the same full runs, trained as `run_config` trains them)."""
     extra = sorted({float(f) for f in fractions.split(",") if f} - set(payload["fractions"]))
-    with study_setup(
-        payload["pretrain_steps"], payload["data"], payload.get("samples") or 0,
-        payload.get("label_noise", 0.0), payload["trial_evals"], payload.get("seed", 0),
-    ) as (config, prepared, work):  # fmt: skip
+    with recorded_setup(payload) as (config, prepared, work):
         rows = []
         for row in payload["rows"]:
             trials = dict(row["trials"])
@@ -541,10 +552,7 @@ def add_full_run_curves(payload: dict[str, Any], evals: int) -> dict[str, Any]:
     loss is checked against the recorded (an evaluation changes no weight nor data order)."""
     from trainers.loop.run import train
 
-    with study_setup(
-        payload["pretrain_steps"], payload["data"], payload.get("samples") or 0,
-        payload.get("label_noise", 0.0), payload["trial_evals"], payload.get("seed", 0),
-    ) as (config, prepared, work):  # fmt: skip
+    with recorded_setup(payload) as (config, prepared, work):
         rows = []
         for row in payload["rows"]:
             spec = train_spec(
@@ -589,26 +597,16 @@ def with_full_runs(
     study's loss correction leaves its own full runs out (their curves are in the fit:
     `hpo.final_loss.curve_run_ids`), so these are uncorrected; `score`'s LOO column is the
     correction all other full runs would give on top."""
-    from analysis.loss_correction import LossCorrection
-    from hpo.final_loss import REFERENCE_KEY, shape_curve_attrs, study_prediction
+    from hpo.final_loss import FULL_RUN_SOURCE, REFERENCE_KEY, shape_curve_attrs
 
     by_score = sorted(range(len(during)), key=lambda j: (during[j]["score"], j))
     out = []
     for i, before in enumerate(during):
         reported = [j for j in by_score if j != i][:runs]
-        curves = {f"full_run:{j}": rows[j]["full_run_curve"] for j in reported}
+        curves = {f"{FULL_RUN_SOURCE}{j}": rows[j]["full_run_curve"] for j in reported}
         if reference:
             curves[REFERENCE_KEY] = reference["curve"]
-        study_attrs = shape_curve_attrs(curves, added_at=0.0)
-        started = time.perf_counter()
-        again = study_prediction(
-            attrs[i], [*attrs[:i], *attrs[i + 1 :]], study_attrs,
-            correction=LossCorrection(), full_run_epochs=1.0,
-        )  # fmt: skip
-        assert again is not None
-        fit = again.final.fit
-        out.append({**before, "p10": fit.p10, "p50": fit.p50, "p90": fit.p90,
-                    "method": fit.method, "fit_seconds": time.perf_counter() - started})  # fmt: skip
+        out.append(_refit(before, attrs, i, shape_curve_attrs(curves, added_at=0.0)))
     return out
 
 
