@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,7 +193,11 @@ def _print_best(summary: StudySummary) -> None:
     _print_estimate(summary.best_estimate)
     _print_pareto(summary)
     print(f"preset: {summary.preset_path}")
-    print(f"train it: python -m trainers.train --preset {summary.preset_path}")
+    # Tracked in the study's store, the full run reports back: the next study reads its loss
+    # and its curve (trainers.train tracks nothing without --tracking-uri).
+    uri = redact(summary.tracking_uri or "")
+    report = f" --tracking-uri {shlex.quote(uri)}" if uri and uri != "off" else ""
+    print(f"train it: python -m trainers.train --preset {summary.preset_path}{report}")
     if summary.report_path:
         print(f"report: {summary.report_path} (also on the study's MLflow run, under report/)")
 

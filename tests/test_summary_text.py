@@ -35,6 +35,25 @@ def test_the_best_score_is_named_for_what_it_is(
 
 
 @pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("sqlite:///m.db", " --tracking-uri sqlite:///m.db"),
+        ("http://u:s3cret@h:5000", " --tracking-uri 'http://u:***@h:5000'"),  # fill it in
+        ("", ""),
+    ],
+)
+def test_the_full_run_command_reports_back_to_the_studys_store(
+    uri: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary = _summary("prediction")
+    summary.tracking_uri = uri
+    print_summary(summary, {})
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("train it"))
+    assert line == f"train it: python -m trainers.train --preset p.yaml{says}"
+    assert "s3cret" not in line
+
+
+@pytest.mark.parametrize(
     ("curves", "correction", "says"),
     [
         (10, None, "joint, 6 points with 9 other curves; no full run reported yet"),
