@@ -550,6 +550,7 @@ def add_full_run_curves(payload: dict[str, Any], evals: int) -> dict[str, Any]:
     `evals` times on the way, its curve recorded as a full run reports it back to the study
     (`analysis.full_runs.FullRun.shape_curve`). The training is the recorded one: its final
     loss is checked against the recorded (an evaluation changes no weight nor data order)."""
+    from analysis.full_runs import FullRun
     from trainers.loop.run import train
 
     with recorded_setup(payload) as (config, prepared, work):
@@ -569,17 +570,10 @@ def add_full_run_curves(payload: dict[str, Any], evals: int) -> dict[str, Any]:
                     f"config {row['config']}: the full run ended at {result.final_eval_loss:.5f}"
                     f" trained again, not the recorded {row['full_run_loss']:.5f}"
                 )
-            points = {int(r["step"]): (int(r["samples_seen"]), float(r["loss"]))
-                      for r in result.eval_records}  # fmt: skip
-            points[result.final_step] = (0, float(result.final_eval_loss))
-            steps = sorted(points)
-            curve = {
-                "steps": steps, "samples": [points[k][0] for k in steps],
-                "losses": [points[k][1] for k in steps], "scheduler": row["scheduler"],
-                "warmup_ratio": row["warmup_ratio"], "learning_rate": row["learning_rate"],
-                "full_run_steps": row["full_run_steps"],
-            }  # fmt: skip
-            print(f"config {row['config']}: full run again, {len(steps)} points, final "
+            schedule = {k: getattr(spec, k) for k in ("scheduler", "warmup_ratio", "learning_rate")}
+            curve = FullRun(spec.output_dir, {**result.to_dict(), "spec": schedule}).shape_curve()
+            assert curve is not None
+            print(f"config {row['config']}: full run again, {len(curve['steps'])} points, final "
                   f"{result.final_eval_loss:.4f} (recorded {row['full_run_loss']:.4f})",
                   flush=True)  # fmt: skip
             rows.append({**row, "full_run_curve": curve})
