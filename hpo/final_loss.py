@@ -197,6 +197,23 @@ def peer_curves(user_attrs: Iterable[Mapping[str, Any]]) -> list[TrialCurve]:
 def shape_curves(study_attrs: Mapping[str, Any]) -> list[TrialCurve]:
     """The study's curves through a decay: the reference run's, then the most recent others
     (`MAX_SHAPE_CURVES` in all), malformed ones left out."""
+    return list(_kept_shape_curves(study_attrs).values())
+
+
+def curve_run_ids(study_attrs: Mapping[str, Any]) -> frozenset[str]:
+    """The run ids of the study's full runs whose curves its fit holds (`shape_curves`): its
+    loss correction leaves them out (`Calibration.loss_correction_without`). A full run whose
+    curve fell out of the most recent `MAX_SHAPE_CURVES` corrects it instead, as it would a
+    run of another study."""
+    return frozenset(
+        source.removeprefix(FULL_RUN_SOURCE)
+        for source in _kept_shape_curves(study_attrs)
+        if source.startswith(FULL_RUN_SOURCE)
+    )
+
+
+def _kept_shape_curves(study_attrs: Mapping[str, Any]) -> dict[str, TrialCurve]:
+    """`shape_curves` by source, in their order."""
     held: dict[str, tuple[float, Any]] = {}
     legacy = study_attrs.get(LEGACY_SHAPE_CURVES_ATTR)
     if isinstance(legacy, Mapping):  # in the order they were added, before any newer one
@@ -213,15 +230,8 @@ def shape_curves(study_attrs: Mapping[str, Any]) -> list[TrialCurve]:
         if (curve := TrialCurve.from_attr(value)) is not None
     }
     reference = curves.pop(REFERENCE_KEY, None)
-    others = list(curves.values())[-(MAX_SHAPE_CURVES - (reference is not None)) :]
-    return [reference, *others] if reference is not None else others
-
-
-def curve_run_ids(study_attrs: Mapping[str, Any]) -> frozenset[str]:
-    """The run ids of the study's full runs whose curves it holds (`add_full_run_curves`):
-    its loss correction leaves them out (`Calibration.loss_correction_without`)."""
-    prefix = SHAPE_CURVE_PREFIX + FULL_RUN_SOURCE
-    return frozenset(k.removeprefix(prefix) for k in study_attrs if k.startswith(prefix))
+    others = list(curves.items())[-(MAX_SHAPE_CURVES - (reference is not None)) :]
+    return dict([(REFERENCE_KEY, reference), *others] if reference is not None else others)
 
 
 def shape_curve_attrs(

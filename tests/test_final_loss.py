@@ -29,6 +29,7 @@ from hpo.final_loss import (
     TrialCurve,
     add_shape_curves,
     curve_points,
+    curve_run_ids,
     one_pass_ceiling,
     peer_curves,
     predict_final_loss,
@@ -251,6 +252,9 @@ def test_shape_curves_keep_the_reference_and_the_most_recent_and_read_the_old_at
     # The reference first, then the most recent (the lowest i), the malformed one left out.
     newest = sorted(1e-2 + i * 1e-3 for i in range(MAX_SHAPE_CURVES - 1))[::-1]
     assert kept == pytest.approx([1e-3, *newest])
+    # The full runs whose curves fell out (the oldest, the malformed one) correct the study
+    # instead: only the kept ones are left out of its correction.
+    assert curve_run_ids(attrs) == {str(i) for i in range(MAX_SHAPE_CURVES - 1)}
 
 
 def _add_curves(path: str, worker: int, count: int, start: object) -> None:
