@@ -25,7 +25,8 @@ error and band, and the search's seconds, without and with the K best trials pro
 `--full-run-curves EVALS` trains the recorded full runs again with evaluations (their final
 loss checked against the record) and adds rows `... end, 1 full run` and `... end, 7 full
 runs`: each trial's end prediction once the study's best other full run, or all 7 others,
-reported back, their curves among the study's shape curves (`with_full_runs`).
+reported back, their curves among the study's shape curves (`with_full_runs`), and a table of
+what the study picks once its pick's full run reported back (`after_its_full_run`).
 
     python benchmarks/rank_fidelity.py [--configs 12] [--pretrain-steps 0] [--data chat]
         [--fractions 0.01,0.02,0.05,0.1] [--samples 3000] [--label-noise 0.3] [--json FILE]
@@ -400,6 +401,7 @@ def report(
     rows = payload["rows"]
     scores = {}
     promotions = {}
+    repicks: dict[str, dict[str, Any]] = {}
     for fraction in payload["fractions"]:
         key = str(fraction)
         for reference in [None, *payload.get("references", {}).get(key, [])]:
@@ -415,6 +417,9 @@ def report(
                     scores[f"{label} end, {runs} full run{'s' * (runs > 1)}"] = {
                         **score(known), "predictions": known,
                     }  # fmt: skip
+                    if runs == 1:
+                        repicks[label] = after_its_full_run(preds, known)
+                        scores[f"{label} end, 1 full run"]["after_its_full_run"] = repicks[label]
             if (
                 promote
                 and fraction < promote_fraction
@@ -444,7 +449,43 @@ def report(
                            for k, v in promotions.items()]))  # fmt: skip
         for label, value in promotions.items():
             scores[label]["promotion"] = value
+    if repicks:
+        print("\nthe pick once its full run reported back (hpo.pick: measured against predicted)")
+        head = ["fraction", "pick", "regret", "then: pick", "regret", "rule"]
+        print(table(head, [[k, v["before"]["pick_rank"], v["before"]["regret"],
+                            v["after"]["pick_rank"], v["after"]["regret"], v["rule"]]
+                           for k, v in repicks.items()]))  # fmt: skip
     return scores
+
+
+def after_its_full_run(during: list[dict[str, Any]], known: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the study picks once its pick's full run has reported back: `hpo.pick.pick_trial`
+    on a study of these trials (scored as `during`), the pick's measured final loss recorded
+    (`hpo.measured`) and the others' levels their end refits with its curve (`known`, the
+    `... end, 1 full run` rows). The pick's rank and regret before and after."""
+    import optuna
+
+    from hpo.final_loss import PREDICTED_ATTR
+    from hpo.measured import MeasuredRun, record
+    from hpo.pick import pick_trial
+
+    full = np.array([p["full_run_loss"] for p in during])
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study()
+    for before, end in zip(during, known, strict=True):
+        band = {k: end[k] for k in ("p10", "p50", "p90")}
+        study.add_trial(
+            optuna.trial.create_trial(value=before["score"], user_attrs={PREDICTED_ATTR: band})
+        )
+    first, _ = pick_trial(study)
+    record(study, [MeasuredRun("full-run", first.number, float(full[first.number]))])
+    then, rule = pick_trial(study, losses={i: p["p50"] for i, p in enumerate(known)})
+
+    def verdict(pick: int) -> dict[str, Any]:
+        return {"pick_rank": int(np.sum(full < full[pick])) + 1,
+                "regret": float(full[pick] - full.min())}  # fmt: skip
+
+    return {"before": verdict(first.number), "after": verdict(then.number), "rule": rule}
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from hpo.final_loss import (
     loss_band,
     study_prediction,
 )
-from hpo.pick import pick_trial, score_order, standing_trials
+from hpo.pick import measured_standing, pick_trial, score_order, standing_trials
 from hpo.runspec import stored_config
 from hpo.states import FINISHED_STATES
 from hpo.storage import make_storage, redact
@@ -117,6 +117,9 @@ def estimate_section(
     estimate.setdefault("window_hours", float(budget.get("window_hours", 12.0)))
     estimate.setdefault("safety_margin_minutes", float(budget.get("safety_margin_minutes", 30.0)))
     estimate.setdefault("full_run_steps", int(attrs.get("full_run_steps", 0)))
+    ran = measured_standing(study, [trial]).get(trial.number)
+    if ran is not None:  # its configuration's full run reported back: what it measured
+        estimate["final_val_loss_measured"] = {"loss": ran.loss, "run_id": ran.run_id}
     fit = attrs.get(FIT_ATTR)
     if correction is not None and isinstance(fit, dict):
         refit = refit or _refit(study, trial, correction)
@@ -317,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     check_writable(args.out)
     study = load_study(args.study_name, args.storage, open_storage=make_storage)
     losses = None
-    if within is not None:  # compare levels refitted with the whole study, not as recorded
+    if within is not None or (args.trial is None and measured_standing(study)):
+        # Compare levels refitted with the whole study, not as recorded.
         losses = {n: r.final.band()["p50"] for n, r in end_predictions(study).items()}
     trial, rule = pick_trial(study, trial=args.trial, within_pct=within, losses=losses)
     if args.format != "preset":

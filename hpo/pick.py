@@ -1,5 +1,9 @@
 """Which trial a study exports: the best, one named, or the cheapest that is nearly as good.
 
+Once a configuration's full run has reported back (`hpo.measured`), "the best" weighs what
+it measured: the best configuration without a full run is picked only where its predicted
+level is below the lowest measured loss; otherwise the configuration that measured it is.
+
 The trade-off a user weighs is predicted final loss against the full run's cost (its price
 per hour times its predicted hours; hours when no price is set). `cheapest-within PCT`
 takes the cheapest configuration that fits the window and whose predicted loss is within
@@ -17,6 +21,7 @@ import optuna
 from analysis.report.pareto import cheapest_within
 from common.errors import BadInputError
 from hpo.final_loss import PREDICTED_ATTR
+from hpo.measured import MeasuredRun, measured_by_trial
 from hpo.states import trial_loss
 
 PROMOTED_FROM_ATTR = "promoted_from"  # hpo.objective sets it on a promoted trial
@@ -41,11 +46,69 @@ def best_complete_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
     passed over while one that fits remains. In a multi-objective study (loss and hours or
     cost) the result is the best-loss feasible point of the Pareto front.
     """
+    return min(_candidates(study), key=score_order)
+
+
+def _candidates(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The standing trials that fit the window; all standing ones where none fits."""
     standing = standing_trials(study)
     if not standing:
         raise BadInputError(f"study '{study.study_name}' has no complete trial to export")
-    fitting = [t for t in standing if _fits(t)]
-    return min(fitting or standing, key=score_order)
+    return [t for t in standing if _fits(t)] or standing
+
+
+def measured_standing(
+    study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None = None
+) -> dict[int, MeasuredRun]:
+    """Each of `trials` (default: the standing ones) whose configuration's full run reported
+    back: its most recent run. A promoted trial stands for its first trial's configuration,
+    so a full run exported from either counts for it."""
+    by_trial = measured_by_trial(study.user_attrs)
+    if not by_trial:
+        return {}
+    out = {}
+    for trial in standing_trials(study) if trials is None else trials:
+        sources = (trial.number, trial.user_attrs.get(PROMOTED_FROM_ATTR))
+        found = [by_trial[n] for n in sources if n in by_trial]
+        if found:
+            out[trial.number] = max(found, key=lambda run: run.added_at)
+    return out
+
+
+def _against_measured(
+    candidates: list[optuna.trial.FrozenTrial],
+    measured: Mapping[int, MeasuredRun],
+    losses: Mapping[int, float] | None,
+    rule: str,
+) -> tuple[optuna.trial.FrozenTrial, str] | None:
+    """The lowest measured loss against the best configuration without a full run (by the
+    study's own order), through that one's predicted level. None where no candidate has a
+    full run."""
+    trained = [t for t in candidates if t.number in measured]
+    if not trained:
+        return None
+    done = min(trained, key=lambda t: (measured[t.number].loss, t.number))
+    ran = measured[done.number]
+    untrained = [t for t in candidates if t.number not in measured]
+    best = min(untrained, key=score_order) if untrained else None
+    level = _predicted_level(best, losses) if best is not None else None
+    if best is not None and level is not None and level < ran.loss:
+        return best, (
+            f"{rule}: predicted {level:.4f}, below the {ran.loss:.4f} that trial "
+            f"{done.number}'s full run measured"
+        )
+    why = f", below trial {best.number}'s predicted {level:.4f}" if best and level else ""
+    return done, f"measured: its full run ended at {ran.loss:.4f}{why}"
+
+
+def _predicted_level(
+    trial: optuna.trial.FrozenTrial, losses: Mapping[int, float] | None
+) -> float | None:
+    """The trial's predicted final loss (p50): its end refit, else as recorded."""
+    if losses is not None and trial.number in losses:
+        return float(losses[trial.number])
+    p50 = (trial.user_attrs.get(PREDICTED_ATTR) or {}).get("p50")
+    return float(p50) if isinstance(p50, (int, float)) else None
 
 
 def score_order(trial: optuna.trial.FrozenTrial) -> tuple[float, int]:
@@ -72,8 +135,10 @@ def pick_trial(
         trial: Export this trial number (it must be complete).
         within_pct: Export the cheapest feasible trial within this many percent of the best
             predicted loss.
-        losses: Predicted final losses by trial number that `within_pct` compares instead
-            of those the trials recorded (`hpo.export.end_predictions`).
+        losses: Predicted final losses by trial number that `within_pct`, and the best
+            against a measured full run, compare instead of those the trials recorded
+            (`hpo.export.end_predictions`). A full run's measured loss replaces its
+            configuration's.
 
     Raises:
         BadInputError: Both rules given, the trial is not complete, a negative percentage,
@@ -90,9 +155,17 @@ def pick_trial(
         rule = "best predicted loss"
         if len(study.directions) > 1:
             rule = "best-loss point of the Pareto front"
-        return best_complete_trial(study), rule
+        candidates = _candidates(study)
+        measured = measured_standing(study, candidates)
+        return _against_measured(candidates, measured, losses, rule) or (
+            min(candidates, key=score_order),
+            rule,
+        )
     if not within_pct >= 0:
         raise BadInputError(f"cheapest-within needs a percentage >= 0, but got {within_pct!r}")
+    # A configuration whose full run reported back compares what it measured.
+    ran = {n: run.loss for n, run in measured_standing(study).items()}
+    losses = {**(losses or {}), **ran}
     points = [(*loss_and_cost(t, losses), t.number) for t in standing_trials(study) if _fits(t)]
     point = cheapest_within(points, within_pct)
     if point is None:

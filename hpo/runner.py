@@ -21,6 +21,7 @@ from hpo.estimator import StudyEstimator
 from hpo.export import CONFIG_ATTR, DATA_ATTR, MODEL_ATTR
 from hpo.feasible_sampler import redraw_infeasible
 from hpo.final_loss import curve_run_ids
+from hpo.measured import full_run_results, measured_by_trial, record
 from hpo.objective import MEASUREMENT_ATTR, Objective, StudyContext
 from hpo.pick import PROMOTED_FROM_ATTR
 from hpo.prepare import Prepared, prepare
@@ -339,7 +340,8 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
 
     Each becomes a new trial of the same configuration (Optuna cannot reopen a finished
     trial) that records `promoted_from`, continues the first trial's MLflow run and, once
-    complete, stands for the configuration in the export. A configuration is promoted once:
+    complete, stands for the configuration in the export. One whose full run reported back
+    (`hpo.measured`) is not promoted: the next best is. A configuration is promoted once:
     running the study again adds no duplicates, and of a promotion two workers queued at
     once only the first trains (`hpo.objective.promoted_before`).
 
@@ -355,11 +357,13 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
         return 0
     trials = study.get_trials(deepcopy=False)
     done = {t.user_attrs.get(PROMOTED_FROM_ATTR) for t in trials} - {None}
+    ran = measured_by_trial(study.user_attrs)  # a full run measured it: nothing to promote
     firsts = [
         (loss, t.number, t)
         for t in trials
         if t.state == optuna.trial.TrialState.COMPLETE
         and PROMOTED_FROM_ATTR not in t.user_attrs
+        and t.number not in ran
         and (loss := trial_loss(t)) is not None
     ]
     best = [t for _, _, t in sorted(firsts, key=lambda item: item[:2])[:count]]
@@ -418,9 +422,16 @@ def _report(
 
 def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator, study: optuna.Study) -> None:
     """Full runs of this experiment that reported back correct this study's predictions;
-    this study's own ones join its loss law's shared fit with their whole curve."""
+    this study's own ones join its loss law's shared fit with their whole curve, and what
+    they measured is kept against the trial they came from (`hpo.measured`)."""
     from analysis.full_runs import from_mlflow
 
+    try:  # what its own full runs measured: the pick compares it with the predictions
+        record(
+            study, full_run_results(tracker.client, str(tracker.experiment_id), study.study_name)
+        )
+    except Exception as exc:
+        log.warning("could not read the study's full runs from MLflow: %s", redact(str(exc)))
     calibration = estimator.calibration
     known = [r.run_id for r in calibration.loss_runs] if calibration else []
     try:

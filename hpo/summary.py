@@ -25,7 +25,7 @@ from hpo.export import (
 )
 from hpo.feasible_sampler import redraw_counts, redraw_line
 from hpo.final_loss import SCORED_BY_ATTR
-from hpo.pick import pick_trial, standing_trials
+from hpo.pick import measured_standing, pick_trial, standing_trials
 from hpo.reference_run import REFERENCE_ATTR, reference_line
 from hpo.states import state_counts, trial_loss
 from hpo.tracking import PARENT_ATTR, Tracker
@@ -65,6 +65,10 @@ class StudySummary:
     reference_run: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Proposals drawn again or repaired before training (`hpo.feasible_sampler`): counts.
     redrawn: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The rule that picked the best trial (`hpo.pick.pick_trial`), as the preset records it.
+    picked_by: str = ""
+    # How many of the standing configurations' full runs reported back (`hpo.measured`).
+    measured_full_runs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -98,8 +102,11 @@ def summarize(
     # The levels the report's front compares, refitted with every curve the study holds.
     refits = end_predictions(study)
     study.set_user_attr(END_PREDICTIONS_ATTR, {str(n): r.end_band() for n, r in refits.items()})
-    best, rule = pick_trial(study)
+    # Against a full run that reported back, the best configuration without one weighs in
+    # by its refitted level.
+    best, rule = pick_trial(study, losses={n: r.final.band()["p50"] for n, r in refits.items()})
     summary.best_value, summary.best_trial = trial_loss(best), best.number
+    summary.picked_by, summary.measured_full_runs = rule, len(measured_standing(study))
     summary.best_scored_by = best.user_attrs.get(SCORED_BY_ATTR)
     correction = current_correction(study, best)
     # The pick's refit serves the summary and the preset (made with this same correction).
@@ -187,6 +194,9 @@ def _print_best(summary: StudySummary) -> None:
         else "its validation loss at the trials' share of the data"
     )
     print(f"best trial {summary.best_trial}: score {summary.best_value:.4f} ({what})")
+    if summary.measured_full_runs:  # the pick weighed what full runs measured: say how
+        runs = summary.measured_full_runs
+        print(f"  picked against {runs} full run{'s' * (runs > 1)}: {summary.picked_by}")
     for key, value in summary.best_params.items():
         shown = f"{value:.3g}" if isinstance(value, float) else value
         print(f"  {key:<28} {shown}")
@@ -275,6 +285,12 @@ def plan_parts(plan: dict[str, Any]) -> str:
 
 
 def _print_estimate(estimate: dict[str, Any]) -> None:
+    ran = estimate.get("final_val_loss_measured") or {}
+    if "loss" in ran:
+        print(
+            f"full run's final validation loss: {ran['loss']:.4f} measured by its full run "
+            f"(MLflow run {ran.get('run_id')})"
+        )
     loss = estimate.get("final_val_loss") or {}
     if {"p10", "p50", "p90"} <= set(loss):
         correction = estimate.get("loss_correction") or {}

@@ -34,6 +34,7 @@ from hpo.final_loss import (
     curve_run_ids,
     shape_curves,
 )
+from hpo.measured import measured_by_trial
 from hpo.objective import DUPLICATE_OF_ATTR
 from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial, standing_trials
 from hpo.runner import run_study
@@ -232,6 +233,21 @@ def test_a_full_run_corrects_the_next_studys_prediction(
         estimate["final_val_loss_uncorrected_p50"], rel=1e-4
     )
     assert summary.best_estimate["loss_correction"]["curve_runs"] == 1
+    # What it measured is kept against the trial its preset came from, and the pick weighs
+    # it: that configuration stays unless another one's level is predicted below it.
+    measured, source = report["final_eval_loss"], int(report["provenance"]["trial"])
+    ran = {n: r.loss for n, r in measured_by_trial(study.user_attrs).items()}
+    assert ran == {source: pytest.approx(measured)} and summary.measured_full_runs == 1
+    best = next(t for t in study.trials if t.number == summary.best_trial)
+    if source in (best.number, best.user_attrs.get(PROMOTED_FROM_ATTR)):
+        assert summary.picked_by.startswith(f"measured: its full run ended at {measured:.4f}")
+        assert summary.best_estimate["final_val_loss_measured"]["loss"] == pytest.approx(measured)
+    else:
+        assert f"below the {measured:.4f} that trial {source}'s full run measured" in (
+            summary.picked_by
+        )
+        assert summary.best_estimate["final_val_loss"]["p50"] < measured
+        assert "final_val_loss_measured" not in summary.best_estimate
     # Another study of the work dir holds no curve of that run: the run corrects it. Its one
     # trial (no peer, no shape curve) is a fallback, whose shape is not identified: the
     # correction applies as fitted.

@@ -10,7 +10,8 @@ import pytest
 from common.cli import run_cli
 from common.errors import BadInputError
 from hpo.export import main as export_main
-from hpo.pick import PROMOTED_FROM_ATTR, pick_trial, standing_trials
+from hpo.measured import MeasuredRun, record
+from hpo.pick import PROMOTED_FROM_ATTR, measured_standing, pick_trial, standing_trials
 
 # (predicted loss, hours, cost, fits the window)
 TRIALS = [
@@ -106,6 +107,60 @@ def test_a_promoted_trial_stands_for_its_first() -> None:
     assert trial.number == 4  # the best that fits (3 does not); trial 1 is superseded by it
     numbers = {t.number for t in standing_trials(study)}
     assert numbers == {0, 2, 3, 4}
+
+
+def _ran(study: optuna.Study, trial: int, loss: float, run_id: str = "r") -> None:
+    """A full run of `trial`'s preset reported back, as the study's next session keeps it."""
+    assert record(study, [MeasuredRun(run_id, trial, loss)]) == 1
+
+
+def test_a_measured_full_run_stays_the_pick_while_no_prediction_is_below_it() -> None:
+    study = _study()
+    _ran(study, 0, 2.005)  # the pick's full run: it measured about what was predicted
+    trial, rule = pick_trial(study)
+    # The best configuration without a full run is trial 1, predicted 2.01: above it.
+    assert trial.number == 0
+    assert rule == "measured: its full run ended at 2.0050, below trial 1's predicted 2.0100"
+
+
+def test_a_prediction_below_what_the_pick_measured_is_picked_next() -> None:
+    study = _study()
+    _ran(study, 0, 2.30)  # the pick's full run ended far above its prediction
+    trial, rule = pick_trial(study)
+    assert trial.number == 1  # by the study's order, then its level 2.01 < 2.30
+    assert rule == (
+        "best predicted loss: predicted 2.0100, below the 2.3000 that trial 0's full run measured"
+    )
+    # Its level is the end refit the caller gives (hpo.summary, hpo.export): refitted above
+    # the measured loss, the measured configuration stays.
+    assert pick_trial(study, losses={1: 2.4})[0].number == 0
+    # Never one that does not fit the window (trial 3, predicted 1.90).
+    _ran(study, 1, 2.25, "r1")
+    trial, rule = pick_trial(study)
+    assert trial.number == 2 and "trial 1's full run measured" in rule
+    # Every fitting configuration measured: the lowest measured loss.
+    _ran(study, 2, 2.40, "r2")
+    trial, rule = pick_trial(study)
+    assert trial.number == 1 and rule == "measured: its full run ended at 2.2500"
+
+
+def test_a_full_run_counts_for_its_configurations_promoted_trial() -> None:
+    study = _study()
+    study.add_trial(optuna.trial.create_trial(value=1.95, user_attrs={PROMOTED_FROM_ATTR: 1}))
+    _ran(study, 1, 2.5)  # exported before the promotion: from the first trial
+    assert {n: r.loss for n, r in measured_standing(study).items()} == {4: 2.5}
+    # The promoted trial stands for it, measured at 2.5: trial 0's 2.00 is below.
+    assert pick_trial(study)[0].number == 0
+    # Recorded once: the next session reading the same run adds nothing.
+    assert record(study, [MeasuredRun("r", 1, 2.5)]) == 0
+
+
+def test_cheapest_within_compares_what_full_runs_measured() -> None:
+    study = _study()
+    _ran(study, 1, 2.10)  # trial 1 measured 5 % above the best: out of 1 %
+    assert pick_trial(study, within_pct=1.0)[0].number == 0
+    _ran(study, 1, 2.005, "again")  # trained again, the most recent counts
+    assert pick_trial(study, within_pct=1.0)[0].number == 1
 
 
 def test_a_trial_by_number() -> None:
