@@ -207,7 +207,12 @@ def _print_best(summary: StudySummary) -> None:
     # and its curve (trainers.train tracks nothing without --tracking-uri).
     uri = redact(summary.tracking_uri or "")
     report = f" --tracking-uri {shlex.quote(uri)}" if uri and uri != "off" else ""
-    print(f"train it: python -m trainers.train --preset {summary.preset_path}{report}")
+    command = f"python -m trainers.train --preset {summary.preset_path}{report}"
+    ran = summary.best_estimate.get("final_val_loss_measured") or {}
+    if "loss" in ran:  # the pick is a configuration already trained in full
+        print(f"trained already (MLflow run {ran.get('run_id')}); to train it again: {command}")
+    else:
+        print(f"train it: {command}")
     if summary.report_path:
         print(f"report: {summary.report_path} (also on the study's MLflow run, under report/)")
 

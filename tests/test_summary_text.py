@@ -80,3 +80,25 @@ def test_the_final_loss_line_says_how_many_curves_it_was_fitted_with(
     print_summary(summary, {})
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("full run's"))
     assert line.endswith(f"(p10-p90 1.5000 to 2.5000; {says})")
+
+
+def test_a_pick_whose_full_run_reported_back_says_what_it_measured(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    summary = _summary("prediction")
+    summary.picked_by, summary.measured_full_runs = "measured: its full run ended at 1.9000", 2
+    summary.best_estimate = {
+        "final_val_loss": {"p10": 1.5, "p50": 2.0, "p90": 2.5},
+        "final_val_loss_measured": {"loss": 1.9, "run_id": "abc"},
+    }
+    print_summary(summary, {})
+    out = capsys.readouterr().out.splitlines()
+    assert "  picked against 2 full runs: measured: its full run ended at 1.9000" in out
+    measured = out.index("full run's final validation loss: 1.9000 measured by its full run "
+                         "(MLflow run abc)")  # fmt: skip
+    assert out[measured + 1].startswith("full run's final validation loss: 2.0000 predicted")
+    assert not any(line.startswith("train it") for line in out)  # trained already
+    assert (
+        "trained already (MLflow run abc); to train it again: python -m trainers.train "
+        "--preset p.yaml --tracking-uri sqlite:///m.db"
+    ) in out
