@@ -13,6 +13,7 @@ from typing import Any
 
 import optuna
 import pytest
+import yaml
 from mlflow import MlflowClient
 
 from analysis.calibrate import main as calibrate_main
@@ -22,6 +23,7 @@ from analysis.report.rows import END_PREDICTIONS_ATTR
 from common.cli import run_cli
 from hpo.config import StudyConfig, load_config
 from hpo.estimator import save_cost_known
+from hpo.export import main as export_main
 from hpo.final_loss import (
     CURVE_ATTR,
     FIT_ATTR,
@@ -248,6 +250,13 @@ def test_a_full_run_corrects_the_next_studys_prediction(
         )
         assert summary.best_estimate["final_val_loss"]["p50"] < measured
         assert "final_val_loss_measured" not in summary.best_estimate
+    # `hpo.export` picks the same, by the same levels, and its preset says why.
+    out = tmp_path / "again.yaml"
+    storage = ["--study-name", "objective", "--storage", studied.config.storage_url]
+    assert run_cli(export_main, [*storage, "--out", str(out)]) == 0, capsys.readouterr().err
+    preset = yaml.safe_load(out.read_text())
+    assert preset["provenance"]["trial"] == summary.best_trial
+    assert preset["provenance"]["picked_by"] == summary.picked_by
     # Another study of the work dir holds no curve of that run: the run corrects it. Its one
     # trial (no peer, no shape curve) is a fallback, whose shape is not identified: the
     # correction applies as fitted.
