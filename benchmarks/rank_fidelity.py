@@ -26,7 +26,7 @@ error and band, and the search's seconds, without and with the K best trials pro
 loss checked against the record) and adds rows `... end, 1 full run` and `... end, 7 full
 runs`: each trial's end prediction once the study's best other full run, or all 7 others,
 reported back, their curves among the study's shape curves (`with_full_runs`), and a table of
-what the study picks once its pick's full run reported back (`after_its_full_run`).
+the picks as the user trains each pick's full run and lets it report back (`until_settled`).
 
     python benchmarks/rank_fidelity.py [--configs 12] [--pretrain-steps 0] [--data chat]
         [--fractions 0.01,0.02,0.05,0.1] [--samples 3000] [--label-noise 0.3] [--json FILE]
@@ -417,9 +417,8 @@ def report(
                     scores[f"{label} end, {runs} full run{'s' * (runs > 1)}"] = {
                         **score(known), "predictions": known,
                     }  # fmt: skip
-                    if runs == 1:
-                        repicks[label] = after_its_full_run(preds, known)
-                        scores[f"{label} end, 1 full run"]["after_its_full_run"] = repicks[label]
+                repicks[label] = until_settled(rows, preds, attrs, reference)
+                scores[f"{label} end, 1 full run"]["until_settled"] = repicks[label]
             if (
                 promote
                 and fraction < promote_fraction
@@ -450,19 +449,27 @@ def report(
         for label, value in promotions.items():
             scores[label]["promotion"] = value
     if repicks:
-        print("\nthe pick once its full run reported back (hpo.pick: measured against predicted)")
-        head = ["fraction", "pick", "regret", "then: pick", "regret", "rule"]
-        print(table(head, [[k, v["before"]["pick_rank"], v["before"]["regret"],
-                            v["after"]["pick_rank"], v["after"]["regret"], v["rule"]]
-                           for k, v in repicks.items()]))  # fmt: skip
+        print("\nthe picks as full runs report back (hpo.pick: measured against predicted)")
+        head = ["fraction", "picks' ranks", "regret", "full runs", "settled", "last rule"]
+        print(table(head, [[k, " -> ".join(str(p["pick_rank"]) for p in v["picks"]),
+                            v["picks"][-1]["regret"], v["full_runs"], v["settled"],
+                            v["picks"][-1]["rule"]] for k, v in repicks.items()]))  # fmt: skip
     return scores
 
 
-def after_its_full_run(during: list[dict[str, Any]], known: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the study picks once its pick's full run has reported back: `hpo.pick.pick_trial`
-    on a study of these trials (scored as `during`), the pick's measured final loss recorded
-    (`hpo.measured`) and the others' levels their end refits with its curve (`known`, the
-    `... end, 1 full run` rows). The pick's rank and regret before and after."""
+MAX_FULL_RUNS = 4  # `until_settled`: the most full runs a user trains in its loop
+
+
+def until_settled(
+    rows: list[dict[str, Any]], during: list[dict[str, Any]], attrs: list[dict[str, Any]],
+    reference: dict[str, Any] | None, *, max_runs: int = MAX_FULL_RUNS,
+) -> dict[str, Any]:  # fmt: skip
+    """The user's loop once the study ends: train the pick's full run, let it report back,
+    pick again, until the pick is a configuration already trained (or `max_runs` full runs).
+    Each pick is `hpo.pick.pick_trial` on a study of these trials (scored as `during`), with
+    what the full runs so far measured recorded (`hpo.measured`) and the others' levels
+    their end refits with those runs' curves (`with_full_runs`). Per pick: its rank, regret
+    and rule; and how many full runs the loop trained."""
     import optuna
 
     from hpo.final_loss import PREDICTED_ATTR
@@ -472,20 +479,28 @@ def after_its_full_run(during: list[dict[str, Any]], known: list[dict[str, Any]]
     full = np.array([p["full_run_loss"] for p in during])
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study()
-    for before, end in zip(during, known, strict=True):
-        band = {k: end[k] for k in ("p10", "p50", "p90")}
+    for before in during:
+        band = {k: before[k] for k in ("p10", "p50", "p90")}
         study.add_trial(
             optuna.trial.create_trial(value=before["score"], user_attrs={PREDICTED_ATTR: band})
         )
-    first, _ = pick_trial(study)
-    record(study, [MeasuredRun("full-run", first.number, float(full[first.number]))])
-    then, rule = pick_trial(study, losses={i: p["p50"] for i, p in enumerate(known)})
-
-    def verdict(pick: int) -> dict[str, Any]:
-        return {"pick_rank": int(np.sum(full < full[pick])) + 1,
-                "regret": float(full[pick] - full.min())}  # fmt: skip
-
-    return {"before": verdict(first.number), "after": verdict(then.number), "rule": rule}
+    pick, rule = pick_trial(study)
+    picks = [(pick.number, rule)]
+    reported: list[int] = []
+    while pick.number not in reported and len(reported) < max_runs:
+        reported.append(pick.number)
+        record(study, [MeasuredRun(f"run-{pick.number}", pick.number, float(full[pick.number]))])
+        known = with_full_runs(rows, during, attrs, reference, reported=reported)
+        pick, rule = pick_trial(study, losses={i: p["p50"] for i, p in enumerate(known)})
+        picks.append((pick.number, rule))
+    return {
+        "picks": [
+            {"pick_rank": int(np.sum(full < full[n])) + 1, "regret": float(full[n] - full.min()),
+             "rule": why}
+            for n, why in picks
+        ],
+        "full_runs": len(reported), "settled": pick.number in reported,
+    }  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -624,11 +639,13 @@ def add_full_run_curves(payload: dict[str, Any], evals: int) -> dict[str, Any]:
 def with_full_runs(
     rows: list[dict[str, Any]], during: list[dict[str, Any]], attrs: list[dict[str, Any]],
     reference: dict[str, Any] | None, *, runs: int | None = None,
+    reported: list[int] | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Each trial's end prediction once other configurations' full runs have reported back,
     as a study holds them (`hpo.reference_run.add_full_run_curves`): their whole curves join
     the reference run's as shape curves (never its own full run). `runs`: that many, the
-    study's picks first (its best scores), as a user runs them; None: all the others. The
+    study's picks first (its best scores), as a user runs them; None: all the others;
+    `reported`: these configurations' full runs instead (each trial's own left out). The
     study's loss correction leaves its own full runs out (their curves are in the fit:
     `hpo.final_loss.curve_run_ids`), so these are uncorrected; `score`'s LOO column is the
     correction all other full runs would give on top."""
@@ -637,8 +654,9 @@ def with_full_runs(
     by_score = sorted(range(len(during)), key=lambda j: (during[j]["score"], j))
     out = []
     for i, before in enumerate(during):
-        reported = [j for j in by_score if j != i][:runs]
-        curves = {f"{FULL_RUN_SOURCE}{j}": rows[j]["full_run_curve"] for j in reported}
+        chosen = [j for j in (by_score if reported is None else reported) if j != i]
+        chosen = chosen[:runs] if reported is None else chosen
+        curves = {f"{FULL_RUN_SOURCE}{j}": rows[j]["full_run_curve"] for j in chosen}
         if reference:
             curves[REFERENCE_KEY] = reference["curve"]
         out.append(_refit(before, attrs, i, shape_curve_attrs(curves, added_at=0.0)))
