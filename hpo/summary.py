@@ -150,6 +150,9 @@ def parent_note(summary: StudySummary) -> str:
     loss = estimate.get("final_val_loss") or {}
     hours = estimate.get("duration_hours") or {}
     parts = [f"Study '{summary.study_name}': {tried}; best trial {summary.best_trial}"]
+    ran = estimate.get("final_val_loss_measured") or {}
+    if "loss" in ran:
+        parts.append(f"its full run measured {ran['loss']:.3g}")
     if loss:
         parts.append(
             f"predicted final loss {loss['p50']:.3g} ({loss['p10']:.3g}-{loss['p90']:.3g})"

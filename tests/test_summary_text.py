@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpo.summary import StudySummary, print_summary
+from hpo.summary import StudySummary, parent_note, print_summary
 
 
 def _summary(scored_by: str | None) -> StudySummary:
@@ -92,6 +92,7 @@ def test_a_pick_whose_full_run_reported_back_says_what_it_measured(
         "final_val_loss_measured": {"loss": 1.9, "run_id": "abc"},
     }
     print_summary(summary, {})
+    assert "best trial 3, its full run measured 1.9, predicted final loss 2" in parent_note(summary)
     out = capsys.readouterr().out.splitlines()
     assert "  picked against 2 full runs: measured: its full run ended at 1.9000" in out
     measured = out.index("full run's final validation loss: 1.9000 measured by its full run "
