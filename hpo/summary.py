@@ -67,8 +67,9 @@ class StudySummary:
     redrawn: dict[str, int] = dataclasses.field(default_factory=dict)
     # The rule that picked the best trial (`hpo.pick.pick_trial`), as the preset records it.
     picked_by: str = ""
-    # How many of the standing configurations' full runs reported back (`hpo.measured`).
-    measured_full_runs: int = 0
+    # The standing configurations whose full runs reported back (`hpo.measured`): {trial
+    # number: the final loss its most recent full run measured}.
+    measured_full_runs: dict[int, float] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -106,7 +107,8 @@ def summarize(
     # by its refitted level.
     best, rule = pick_trial(study, losses={n: r.final.band()["p50"] for n, r in refits.items()})
     summary.best_value, summary.best_trial = trial_loss(best), best.number
-    summary.picked_by, summary.measured_full_runs = rule, len(measured_standing(study))
+    summary.picked_by = rule
+    summary.measured_full_runs = {n: r.loss for n, r in sorted(measured_standing(study).items())}
     summary.best_scored_by = best.user_attrs.get(SCORED_BY_ATTR)
     correction = current_correction(study, best)
     # The pick's refit serves the summary and the preset (made with this same correction).
@@ -198,8 +200,8 @@ def _print_best(summary: StudySummary) -> None:
     )
     print(f"best trial {summary.best_trial}: score {summary.best_value:.4f} ({what})")
     if summary.measured_full_runs:  # the pick weighed what full runs measured: say how
-        runs = summary.measured_full_runs
-        print(f"  picked against {runs} full run{'s' * (runs > 1)}: {summary.picked_by}")
+        runs = ", ".join(f"trial {n} {loss:.4f}" for n, loss in summary.measured_full_runs.items())
+        print(f"  picked against the full runs that reported back ({runs}): {summary.picked_by}")
     for key, value in summary.best_params.items():
         shown = f"{value:.3g}" if isinstance(value, float) else value
         print(f"  {key:<28} {shown}")
@@ -314,8 +316,9 @@ def _print_estimate(estimate: dict[str, Any]) -> None:
             if curves > 1:  # refitted with the study's curves as they stand at its end
                 how += f" with {curves - 1} other curves"
             source = f"{how}; {source}"
+        what = "predicted from its trial" if "final_val_loss_measured" in estimate else "predicted"
         print(
-            f"full run's final validation loss: {loss['p50']:.4f} predicted "
+            f"full run's final validation loss: {loss['p50']:.4f} {what} "
             f"(p10-p90 {loss['p10']:.4f} to {loss['p90']:.4f}; {source})"
         )
     hours = estimate.get("duration_hours") or {}

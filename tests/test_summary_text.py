@@ -86,7 +86,8 @@ def test_a_pick_whose_full_run_reported_back_says_what_it_measured(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     summary = _summary("prediction")
-    summary.picked_by, summary.measured_full_runs = "measured: its full run ended at 1.9000", 2
+    summary.picked_by = "measured: its full run ended at 1.9000"
+    summary.measured_full_runs = {3: 1.9, 5: 2.25}
     summary.best_estimate = {
         "final_val_loss": {"p10": 1.5, "p50": 2.0, "p90": 2.5},
         "final_val_loss_measured": {"loss": 1.9, "run_id": "abc"},
@@ -94,10 +95,15 @@ def test_a_pick_whose_full_run_reported_back_says_what_it_measured(
     print_summary(summary, {})
     assert "best trial 3, its full run measured 1.9, predicted final loss 2" in parent_note(summary)
     out = capsys.readouterr().out.splitlines()
-    assert "  picked against 2 full runs: measured: its full run ended at 1.9000" in out
+    assert (
+        "  picked against the full runs that reported back (trial 3 1.9000, trial 5 2.2500): "
+        "measured: its full run ended at 1.9000"
+    ) in out
     measured = out.index("full run's final validation loss: 1.9000 measured by its full run "
                          "(MLflow run abc)")  # fmt: skip
-    assert out[measured + 1].startswith("full run's final validation loss: 2.0000 predicted")
+    assert out[measured + 1].startswith(
+        "full run's final validation loss: 2.0000 predicted from its trial (p10-p90"
+    )
     assert not any(line.startswith("train it") for line in out)  # trained already
     assert (
         "trained already (MLflow run abc); to train it again: python -m trainers.train "
