@@ -25,11 +25,10 @@ from typing import Any
 
 import optuna
 
-from analysis.full_runs import FULL_RUN_ROLE
+from analysis.full_runs import FULL_RUN_ROLE, MEASURED_PREFIX
 
 log = logging.getLogger(__name__)
 
-MEASURED_PREFIX = "full_run_measured:"  # + run id, on the study: MeasuredRun.to_attr()
 # How trainers.train tags and logs a full run (trainers.train._PROVENANCE_TAGS,
 # trainers.tracking.MlflowCallback.on_train_end).
 ROLE_TAG, STUDY_TAG, TRIAL_TAG, STATUS_TAG = (

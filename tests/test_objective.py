@@ -250,6 +250,9 @@ def test_a_full_run_corrects_the_next_studys_prediction(
         )
         assert summary.best_estimate["final_val_loss"]["p50"] < measured
         assert "final_val_loss_measured" not in summary.best_estimate
+    assert summary.report_path  # the report lists it as well
+    text = Path(summary.report_path).read_text(encoding="utf-8")
+    assert f"trial {source}: {measured:.4f} (MLflow run " in text
     # `hpo.export` picks the same, by the same levels, and its preset says why.
     out = tmp_path / "again.yaml"
     storage = ["--study-name", "objective", "--storage", studied.config.storage_url]

@@ -381,3 +381,19 @@ def test_a_full_runs_own_report_gives_its_band(tmp_path: Path) -> None:
     report = write_json(tmp_path / "r.json", {"wall_seconds": 2000.0, "estimate": estimate})
     (run,) = read_full_runs([report])
     assert run.predicted == (1800.0, 2160.0, 2700.0)
+
+
+def test_the_report_lists_the_full_runs_that_reported_back() -> None:
+    from analysis.full_runs import MEASURED_PREFIX
+    from analysis.report.document import measured_line
+
+    assert measured_line({"other": 1}) is None
+    attrs = {
+        MEASURED_PREFIX + "b": {"trial": 5, "loss": 2.25, "added_at": 2.0},
+        MEASURED_PREFIX + "a": {"trial": 3, "loss": 1.9, "added_at": 1.0},
+        MEASURED_PREFIX + "bad": {"trial": "x", "loss": None},  # edited by hand: left out
+    }
+    assert measured_line(attrs) == (
+        "Full runs reported back, final validation loss measured: trial 3: 1.9000 (MLflow run "
+        "a); trial 5: 2.2500 (MLflow run b)."
+    )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import analysis.report.loss_plots as loss_plots
 import analysis.report.machine_plots as machine_plots
 import analysis.report.search_plots as search_plots
+from analysis.full_runs import MEASURED_PREFIX
 from analysis.report.canvas import Section
 from analysis.report.rows import (
     END_PREDICTIONS_ATTR,
@@ -159,6 +160,9 @@ def _markdown(
     link = _mlflow_line(study.user_attrs, tracking_uri)
     if link:
         lines += [link, ""]
+    measured = measured_line(study.user_attrs)
+    if measured:
+        lines += [measured, ""]
     search = search_line(study.user_attrs.get(SEARCH_ATTR))
     if search:
         lines += [search, ""]
@@ -169,6 +173,23 @@ def _markdown(
         else:
             lines += [f"_{section.reading}_", ""]
     return "\n".join(lines)
+
+
+def measured_line(study_attrs: Mapping[str, object]) -> str | None:
+    """The full runs of the study's trials that reported back and what they measured (the
+    study's `MEASURED_PREFIX` attributes), by trial; None without any."""
+    runs = []
+    for key, value in study_attrs.items():
+        if key.startswith(MEASURED_PREFIX) and isinstance(value, Mapping):
+            trial, loss = value.get("trial"), value.get("loss")
+            if isinstance(trial, int) and isinstance(loss, (int, float)):
+                runs.append((trial, float(loss), key.removeprefix(MEASURED_PREFIX)))
+    if not runs:
+        return None
+    listed = "; ".join(
+        f"trial {trial}: {loss:.4f} (MLflow run {run})" for trial, loss, run in sorted(runs)
+    )
+    return f"Full runs reported back, final validation loss measured: {listed}."
 
 
 def search_line(search: object, width: int = 20) -> str | None:
