@@ -97,7 +97,9 @@ def _against_measured(
             f"{rule}: predicted {level:.4f}, below the {ran.loss:.4f} that trial "
             f"{done.number}'s full run measured"
         )
-    why = f", below trial {best.number}'s predicted {level:.4f}" if best and level else ""
+    why = ""
+    if best is not None and level is not None:
+        why = f", below trial {best.number}'s predicted {level:.4f}"
     return done, f"measured: its full run ended at {ran.loss:.4f}{why}"
 
 
