@@ -17,15 +17,19 @@ full run until the pick was one already trained ended with the best of 8 configu
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
 
 from analysis.full_runs import FULL_RUN_ROLE, MEASURED_PREFIX
+
+log = logging.getLogger(__name__)
 
 # How trainers.train tags and logs a full run (trainers.train._PROVENANCE_TAGS,
 # trainers.tracking.MlflowCallback.on_train_end).
@@ -33,6 +37,7 @@ ROLE_TAG, STUDY_TAG, TRIAL_TAG, STATUS_TAG = (
     "hpo.role", "hpo.study_name", "hpo.trial_number", "status",
 )  # fmt: skip
 FINAL_LOSS_METRIC = "val_loss_final"
+DATA_PARAM = "data"  # the run's TrainSpec.data, logged with its other settings
 
 
 @dataclass(frozen=True)
@@ -66,16 +71,20 @@ class MeasuredRun:
         return run if math.isfinite(run.loss) else None
 
 
-def full_run_results(client: Any, experiment_id: str, study_name: str) -> list[MeasuredRun]:
+def full_run_results(
+    client: Any, experiment_id: str, study_name: str, data_path: str | None = None
+) -> list[MeasuredRun]:
     """The finished full runs of `study_name` in an MLflow experiment, with their final loss.
 
-    Read from the runs' tags and metrics (no artifact downloaded): a run whose report another
-    study of the experiment absorbed first still counts for its own study.
+    Read from the runs' tags, params and metrics (no artifact downloaded): a run whose report
+    another study of the experiment absorbed first still counts for its own study.
 
     Args:
         client: An `MlflowClient`.
         experiment_id: The study's experiment.
         study_name: The study whose runs to keep.
+        data_path: The study's data; a run trained on other data (`--data` given over the
+            preset's) is left out: its validation loss is not on the study's scale.
     """
     runs = client.search_runs(
         [experiment_id], filter_string=f"tags.`{ROLE_TAG}` = '{FULL_RUN_ROLE}'", max_results=500
@@ -85,6 +94,10 @@ def full_run_results(client: Any, experiment_id: str, study_name: str) -> list[M
         tags, metrics = run.data.tags, run.data.metrics
         if tags.get(STUDY_TAG) != study_name or tags.get(STATUS_TAG) != "finished":
             continue  # another study's, or stopped before its schedule's end
+        data = run.data.params.get(DATA_PARAM)
+        if data_path and data and not _same_path(data, data_path):
+            log.info("full run %s trained on other data (%s): not compared", run.info.run_id, data)
+            continue
         try:
             trial, loss = int(tags[TRIAL_TAG]), float(metrics[FINAL_LOSS_METRIC])
         except (KeyError, TypeError, ValueError):  # trained without a preset, or no loss
@@ -92,6 +105,10 @@ def full_run_results(client: Any, experiment_id: str, study_name: str) -> list[M
         if math.isfinite(loss):
             found.append(MeasuredRun(run.info.run_id, trial, loss))
     return found
+
+
+def _same_path(one: str, other: str) -> bool:
+    return one == other or Path(one).expanduser().resolve() == Path(other).expanduser().resolve()
 
 
 def record(study: optuna.Study, runs: Iterable[MeasuredRun]) -> int:

@@ -427,9 +427,9 @@ def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator, study: op
     from analysis.full_runs import from_mlflow
 
     try:  # what its own full runs measured: the pick compares it with the predictions
-        record(
-            study, full_run_results(tracker.client, str(tracker.experiment_id), study.study_name)
-        )
+        client, experiment = tracker.client, str(tracker.experiment_id)
+        data = study.user_attrs.get(DATA_ATTR)
+        record(study, full_run_results(client, experiment, study.study_name, data))
     except Exception as exc:
         log.warning("could not read the study's full runs from MLflow: %s", redact(str(exc)))
     calibration = estimator.calibration
