@@ -95,7 +95,7 @@ def full_run_results(
         if tags.get(STUDY_TAG) != study_name or tags.get(STATUS_TAG) != "finished":
             continue  # another study's, or stopped before its schedule's end
         data = run.data.params.get(DATA_PARAM)
-        if data_path and data and not _same_path(data, data_path):
+        if not same_data(data, data_path):
             log.info("full run %s trained on other data (%s): not compared", run.info.run_id, data)
             continue
         try:
@@ -107,7 +107,12 @@ def full_run_results(
     return found
 
 
-def _same_path(one: str, other: str) -> bool:
+def same_data(run_data: object, study_data: object) -> bool:
+    """Whether a full run's data path names the study's data file; True where either is
+    unknown (a run from before the path was logged: nothing to hold against it)."""
+    if not run_data or not study_data:
+        return True
+    one, other = str(run_data), str(study_data)
     return one == other or Path(one).expanduser().resolve() == Path(other).expanduser().resolve()
 
 

@@ -43,6 +43,7 @@ from hpo.final_loss import (
     study_peers,
     trial_curve,
 )
+from hpo.measured import same_data
 from hpo.states import FINISHED_STATES, trial_loss
 from trainers.run_spec import run_spec
 from trainers.spec import TrainSpec, full_run_steps
@@ -241,8 +242,11 @@ def _best_so_far(study: optuna.Study, n_trials: int) -> optuna.trial.FrozenTrial
     return min(scored, key=lambda item: item[:2])[2] if scored else None
 
 
-def add_full_run_curves(study: optuna.Study, runs: Sequence[FullRun]) -> int:
-    """Store the whole curves of `study`'s finished full runs with its shape curves.
+def add_full_run_curves(
+    study: optuna.Study, runs: Sequence[FullRun], data_path: str | None = None
+) -> int:
+    """Store the whole curves of `study`'s finished full runs with its shape curves; a run
+    trained on other data than `data_path` (the study's) is left out.
 
     Returns:
         How many curves were stored.
@@ -251,6 +255,7 @@ def add_full_run_curves(study: optuna.Study, runs: Sequence[FullRun]) -> int:
         f"{FULL_RUN_SOURCE}{run.run_id}": curve
         for run in runs
         if (run.report.get("provenance") or {}).get("study") == study.study_name
+        and same_data((run.report.get("spec") or {}).get("data"), data_path)
         and (curve := run.shape_curve()) is not None
         and TrialCurve.from_attr(curve) is not None
     }

@@ -439,7 +439,7 @@ def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator, study: op
     except Exception as exc:  # the study goes on with what it has
         log.warning("could not read full runs from MLflow: %s", redact(str(exc)))
         return
-    add_full_run_curves(study, runs)
+    add_full_run_curves(study, runs, study.user_attrs.get(DATA_ATTR))
     estimator.curve_runs = curve_run_ids(study.user_attrs)  # out of its correction
     losses, timed = estimator.absorb_full_runs(runs)
     if losses or timed:

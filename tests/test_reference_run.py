@@ -123,11 +123,11 @@ class _Study:
         self.user_attrs[key] = value
 
 
-def _report(study: str, status: str = "finished") -> dict[str, Any]:
+def _report(study: str, status: str = "finished", data: str = "/d/data.jsonl") -> dict[str, Any]:
     return {
         "status": status, "final_step": 100, "final_eval_loss": 1.2,
         "eval_records": [{"step": s, "samples_seen": 8 * s, "loss": 3.0 - s / 50} for s in (20, 40, 60, 80)],
-        "spec": {"scheduler": "linear", "warmup_ratio": 0.05, "learning_rate": 1e-3},
+        "spec": {"scheduler": "linear", "warmup_ratio": 0.05, "learning_rate": 1e-3, "data": data},
         "provenance": {"study": study},
     }  # fmt: skip
 
@@ -142,8 +142,9 @@ def test_full_runs_of_the_study_join_the_shared_fit_with_their_whole_curve() -> 
         FullRun("a", _report("mine")),
         FullRun("b", _report("another study")),
         FullRun("c", _report("mine", status="stopped_by_window")),  # its schedule's end unseen
+        FullRun("d", _report("mine", data="/d/other.jsonl")),  # trained on other data
     ]
-    assert add_full_run_curves(study, runs) == 1  # type: ignore[arg-type]
+    assert add_full_run_curves(study, runs, "/d/data.jsonl") == 1  # type: ignore[arg-type]
     (curve,) = study_peers([], study.user_attrs)
     assert curve.full_run_steps == 100 and curve.steps == (20, 40, 60, 80, 100)
     assert curve.losses[-1] == 1.2
