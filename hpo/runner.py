@@ -39,6 +39,10 @@ from hpo.workers import WORKER_INDEX_ENV, claimed, fail_dead_workers_trials
 
 log = logging.getLogger(__name__)
 
+# On the study's parent MLflow run: the trial its preset was written for and the rule that
+# picked it (`hpo.pick.pick_trial`); its `best_trial` tag is the best score so far.
+EXPORTED_TRIAL_TAG, PICKED_BY_TAG = "exported_trial", "picked_by"
+
 
 def open_study(config: StudyConfig, prepared: Prepared) -> optuna.Study:
     storage = make_storage(
@@ -400,6 +404,9 @@ def _report(
     """
     parent = summary.mlflow_parent_run_id
     tracker.note(parent, parent_note(summary))
+    if summary.best_trial is not None:  # the preset's trial and why (`best_trial`: by score)
+        picked = {EXPORTED_TRIAL_TAG: str(summary.best_trial), PICKED_BY_TAG: summary.picked_by}
+        tracker.writer.log_batch(parent, tags=picked)
     if not summary.states["complete"]:
         return
     from analysis.report import write_report

@@ -260,6 +260,10 @@ def test_a_full_run_corrects_the_next_studys_prediction(
     preset = yaml.safe_load(out.read_text())
     assert preset["provenance"]["trial"] == summary.best_trial
     assert preset["provenance"]["picked_by"] == summary.picked_by
+    # The study's run in the MLflow UI names the same trial and rule.
+    tags = MlflowClient(summary.tracking_uri).get_run(summary.mlflow_parent_run_id).data.tags
+    assert tags["exported_trial"] == str(summary.best_trial)
+    assert tags["picked_by"] == summary.picked_by
     # Another study of the work dir holds no curve of that run: the run corrects it. Its one
     # trial (no peer, no shape curve) is a fallback, whose shape is not identified: the
     # correction applies as fitted.
