@@ -8,8 +8,12 @@ through a decay of its own: the reference run, a full run that reported back):
 
 * leave curves out: the shared parameters refitted without each group of curves (a
   delete-group jackknife, at most `groups` refits), and the spread of the target's
-  prediction over them: how much the prediction rests on any one curve, the one that
-  identified the annealing term included;
+  prediction over them: how much the prediction rests on any one curve. Where two or more
+  curves went through a decay, leaving one out shows how much the prediction rests on
+  which configuration's decay it borrowed. Where only one did (the reference run alone, or
+  one full run), that curve stays in every refit: leaving it out would hold the annealing
+  term at 0, and the spread would be the error of a prediction without any decay (about
+  twice too high), not the error of this one;
 * the target's own points: the shift of its prediction when its last point is left out;
 * the fit's residual sd (one evaluation's noise at least);
 * how far the target's end lies beyond the reach of every curve on the shared shape
@@ -17,7 +21,9 @@ through a decay of its own: the reference run, a full run that reported back):
   up to there the curves pin the shape down, beyond it the law extrapolates;
 * the target's own distance to its end times `SHAPED_LOG_SD`: configurations differ in more
   than their speed along the shared shape, and a curve that reaches past the target's end
-  does not say where the target's own curve goes.
+  does not say where the target's own curve goes. Twice that (`ONE_SHAPE_LOG_SD`) where
+  one curve alone went through a decay: one configuration's decay says less about
+  another's than several do, and the jackknife cannot measure it.
 
 Before the shape is identified no curve in the study says how a run ends, and the band
 adds the extrapolation error measured on `benchmarks/rank_fidelity.py`
@@ -78,6 +84,15 @@ EXTRAPOLATION_LOG_SD = 0.45
 # (held-out seed-1 half 88 %), median half-width 26 -> 42 %. At trial fractions 0.1 and 0.3
 # (160 predictions) it raises coverage from 76 to 82 %, half-width 12 -> 18 %.
 SHAPED_LOG_SD = 0.05
+# The same where one curve alone went through a decay (the study's reference run before any
+# full run reported back, or one full run without a reference), which the jackknife then
+# keeps in every refit. benchmarks/rank_fidelity.py (2026-11-26, all 22 recorded sets,
+# trial fractions 0.01-0.03, the end predictions): the jackknife that left the one decayed
+# curve out made the band 83 % wide (median half-width) with 97 % of full runs inside
+# p10-p90; kept in, 0.05 gave 87 % inside at 39 %, but 8 of 22 sets below 80 % (the 30k-record
+# runs) and 66 % with one full run and no reference; 0.075: 93 % / 48 % and 74 %; 0.1: 96 %
+# at 60 %, every set at 88 % or more, and 83 % with one full run and no reference.
+ONE_SHAPE_LOG_SD = 2 * SHAPED_LOG_SD
 
 
 @dataclass(frozen=True)
@@ -137,7 +152,8 @@ def predict_final(
     error prior: while no curve went through a decay (C unidentified), at the target's whole
     distance (the larger of `backtest_log_sd` and `EXTRAPOLATION_LOG_SD` per unit of
     distance); after, `EXTRAPOLATION_LOG_SD` per unit of distance beyond the curves' reach
-    and `SHAPED_LOG_SD` per unit of the target's whole distance.
+    and `SHAPED_LOG_SD` (`ONE_SHAPE_LOG_SD` where one curve alone went through a decay) per
+    unit of the target's whole distance.
 
     Args:
         target: The trial's curve.
@@ -167,6 +183,7 @@ def predict_final(
     if not (math.isfinite(p50) and p50 > 0):
         return _fallback(target, peers, f"the law gives {p50:.4g} at the run's end")
     identified = max_annealing > 0
+    shaped_log_sd = ONE_SHAPE_LOG_SD if len(_decayed(curves)) == 1 else SHAPED_LOG_SD
     prior = EXTRAPOLATION_LOG_SD * _distance(target)
     if not identified:
         prior = max(backtest_log_sd(curves, max_annealing, noise, fit), EXTRAPOLATION_LOG_SD)
@@ -176,7 +193,7 @@ def predict_final(
         _own_points_log_shift(curves, fit, max_annealing, noise),
         max(noise, fit.residual_sd) / p50,
         EXTRAPOLATION_LOG_SD * _beyond_the_curves(fit, curves) if identified else prior,
-        SHAPED_LOG_SD * _distance(target) if identified else 0.0,
+        shaped_log_sd * _distance(target) if identified else 0.0,
     )
     half = log_half_width(Z90 * math.sqrt(sum(t**2 for t in terms)))
     return LawPrediction(
@@ -220,7 +237,15 @@ def fit_shared(
 
 
 def _annealing_seen(curves: Sequence[CurveData]) -> bool:
-    return any(c.s2_end > 0 and float(c.s2[-1]) >= _ANNEALING_SEEN * c.s2_end for c in curves)
+    return bool(_decayed(curves))
+
+
+def _decayed(curves: Sequence[CurveData]) -> list[int]:
+    """The curves that went through a decay of their own (each identifies C)."""
+    return [
+        i for i, c in enumerate(curves)
+        if c.s2_end > 0 and float(c.s2[-1]) >= _ANNEALING_SEEN * c.s2_end
+    ]  # fmt: skip
 
 
 def _distance(curve: CurveData) -> float:
@@ -247,23 +272,28 @@ def leave_out_log_spread(
     curves: Sequence[CurveData], fit: JointFit, noise: float, groups: int = LEAVE_OUT_GROUPS
 ) -> float:
     """The jackknife sd of ln(the last curve's prediction) over refits that leave one group
-    of the other curves out (round-robin into at most `groups` groups; C is held at 0 in a
-    refit where no remaining curve went through a decay).
+    of the other curves out (round-robin into at most `groups` groups).
 
     A prediction of the end that moves when one curve is left out rests on that curve: the
     spread is how well the study's curves pin down the shared parameters at the target's
-    end. A refit whose prediction is not positive counts as a 100-fold move. 0 with fewer
-    than 2 other curves.
+    end. The one curve that went through a decay, where only one did, stays in every refit:
+    without it C is held at 0, and the refit answers another question (the end without any
+    decay, about twice too high on the recorded runs) than how sure this prediction is. A
+    refit whose prediction is not positive counts as a 100-fold move. 0 with fewer than 2
+    other curves to leave out.
     """
     others = len(curves) - 1
-    g = min(groups, others)
+    decayed = _decayed(curves)
+    kept = [i for i in decayed if i < others] if len(decayed) == 1 else []
+    free = [i for i in range(others) if i not in kept]
+    g = min(groups, len(free))
     if g < 2:
         return 0.0
     base = _log_end(fit, curves)
     assert base is not None
     values = []
     for group in range(g):
-        keep = [i for i in range(others) if i % g != group]
+        keep = sorted([*kept, *(i for k, i in enumerate(free) if k % g != group)])
         sample = [*(curves[i] for i in keep), curves[-1]]
         start = JointFit(fit.shared, (*(fit.log_tau[i] for i in keep), fit.log_tau[-1]), 0, 0)
         refit, _, _ = fit_shared(sample, start=start, max_nfev=_REFIT_MAX_NFEV)
