@@ -12,6 +12,7 @@ What `python -m hpo.study --work-dir DIR` leaves there:
     models/                 the demo's tiny model
     trials/trial-NNN/       each trial's run
     presets/STUDY.yaml      the study's exported preset
+    full/STUDY/             its full run (`trainers.train --preset`, without --output-dir)
     reports/STUDY/          the study's report
     workers/worker-I.log    what each local worker printed
 """
@@ -54,6 +55,10 @@ class WorkDir:
 
     def preset(self, study_name: str) -> Path:
         return self.root / "presets" / f"{study_name}.yaml"
+
+    def full_run(self, preset_name: str) -> Path:
+        """Where a preset's full run goes without --output-dir."""
+        return self.root / "full" / preset_name
 
     def report(self, study_name: str) -> Path:
         return self.root / "reports" / study_name

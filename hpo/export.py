@@ -236,6 +236,9 @@ def build_preset(
         "storage": redact(storage_url),
         "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    work_dir = (study.user_attrs.get(CONFIG_ATTR) or {}).get("work_dir")
+    if work_dir:  # the full run trains under it (trainers.train.default_output_dir)
+        provenance["work_dir"] = str(Path(work_dir).resolve())
     return preset_dict(
         full_run_spec(study, trial),
         estimate=estimate_section(

@@ -318,3 +318,14 @@ def test_full_run_output_folder_comes_from_the_preset(tmp_path: Path, tiny_model
     assert load_run(str(second), {}).spec.output_dir == str(Path("hpo-runs/full/other"))
     given = load_run(first, {"output_dir": str(tmp_path / "mine")}).spec.output_dir
     assert given == str(tmp_path / "mine")
+    # A preset names its study's work dir: the full run trains there, wherever it is typed;
+    # carried to a machine without that folder, in hpo-runs.
+    study_dir = tmp_path / "study"
+    study_dir.mkdir()
+    content = yaml.safe_load(Path(first).read_text())
+    content["provenance"]["work_dir"] = str(study_dir)
+    third = _file(tmp_path / "third.yaml", yaml.safe_dump(content))
+    assert load_run(third, {}).spec.output_dir == str(study_dir / "full" / "third")
+    content["provenance"]["work_dir"] = str(tmp_path / "elsewhere")
+    fourth = _file(tmp_path / "fourth.yaml", yaml.safe_dump(content))
+    assert load_run(fourth, {}).spec.output_dir == str(Path("hpo-runs/full/fourth"))

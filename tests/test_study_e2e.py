@@ -171,6 +171,7 @@ def test_export_preset_round_trip(study_run, tmp_path: Path) -> None:
     assert preset["provenance"]["study"] == "e2e"
     assert preset["provenance"]["trial"] == summary.best_trial
     assert preset["provenance"]["mlflow_parent_run_id"] == summary.mlflow_parent_run_id
+    assert preset["provenance"]["work_dir"] == str(Path(config.work_dir).resolve())
     assert preset["training"]["micro_batch_size"] == summary.best_params["micro_batch_size"]
     assert preset["lora"]["r"] == summary.best_params["lora_r"]
 

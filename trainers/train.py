@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 from common.cli import EXIT_FAILED, EXIT_OK, check_writable, check_writable_dir, run_cli
 from common.config import from_mapping
 from common.errors import BadInputError, GaveUp
-from common.files import write_json
+from common.files import read_yaml, write_json
 from common.flags import FieldFlags, add_field_flags
-from common.workdir import SPOOL_DIR
+from common.workdir import SPOOL_DIR, WorkDir
 from trainers.loop.preemption import StopOnSignal
 from trainers.loop.window import WindowGuard
 from trainers.preset import (
@@ -119,7 +119,7 @@ def _merged(preset_path: str | None, given: dict[str, Any]) -> Preset:
     flat = {key: value for key, value in given.items() if key not in nested}
     # Each preset trains into its own folder: two presets run one after the other from one
     # folder do not collide (--output-dir still decides).
-    flat.setdefault("output_dir", default_output_dir(preset_path))
+    flat.setdefault("output_dir", default_output_dir(preset_path, _work_dir(preset_path)))
     preset = load_preset(preset_path, **flat)
     if nested:
         values = preset.spec.to_dict()
@@ -129,9 +129,24 @@ def _merged(preset_path: str | None, given: dict[str, Any]) -> Preset:
     return preset
 
 
-def default_output_dir(preset_path: str | Path) -> str:
-    """`hpo-runs/full/<preset name>`: where a preset's full run goes without --output-dir."""
-    return str(Path(DEFAULT_RUNS_DIR) / "full" / Path(preset_path).stem)
+def default_output_dir(preset_path: str | Path, work_dir: str | None = None) -> str:
+    """Where a preset's full run goes without --output-dir: `full/<preset name>` in the work
+    dir of the study it came from (`work_dir`, where that folder exists here), else in
+    `hpo-runs`. A study given `--work-dir` on a large disk keeps its full run's checkpoints
+    there, wherever the command is typed; a preset carried to another machine trains in
+    `hpo-runs` there."""
+    root = work_dir if work_dir and Path(work_dir).is_dir() else DEFAULT_RUNS_DIR
+    return str(WorkDir(root).full_run(Path(preset_path).stem))
+
+
+def _work_dir(preset_path: str) -> str | None:
+    """The study's work dir its preset names (`provenance.work_dir`), if any."""
+    try:
+        provenance = read_yaml(preset_path).get("provenance")
+    except BadInputError:
+        return None  # load_preset names what is wrong with the file
+    work_dir = provenance.get("work_dir") if isinstance(provenance, dict) else None
+    return work_dir if isinstance(work_dir, str) else None
 
 
 def check_start(spec: TrainSpec, resume: bool) -> DatasetStats:
