@@ -18,6 +18,14 @@ of full runs inside p10-p90 (all sets, and the held-out ones alone: recorded wit
 1 or more, `seed<N>` in their file name, on which no choice was made), the lowest
 share of any one set (its fractions together: 24 predictions) and how many sets fall below
 80 %, and the median band half-width.
+
+A second table asks how far the level could go with what the full runs themselves say
+(`calibration_bounds`): the reference-only end predictions of each set and fraction,
+recalibrated on that set's full runs by rules a study could only follow once they reported
+back, down to one that no study can (every full run, the predicted one's own included).
+Per rule: the median and 80th percentile of |error|, the rows (set x fraction) whose median
+is within 10 % and 5 %, and the half-width a p10-p90 band centred on it would need to hold
+80 % of the full runs.
 Nothing is trained: about a minute on 2 cores.
 
     python benchmarks/band_coverage.py [FILE ...] [--fractions 0.01,0.02,0.03] [--json out.json]
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -43,6 +52,7 @@ from benchmarks._common import table, write_results  # noqa: E402
 RECORDED = Path(__file__).resolve().parent.parent / "docs" / "measurements"
 REFERENCE_FRACTION = 0.3
 TARGET_COVERAGE = 0.8  # the band is p10-p90
+REFERENCE_ONLY = "reference run only"
 
 
 def set_predictions(payload: dict[str, Any], fraction: str) -> dict[str, list[dict[str, Any]]]:
@@ -61,7 +71,7 @@ def set_predictions(payload: dict[str, Any], fraction: str) -> dict[str, list[di
         attrs: list[dict[str, Any]] = []
         during = rank_fidelity.predictions(rows, fraction, reference, attrs=attrs)
         if reference is not None:
-            out["reference run only"] = rank_fidelity.end_predictions(during, attrs, reference)
+            out[REFERENCE_ONLY] = rank_fidelity.end_predictions(during, attrs, reference)
         if not curves:
             continue
         for runs, name in ((1, "the pick's full run"), (len(rows) - 1, "7 full runs")):
@@ -95,18 +105,99 @@ def pooled(by_set: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
+def _least_squares_prediction(
+    features: list[np.ndarray], target: np.ndarray, fit_on: np.ndarray, at: np.ndarray
+) -> np.ndarray:
+    """`target` regressed on an intercept and `features` over the rows `fit_on`, predicted at
+    the rows `at`."""
+    design = np.column_stack([np.ones(len(target)), *features])
+    coef, *_ = np.linalg.lstsq(design[fit_on], target[fit_on], rcond=None)
+    return np.asarray(design[at] @ coef)
+
+
+def _leave_one_out(features: list[np.ndarray], target: np.ndarray) -> np.ndarray:
+    """Each row predicted from a regression on every other row."""
+    rows = np.arange(len(target))
+    return np.array(
+        [_least_squares_prediction(features, target, rows != i, rows == i)[0] for i in rows]
+    )
+
+
+# Rules that recalibrate a set's log p50 from its full runs' measured losses, from what a
+# study can do once full runs report back to what none can (the predicted run's own loss).
+CALIBRATIONS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
+    "none (the p50)": lambda full, p50, last: p50,
+    "the other full runs' median ratio": lambda full, p50, last: np.array(
+        [p50[i] + np.median(np.delete(full - p50, i)) for i in range(len(full))]
+    ),
+    "the other full runs, regressed on log last loss (no law)": lambda full, p50, last: (
+        _leave_one_out([last], full)
+    ),
+    "the other full runs, regressed on log p50 and log last loss": lambda full, p50, last: (
+        _leave_one_out([p50, last], full)
+    ),
+    "every full run, its own too, regressed on log p50": lambda full, p50, last: (
+        _least_squares_prediction([p50], full, np.ones(len(full), bool), np.ones(len(full), bool))
+    ),
+}
+
+
+def calibration_bounds(groups: list[list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """How close each of `CALIBRATIONS` brings the p50 to the full runs.
+
+    Args:
+        groups: One set's predictions at one trial fraction each (a study's configurations:
+            `full_run_loss`, `p50` and `loss_at_fidelity`, all > 0); at least 3 a group.
+
+    Returns:
+        Per rule: `median_abs_pct_error`, `p80_abs_pct_error`, `rows_within_10_pct` and
+        `rows_within_5_pct` (groups whose median |error| is), `rows`, and
+        `halfwidth_for_80_pct` (100 sinh(q), q the least value with 80 % of |ln(full / p)|
+        at or below it: the half-width of the band p exp(+-q), which holds them).
+    """
+    out: dict[str, dict[str, float]] = {}
+    for name, rule in CALIBRATIONS.items():
+        log_errors, row_medians = [], []
+        for group in groups:
+            full, p50, last = (
+                np.log([p[k] for p in group]) for k in ("full_run_loss", "p50", "loss_at_fidelity")
+            )
+            log_error = rule(full, p50, last) - full
+            log_errors.extend(log_error)
+            row_medians.append(float(np.median(np.abs(np.expm1(log_error)))) * 100)
+        errors = np.abs(np.expm1(np.array(log_errors))) * 100
+        # The least q with 80 % of the |log errors| at or below it.
+        q80 = float(np.quantile(np.abs(log_errors), 0.8, method="inverted_cdf"))
+        out[name] = {
+            "median_abs_pct_error": float(np.median(errors)),
+            "p80_abs_pct_error": float(np.percentile(errors, 80)),
+            "rows": len(groups),
+            "rows_within_10_pct": sum(m <= 10 for m in row_medians),
+            "rows_within_5_pct": sum(m <= 5 for m in row_medians),
+            "halfwidth_for_80_pct": 100 * math.sinh(q80),
+        }
+    return out
+
+
 def measure(
     paths: list[Path], fractions: list[str], *, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """Every case pooled over `paths` and `fractions` (a set: one file, its fractions together)."""
+    """Every case pooled over `paths` and `fractions` (a set: one file, its fractions together),
+    and the calibration bounds of the reference-only case (`"bounds"`)."""
     cases: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    groups: list[list[dict[str, Any]]] = []
     for path in paths:
         payload = json.loads(path.read_text(encoding="utf-8"))
         for fraction in fractions:
             for case, preds in set_predictions(payload, fraction).items():
                 cases.setdefault(case, {}).setdefault(path.stem, []).extend(preds)
+                if case == REFERENCE_ONLY:
+                    groups.append(preds)
         log(f"scored {path.name}")
-    return {case: pooled(by_set) for case, by_set in cases.items()}
+    scores: dict[str, Any] = {case: pooled(by_set) for case, by_set in cases.items()}
+    if groups:
+        scores["bounds"] = calibration_bounds(groups)
+    return scores
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,14 +211,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no recorded sets given and none in {RECORDED}")
     fractions = [f.strip() for f in args.fractions.split(",") if f.strip()]
     scores = measure(paths, fractions)
+    bounds = scores.pop("bounds", {})
     head = ["case", "predictions", "sets", "median err %", "p90 err %", "inside p10-p90",
             "held-out sets", "lowest set", "sets < 80 %", "median half-width %"]  # fmt: skip
     keys = ["predictions", "sets", "median_abs_pct_error", "p90_abs_pct_error",
             "band_coverage", "band_coverage_held_out", "lowest_set_coverage",
             "sets_below_target", "median_band_halfwidth_pct"]  # fmt: skip
     print(table(head, [[case, *(s[k] for k in keys)] for case, s in scores.items()]))
+    if bounds:
+        print(f"\n{REFERENCE_ONLY}, recalibrated on the set's full runs:")
+        head = ["calibration", "median err %", "p80 err %", "rows <= 10 %", "rows <= 5 %",
+                "rows", "half-width for 80 % inside"]  # fmt: skip
+        keys = ["median_abs_pct_error", "p80_abs_pct_error", "rows_within_10_pct",
+                "rows_within_5_pct", "rows", "halfwidth_for_80_pct"]  # fmt: skip
+        print(table(head, [[name, *(b[k] for k in keys)] for name, b in bounds.items()]))
     write_results(args.json, {"files": [p.name for p in paths], "fractions": fractions,
-                              "reference_fraction": REFERENCE_FRACTION, "scores": scores})  # fmt: skip
+                              "reference_fraction": REFERENCE_FRACTION, "scores": scores,
+                              "bounds": bounds})  # fmt: skip
     return 0
 
 
