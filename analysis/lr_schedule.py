@@ -35,7 +35,7 @@ ANNEALING_DECAY = 0.95
 # gave 19 / 13 / 17 % on the 24 rows of 30k records, 12 with label noise and 12 exact 3k ones,
 # against 22 / 18 / 21 % at 1, with no coverage lost. On 18 rows of 8 configurations not used
 # to choose it (seed 1, label noise 0.3, 2026-11-25): 14 % against 17 % at 1, rows <= 10 %
-# 8 against 5, rows with >= 80 % coverage 12 against 13 (README, rank_fidelity.py).
+# 8 against 5, rows with >= 80 % coverage 12 against 13 (docs/rank-fidelity-history.md).
 FORWARD_POWER = 0.5
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 

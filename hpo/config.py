@@ -104,9 +104,9 @@ class TrialConfig:
         "Share of the full run a promoted trial trains on.",
         key="promote_fraction",
     )
-    # 0.3 from benchmarks/rank_fidelity.py (README): of 0.1, 0.2 and 0.3, the share whose
-    # reference cut the median p50 error most on both tiny models, for about 15 % more
-    # search time at trial fractions 0.02-0.03.
+    # 0.3 from benchmarks/rank_fidelity.py (docs/rank-fidelity-history.md): of 0.1, 0.2 and
+    # 0.3, the share whose reference cut the median p50 error most on both tiny models, for
+    # about 15 % more search time at trial fractions 0.02-0.03.
     reference_fraction: float = knob(
         0.3,
         "Once the first trials finished, run the best so far once more as a run of this share "
