@@ -30,6 +30,13 @@ the picks as the user trains each pick's full run and lets it report back (`unti
 
     python benchmarks/rank_fidelity.py [--configs 12] [--pretrain-steps 0] [--data chat]
         [--fractions 0.01,0.02,0.05,0.1] [--samples 3000] [--label-noise 0.3] [--json FILE]
+    python benchmarks/rank_fidelity.py --model MODEL --data-file FILE --device cuda --json FILE
+
+By default the model is the project's tiny llama (`--pretrain-steps` pre-trains it) and the
+data its demo data. `--model` (a model folder or hub name, as `hpo.study --model`) and
+`--data-file` (training data as the study reads it: JSONL, Parquet or a saved HF dataset)
+measure the same on a real pre-trained model and real data, on `--device`; their full runs
+are one epoch of that data, so its size sets the benchmark's cost.
     python benchmarks/rank_fidelity.py --rescore FILE   # score recorded runs again
     python benchmarks/rank_fidelity.py --rescore FILE --add-fractions 0.1 --json FILE2
     python benchmarks/rank_fidelity.py --rescore FILE --full-run-curves 12 --json FILE2
@@ -61,6 +68,7 @@ from hpo.prepare import prepare  # noqa: E402
 from hpo.reference_run import REFERENCE_AFTER  # noqa: E402
 from hpo.runspec import train_spec  # noqa: E402
 from search_spaces import load_space, sample  # noqa: E402
+from trainers.spec import DEVICES  # noqa: E402
 from trainers.tiny import default_tiny_model  # noqa: E402
 
 if TYPE_CHECKING:
@@ -428,10 +436,16 @@ def report(
                     rows, reference, preds, attrs, ends, promote=promote,
                     promote_fraction=promote_fraction,
                 )  # fmt: skip
+    if payload.get("data_file"):
+        data = f"data {payload['data_file']}, {payload['rows'][0]['full_run_samples']:g} samples"
+    else:
+        data = (
+            f"data {payload['data']}, samples {payload.get('samples') or 3000}, "
+            f"label noise {payload.get('label_noise', 0.0):g}"
+        )
+    model = payload.get("model") or f"tiny llama, pretrain_steps {payload['pretrain_steps']}"
     print(
-        f"{len(rows)} configurations, pretrain_steps {payload['pretrain_steps']}, "
-        f"data {payload['data']}, samples {payload.get('samples') or 3000}, "
-        f"label noise {payload.get('label_noise', 0.0):g}, forward power "
+        f"{len(rows)} configurations, {model}, {data}, forward power "
         f"{analysis.lr_schedule.FORWARD_POWER:g}"
     )
     short = ["fraction", "spearman", "sp.p50", "sp.fidelity", "pick", "pick p50", "regret", "med err %", "p90 err %",
@@ -506,24 +520,25 @@ def until_settled(
 @contextlib.contextmanager
 def study_setup(
     pretrain_steps: int, data_name: str, samples: int, label_noise: float, trial_evals: int,
-    seed: int,
+    seed: int, *, model: str | None = None, data_file: str | None = None, device: str = "cpu",
 ) -> Iterator[tuple[StudyConfig, Any, Path]]:  # fmt: skip
-    """The benchmark's model, data and study config in a temporary folder (removed after)."""
+    """The benchmark's model, data and study config in a temporary folder (removed after):
+    `model` and `data_file` where given, else the tiny llama and the demo data."""
     from trainers.data.paths import demo_data_path
 
     with tempfile.TemporaryDirectory(prefix="hpo-rank-") as folder:
         work = Path(folder)
-        model = default_tiny_model(pretrain_steps=pretrain_steps)
-        data = demo_data_path(data_name)
+        base = model or str(default_tiny_model(pretrain_steps=pretrain_steps))
+        data = Path(data_file) if data_file else demo_data_path(data_name)
         if samples or label_noise:  # the same world: more records, or a loss floor
             from trainers.data.make_demo_data import write_demo_data
 
             write_demo_data(work / "data", samples=samples or 3000, label_noise=label_noise)
             data = work / "data" / data.name
         config = StudyConfig(
-            model=str(model), data=str(data), work_dir=str(work),
+            model=base, data=str(data), work_dir=str(work),
             trial=TrialConfig(evals=trial_evals), eval_samples=EVAL_SAMPLES,
-            full_run=FullRunConfig(epochs=1.0), device="cpu", seed=seed,
+            full_run=FullRunConfig(epochs=1.0), device=device, seed=seed,
         )  # fmt: skip
         prepared = prepare(config)
         yield dataclasses.replace(config, eval_max_length=prepared.eval_max_length), prepared, work
@@ -536,6 +551,8 @@ def recorded_setup(
     return study_setup(
         payload["pretrain_steps"], payload["data"], payload.get("samples") or 0,
         payload.get("label_noise", 0.0), payload["trial_evals"], payload.get("seed", 0),
+        model=payload.get("model"), data_file=payload.get("data_file"),
+        device=payload.get("device", "cpu"),
     )  # fmt: skip
 
 
@@ -543,13 +560,15 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     """Run the full runs and the trials; the payload is written after each configuration."""
     fractions = tuple(float(f) for f in args.fractions.split(","))
     payload: dict[str, Any] = {
-        "pretrain_steps": args.pretrain_steps, "data": args.data, "samples": args.samples,
+        "pretrain_steps": args.pretrain_steps, "samples": args.samples,
+        "data": Path(args.data_file).name if args.data_file else args.data,
         "label_noise": args.label_noise, "seed": args.seed, "fractions": fractions,
         "trial_evals": args.trial_evals, "machine": machine(), "rows": [], "references": {},
+        "model": args.model, "data_file": args.data_file, "device": args.device,
     }  # fmt: skip
     with study_setup(
         args.pretrain_steps, args.data, args.samples, args.label_noise, args.trial_evals,
-        args.seed,
+        args.seed, model=args.model, data_file=args.data_file, device=args.device,
     ) as (config, prepared, work):  # fmt: skip
         for index, params in enumerate(draw_configs(args.configs, args.seed)):
             row = run_config(config, params, prepared, work, index, fractions)
@@ -727,6 +746,16 @@ def main(argv: list[str] | None = None) -> int:
         "score each trial's end prediction with the other full runs' curves as well, as a "
         "study holds them once they report back (0: not)",
     )  # fmt: skip
+    parser.add_argument(
+        "--model", help="a pre-trained model folder or hub name instead of the tiny llama"
+    )
+    parser.add_argument(
+        "--data-file", help="training data (JSONL, Parquet or a saved HF dataset) instead of "
+        "the demo data",
+    )  # fmt: skip
+    parser.add_argument(
+        "--device", default="cpu", choices=DEVICES, help="training device (default: cpu)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", help="write the runs and scores here")
@@ -744,6 +773,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not 0.0 <= args.label_noise <= 1.0:
         parser.error(f"--label-noise must lie in [0, 1], but got {args.label_noise}")
+    if args.model and args.pretrain_steps:
+        parser.error("--pretrain-steps pre-trains the tiny llama: give it or --model, not both")
+    if args.data_file and (args.samples or args.label_noise or args.data != "prompt_completion"):
+        parser.error(
+            "--samples, --label-noise and --data make the demo data: give them or --data-file, "
+            "not both"
+        )
+    if args.data_file and not Path(args.data_file).exists():
+        parser.error(f"--data-file {args.data_file} does not exist")
     if (args.redo_references or args.add_fractions or args.full_run_curves) and not args.rescore:
         parser.error(
             "--redo-references, --add-fractions and --full-run-curves need --rescore FILE "
