@@ -136,6 +136,9 @@ CALIBRATIONS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarra
     "the other full runs, regressed on log p50 and log last loss": lambda full, p50, last: (
         _leave_one_out([p50, last], full)
     ),
+    "every full run, its own too: their median ratio": lambda full, p50, last: (
+        p50 + np.median(full - p50)
+    ),
     "every full run, its own too, regressed on log p50": lambda full, p50, last: (
         _least_squares_prediction([p50], full, np.ones(len(full), bool), np.ones(len(full), bool))
     ),
@@ -188,6 +191,9 @@ def measure(
     groups: list[list[dict[str, Any]]] = []
     for path in paths:
         payload = json.loads(path.read_text(encoding="utf-8"))
+        if not payload.get("rows") or "trials" not in payload["rows"][0]:
+            log(f"skipped {path.name}: not a recorded rank_fidelity set")
+            continue
         for fraction in fractions:
             for case, preds in set_predictions(payload, fraction).items():
                 cases.setdefault(case, {}).setdefault(path.stem, []).extend(preds)

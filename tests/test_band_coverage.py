@@ -72,3 +72,15 @@ def test_the_half_width_for_80_percent_is_the_80th_percentile_of_the_log_error()
     # |p / full - 1| is 9.5 % below and 10.5 % above; the middle two are 10.5 % (above).
     assert raw["median_abs_pct_error"] == pytest.approx(100 * math.expm1(0.1))
     assert raw["rows_within_10_pct"] == raw["rows_within_5_pct"] == 0
+
+
+def test_a_common_bias_is_all_a_median_ratio_needs_to_learn() -> None:
+    p50 = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5]
+    full = [0.7 * p for p in p50]  # every prediction 1 / 0.7 too high
+    bounds = calibration_bounds([_group(p50, full, p50)])
+    assert bounds["none (the p50)"]["median_abs_pct_error"] == pytest.approx(100 * 0.3 / 0.7)
+    for name in (
+        "the other full runs' median ratio",
+        "every full run, its own too: their median ratio",
+    ):
+        assert bounds[name]["median_abs_pct_error"] == pytest.approx(0.0, abs=1e-9)
