@@ -31,15 +31,15 @@ the picks as the user trains each pick's full run and lets it report back (`unti
     python benchmarks/rank_fidelity.py [--configs 12] [--pretrain-steps 0] [--data chat]
         [--fractions 0.01,0.02,0.05,0.1] [--samples 3000] [--label-noise 0.3] [--json FILE]
     python benchmarks/rank_fidelity.py --model MODEL --data-file FILE --device cuda --json FILE
+    python benchmarks/rank_fidelity.py --rescore FILE   # score recorded runs again
+    python benchmarks/rank_fidelity.py --rescore FILE --add-fractions 0.1 --json FILE2
+    python benchmarks/rank_fidelity.py --rescore FILE --full-run-curves 12 --json FILE2
 
 By default the model is the project's tiny llama (`--pretrain-steps` pre-trains it) and the
 data its demo data. `--model` (a model folder or hub name, as `hpo.study --model`) and
 `--data-file` (training data as the study reads it: JSONL, Parquet or a saved HF dataset)
 measure the same on a real pre-trained model and real data, on `--device`; their full runs
 are one epoch of that data, so its size sets the benchmark's cost.
-    python benchmarks/rank_fidelity.py --rescore FILE   # score recorded runs again
-    python benchmarks/rank_fidelity.py --rescore FILE --add-fractions 0.1 --json FILE2
-    python benchmarks/rank_fidelity.py --rescore FILE --full-run-curves 12 --json FILE2
 """
 
 from __future__ import annotations
