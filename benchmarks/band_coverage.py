@@ -22,7 +22,8 @@ share of any one set (its fractions together: 24 predictions) and how many sets 
 A second table asks how far the level could go with what the full runs themselves say
 (`calibration_bounds`): the reference-only end predictions of each set and fraction,
 recalibrated on that set's full runs by rules a study could only follow once they reported
-back, down to one that no study can (every full run, the predicted one's own included).
+back, down to two that no study can (every full run, the predicted one's own included: the
+set's bias removed, or a line through them all).
 Per rule: the median and 80th percentile of |error|, the rows (set x fraction) whose median
 is within 10 % and 5 %, and the half-width a p10-p90 band centred on it would need to hold
 80 % of the full runs.
