@@ -46,3 +46,10 @@ def demo_spec(model: Path, folder: Path, **fields: Any) -> TrainSpec:
         **fields,
     }
     return TrainSpec(**values)
+
+
+def demo_records(path: Path, n: int) -> Path:
+    """The bundled prompt/completion data's first `n` records, written to `path`."""
+    lines = demo_data_path("prompt_completion").read_text().splitlines()[:n]
+    path.write_text("\n".join(lines) + "\n")
+    return path

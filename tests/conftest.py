@@ -29,12 +29,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """200 prompt/completion records of the bundled data: tokenized in a moment for each run."""
-    from trainers.data.paths import demo_data_path
+    from tests.configs import demo_records
 
-    path = tmp_path_factory.mktemp("data") / "data.jsonl"
-    lines = demo_data_path("prompt_completion").read_text().splitlines()[:200]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return demo_records(tmp_path_factory.mktemp("data") / "data.jsonl", 200)
 
 
 @pytest.fixture(scope="module")

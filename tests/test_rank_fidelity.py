@@ -10,17 +10,13 @@ from pathlib import Path
 import pytest
 
 from benchmarks import rank_fidelity
+from tests.configs import demo_records
 
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """1000 prompt/completion records: 200 held out for validation, one epoch of the rest."""
-    from trainers.data.paths import demo_data_path
-
-    path = tmp_path_factory.mktemp("rank-data") / "mine.jsonl"
-    lines = demo_data_path("prompt_completion").read_text().splitlines()[:1000]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return demo_records(tmp_path_factory.mktemp("rank-data") / "mine.jsonl", 1000)
 
 
 def test_a_named_model_and_data_file_are_measured_and_recorded(
