@@ -117,6 +117,9 @@ class Plan:
             sequences, each micro-batch is one row without padding.
         quantization: "none", or "nf4": the base's linear layers in 4 bits (QLoRA,
             `trainers.model.quantization`): `weight_bytes` and `NF4_STEP_FACTOR`.
+        gpus: Processes (GPUs) training the run data-parallel: each runs
+            `micro_batch_size` x `gradient_accumulation_steps` samples per optimizer step,
+            then the adapter's gradients are all-reduced (`Interconnect`).
     """
 
     model: ModelProfile
@@ -135,6 +138,7 @@ class Plan:
     max_steps: int | None = None
     packing: str = "none"
     quantization: str = "none"
+    gpus: int = 1
 
     def __post_init__(self) -> None:
         require(
@@ -149,7 +153,13 @@ class Plan:
         require(len(self.token_lengths) > 0, "token_lengths must not be empty")
         shortest = min(self.token_lengths)
         require(shortest > 0, f"token_lengths must all be > 0 but got {shortest=}")
-        for name in ("micro_batch_size", "gradient_accumulation_steps", "max_length", "lora_r"):
+        for name in (
+            "micro_batch_size",
+            "gradient_accumulation_steps",
+            "max_length",
+            "lora_r",
+            "gpus",
+        ):
             value = getattr(self, name)
             require(value >= 1, f"{name} must be >= 1 but got {value=}")
         for name in ("eval_interval_steps", "eval_samples", "checkpoint_interval_steps"):

@@ -167,7 +167,7 @@ def test_recovery_settings_round_trip_and_are_validated() -> None:
 
 def _fake_checkpoint(out: Path, step: int, val_loss: float | None) -> Path:
     staging = checkpoint.new_staging(out, step)
-    for name in checkpoint.REQUIRED:
+    for name in (*checkpoint.REQUIRED, checkpoint.RNG_STATES[0]):
         if name != checkpoint.RUN_STATE:
             (staging / name).write_bytes(f"{name} at {step}".encode())
     return checkpoint.commit(staging, out, step, {"step": step, "val_loss": val_loss})

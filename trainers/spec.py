@@ -111,6 +111,14 @@ class TrainSpec:
     lora: LoraSpec = part(LoraSpec, "LoRA adapter settings.", flag_prefix="lora-")
     micro_batch_size: int = knob(8, "Samples per forward/backward.")
     gradient_accumulation_steps: int = knob(1, "Micro-batches per optimizer step.")
+    gpus: int = knob(
+        1,
+        "Processes training this run data-parallel, one per GPU (one per CPU process with "
+        "--device cpu): each optimizer step takes micro_batch_size x "
+        "gradient_accumulation_steps samples on each, so the effective batch is N times "
+        "larger. trainers.train starts them itself (through torchrun) unless it was launched "
+        "by torchrun or accelerate launch with as many processes.",
+    )
     learning_rate: float = knob(1e-3, "Peak learning rate.")
     weight_decay: float = knob(0.0, "AdamW weight decay.")
     scheduler: str = knob("linear", f"Learning-rate schedule: {' | '.join(SCHEDULERS)}.")
@@ -184,6 +192,7 @@ class TrainSpec:
         for name in (
             "micro_batch_size",
             "gradient_accumulation_steps",
+            "gpus",
             "max_length",
             "eval_samples",
             "keep_checkpoints",
@@ -241,7 +250,8 @@ class TrainSpec:
 
     @property
     def effective_batch_size(self) -> int:
-        return self.micro_batch_size * self.gradient_accumulation_steps
+        """Samples per optimizer step, over all the run's processes."""
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.gpus
 
     @property
     def checkpointing(self) -> bool:
@@ -276,6 +286,9 @@ class Schedule(Protocol):
     def epochs(self) -> float: ...
 
     @property
+    def gpus(self) -> int: ...
+
+    @property
     def max_steps(self) -> int | None: ...
 
 
@@ -294,7 +307,9 @@ def optimizer_steps(run: Schedule, train_samples: int) -> int:
 
     Each epoch is ceil(train_samples / micro_batch_size) micro-batches, grouped by
     gradient_accumulation_steps into optimizer steps (a short last group still makes a
-    step); `max_steps`, when set, replaces the count. A `stop_after_steps` cut is not part
+    step); on N processes each takes ceil(train_samples / (N x micro_batch_size)) of them
+    (accelerate's sharded sampler repeats samples to even the last ones out). `max_steps`,
+    when set, replaces the count. A `stop_after_steps` cut is not part
     of the schedule and is not counted.
 
     Args:
@@ -303,7 +318,7 @@ def optimizer_steps(run: Schedule, train_samples: int) -> int:
     """
     if run.max_steps is not None:
         return run.max_steps
-    micro_batches = math.ceil(train_samples / run.micro_batch_size)
+    micro_batches = math.ceil(train_samples / (run.micro_batch_size * run.gpus))
     per_epoch = max(1, math.ceil(micro_batches / run.gradient_accumulation_steps))
     return max(1, math.ceil(per_epoch * run.epochs))
 

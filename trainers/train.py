@@ -4,6 +4,10 @@ The full run of a study's preset: inside its time window (it stops with a checkp
 the window closes and prints the command that resumes it), with checkpoints, recovery from
 out-of-memory errors and a diverging loss, a progress bar and, optionally, an MLflow run.
 A SIGTERM (preemption, eviction) stops it the same way, after the step under way.
+With `gpus` N > 1 (a flag or the preset's), it trains data-parallel on N processes, one per
+GPU: started through torchrun by this command (`trainers.launch`), or by the user's own
+`torchrun --nproc-per-node N` / `accelerate launch`; process 0 alone writes the checkpoints,
+the MLflow run, the summary and the JSON report.
 Exit codes: 0 finished, 3 stopped by the window or a SIGTERM (resumable), 2 bad input,
 1 gave up/crashed.
 """
@@ -26,6 +30,8 @@ from common.errors import BadInputError, GaveUp
 from common.files import read_yaml, write_json
 from common.flags import FieldFlags, add_field_flags
 from common.workdir import SPOOL_DIR, WorkDir
+from trainers.launch import check_gpus, launch, report_exit, window_opened
+from trainers.loop import distributed
 from trainers.loop.preemption import StopOnSignal
 from trainers.loop.window import WindowGuard
 from trainers.preset import (
@@ -224,12 +230,17 @@ def run_tracking(args: argparse.Namespace) -> RunTracking:
 
 
 def main(argv: list[str] | None = None) -> int:
-    started_at = time.monotonic()  # the window opens when the command starts
+    # The window opens when the command starts (the launcher's start, for its processes).
+    started_at = window_opened(time.monotonic())
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     parser, flags = build_parser()
     args = parser.parse_args(raw_argv)
     tracking = run_tracking(args)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    processes = distributed.processes()
+    # The other processes train in step with process 0 and keep quiet: one log, one report.
+    logging.basicConfig(
+        level=logging.INFO if processes.main else logging.WARNING, format="%(message)s"
+    )
     given = flags.given(args)
     preset = load_run(args.preset, given)
     spec = preset.spec
@@ -237,15 +248,19 @@ def main(argv: list[str] | None = None) -> int:
     predicted = predicted_seconds(preset.estimate)
     if args.json:
         check_writable(args.json)
-    data_stats = check_start(spec, args.resume)
+    if spec.gpus > 1 and not processes.several:
+        check_gpus(spec.gpus, spec.device, _cuda_devices(spec.device))
+        check_start(spec, args.resume)  # bad input stops here, and the data is tokenized once
+        return launch(spec.gpus, raw_argv, started_at)
+    data_stats = _checked_by_main_first(spec, args.resume, processes)
 
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from trainers.loop.progress import TqdmProgress
     from trainers.loop.run import train
 
-    callbacks: list[Any] = [] if args.quiet else [TqdmProgress(file=sys.stderr)]
-    tracker = _tracker(args, tracking, preset, spec, predicted)
+    callbacks: list[Any] = [] if args.quiet or not processes.main else [TqdmProgress(file=sys.stderr)]
+    tracker = _tracker(args, tracking, preset, spec, predicted) if processes.main else None
     if tracker is not None:
         callbacks += _tracking_callbacks(tracker, tracking, spec, data_stats)
     failure: str | None = None
@@ -253,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     callbacks.append(stop)
     try:
         with logging_redirect_tqdm(), stop:
-            result = train(spec, callbacks, resume=args.resume, window=guard)
+            # Process 0's window decides; the others stop at the same step (`distributed`).
+            window = guard if processes.main else None
+            result = train(spec, callbacks, resume=args.resume, window=window)
     except GaveUp as exc:
         if exc.result is None:
             raise
@@ -261,6 +278,59 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if tracker is not None and not tracker.ended:
             tracker.end("FAILED")
+    if not processes.main:
+        distributed.wait_for_all()  # process 0 writes the report, then every process ends
+        return EXIT_FAILED if failure is not None else _exit_code(result)
+    try:
+        return _report(args, raw_argv, preset, spec, result, guard, tracker, predicted, failure)
+    finally:
+        distributed.wait_for_all()
+
+
+def _cuda_devices(device: str) -> int:
+    if device == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _checked_by_main_first(
+    spec: TrainSpec, resume: bool, processes: distributed.Processes
+) -> DatasetStats:
+    """`check_start`, by process 0 before the others: it tokenizes into the cache they read."""
+    if not processes.several:
+        return check_start(spec, resume)
+    from trainers.loop.run import check_processes
+
+    check_processes(spec, processes)
+    distributed.join(spec.device)
+    if processes.main:
+        stats = check_start(spec, resume)
+        distributed.wait_for_all()
+        return stats
+    distributed.wait_for_all()
+    return check_start(spec, resume)
+
+
+def _exit_code(result: Any) -> int:
+    if result.status in ("stopped_by_window", "stopped_by_signal"):
+        return EXIT_RESUMABLE
+    return EXIT_OK
+
+
+def _report(
+    args: argparse.Namespace,
+    raw_argv: list[str],
+    preset: Preset,
+    spec: TrainSpec,
+    result: Any,
+    guard: WindowGuard,
+    tracker: Any,
+    predicted: float | None,
+    failure: str | None,
+) -> int:
+    """The summary, the JSON report and the MLflow run's end; returns the exit code."""
     result.predicted_seconds = predicted
     for line in summary_lines(result, guard):
         print(line)
@@ -272,10 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     if failure is not None:
         print(f"failed: {failure}", file=sys.stderr)
         return EXIT_FAILED
-    if result.status in ("stopped_by_window", "stopped_by_signal"):
+    code = _exit_code(result)
+    if code == EXIT_RESUMABLE:
         print("resume with:\n  " + resume_command(raw_argv))
-        return EXIT_RESUMABLE
-    return EXIT_OK
+    sys.stdout.flush()
+    return code
 
 
 def _tracking_callbacks(
@@ -391,4 +462,4 @@ def _earlier_run_id(path: Path) -> str | None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(report_exit(run_cli(main)))

@@ -35,10 +35,12 @@ REQUIRED = (
     "adapter_config.json",
     "optimizer.pt",
     "scheduler.pt",
-    "rng_state.pth",
     "trainer_state.json",
     RUN_STATE,
 )
+# The random-number state: one file for one process, one per process (`rng_state_<rank>.pth`)
+# for a run on several.
+RNG_STATES = ("rng_state.pth", "rng_state_0.pth")
 _STAGING_PREFIX = ".staging-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)$")
 
@@ -78,12 +80,17 @@ def commit(staging: Path, output_dir: str | Path, step: int, run_state: dict[str
     }
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     _fsync_dir(staging)
-    target = Path(output_dir) / f"{PREFIX}{step}"
+    target = checkpoint_path(output_dir, step)
     # A resumed or rolled-back run reaches this step again; `clean_staging` sweeps a leftover.
     aside = target.with_name(f"{_STAGING_PREFIX}old-{step}-{os.getpid()}")
     replace_folder(staging, target, aside=aside)
     _fsync_dir(target.parent)
     return target
+
+
+def checkpoint_path(output_dir: str | Path, step: int) -> Path:
+    """Where the checkpoint of `step` lives."""
+    return Path(output_dir) / f"{PREFIX}{step}"
 
 
 def verify(path: str | Path) -> str | None:
@@ -95,6 +102,8 @@ def verify(path: str | Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"no readable manifest ({type(exc).__name__})"
     missing = [name for name in REQUIRED if name not in files]
+    if not any(name in files for name in RNG_STATES):
+        missing.append(RNG_STATES[0])
     if missing:
         return f"manifest lacks {', '.join(missing)}"
     for name, expected in files.items():

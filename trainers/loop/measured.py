@@ -24,7 +24,7 @@ from transformers.trainer_utils import EvalLoopOutput
 from common.errors import Diverged
 from trainers.data.packing import samples_in
 from trainers.events import EvalInfo, RunInfo, StepInfo, TrainingCallback
-from trainers.loop import checkpoint
+from trainers.loop import checkpoint, distributed
 from trainers.loop.early_stopping import EarlyStopping, mean_train_loss
 from trainers.loop.recovery import DivergenceMonitor
 from trainers.loop.window import WindowGuard
@@ -53,6 +53,7 @@ class Recorder:
         self.clock = clock
         self.step_loss = torch.zeros(())
         self.step_tokens = 0
+        self.step_samples = 0
         self.step_grad_norm: float | None = None
         self.last_micro_end = 0.0
         self.mark = 0.0  # end of the last step, evaluation or save
@@ -63,6 +64,7 @@ class Recorder:
         """Forget a half-accumulated optimizer step (the attempt before failed inside it)."""
         self.step_loss = torch.zeros(())
         self.step_tokens = 0
+        self.step_samples = 0
 
 
 @dataclass
@@ -133,7 +135,7 @@ class MeasuredTrainer(Trainer):
         rec.result.micro_step_tokens.append(int(ids.numel()))
         rec.result.micro_step_seq_len.append(int(ids.shape[1]))
         rec.step_tokens += int(ids.numel())
-        rec.result.samples_seen += samples_in(inputs)
+        rec.step_samples += samples_in(inputs)
         # Trainer scales each micro-step loss so that their sum is the optimizer-step loss.
         rec.step_loss = rec.step_loss + loss.detach().float().cpu()
         rec.last_micro_end = end
@@ -254,27 +256,38 @@ class MeasuredTrainer(Trainer):
             self.bridge.request_stop(self.control, verdict.reason, "stopped_early")
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        """Stage every file a resume needs, add the manifest, rename into place, rotate."""
+        """Stage every file a resume needs, add the manifest, rename into place, rotate.
+
+        With several processes, process 0 writes the checkpoint and each process adds its
+        own random-number state (`rng_state_<rank>.pth`: their dropout masks differ).
+        """
         rec = self.recorder
         start = rec.clock.now()
         step = int(self.state.global_step)
         out = str(self.args.output_dir)
-        staging = checkpoint.new_staging(out, step)
+        main = self.args.process_index == 0
+        self.store_flos()  # sums the processes' counts: every process takes part
+        staging = distributed.from_main(checkpoint.new_staging(out, step) if main else None)
+        path = checkpoint.checkpoint_path(out, step)
         try:
-            self.store_flos()
-            unwrapped = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
-            unwrapped.save_pretrained(str(staging))  # adapter weights (safetensors) + config
-            self._save_optimizer_and_scheduler(str(staging))
-            self._save_scaler(str(staging))
             self._save_rng_state(str(staging))
-            self.state.save_to_json(str(staging / TRAINER_STATE_NAME))
-            path = checkpoint.commit(staging, out, step, self.run_state(step))
+            distributed.wait_for_all()  # every state file is in before the manifest
+            if main:
+                unwrapped = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+                unwrapped.save_pretrained(str(staging))  # adapter weights (safetensors) + config
+                self._save_optimizer_and_scheduler(str(staging))
+                self._save_scaler(str(staging))
+                self.state.save_to_json(str(staging / TRAINER_STATE_NAME))
+                path = checkpoint.commit(staging, out, step, self.run_state(step))
         except BaseException:
             import shutil
 
-            shutil.rmtree(staging, ignore_errors=True)
+            if main:
+                shutil.rmtree(staging, ignore_errors=True)
             raise
-        checkpoint.rotate(out, self.keep_checkpoints)
+        if main:
+            checkpoint.rotate(out, self.keep_checkpoints)
+        distributed.wait_for_all()  # a stopped run's checkpoint is whole when any process ends
         end = rec.clock.now()
         rec.result.checkpoint_seconds.append(end - start)
         rec.result.checkpoint_dir = str(path.resolve())
@@ -358,9 +371,16 @@ class Bridge(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         rec, res = self.rec, self.rec.result
-        now = rec.clock.now()
         step = int(state.global_step)
-        loss = float(rec.step_loss)
+        # Each process saw its share of the step: the step's loss is the mean over all of
+        # them (each process's loss is its token sum over the step's tokens on every
+        # process, times their count; see Trainer.compute_loss), tokens and samples the sum.
+        loss_sum, tokens, samples = distributed.summed(
+            [float(rec.step_loss), rec.step_tokens, rec.step_samples]
+        )
+        loss = loss_sum / max(1, int(args.world_size))
+        tokens, samples = int(tokens), int(samples)
+        now = rec.clock.now()
         if not math.isfinite(loss):
             raise Diverged(f"training loss became {loss} at step {step}")
         res.optimizer_step_seconds.append(now - rec.last_micro_end)
@@ -370,8 +390,9 @@ class Bridge(TrainerCallback):
         grad_norm, rec.step_grad_norm = rec.step_grad_norm, None
         if grad_norm is not None:
             res.grad_norms.append([step, grad_norm])
-        res.tokens_seen += rec.step_tokens
-        tokens, rec.step_tokens = rec.step_tokens, 0
+        res.tokens_seen += tokens
+        res.samples_seen += samples
+        rec.step_tokens = rec.step_samples = 0
         rec.step_loss = torch.zeros(())
         rec.mark = now
         res.final_step = step
@@ -413,6 +434,22 @@ class Bridge(TrainerCallback):
             control.should_training_stop = True
         if self.checkpointing and step >= state.max_steps:
             control.should_save = True  # the finished adapter, whatever the intervals
+        self._agree(control)
+
+    def _agree(self, control: Any) -> None:
+        """Take a stop or a save that any process decided at this step, on every process."""
+        res = self.rec.result
+        status = res.status if res.stop_reason is not None else ""
+        code = distributed.STOP_PRIORITY.index(status) if status in distributed.STOP_PRIORITY else 1
+        agreed, stop, save = distributed.highest(
+            [code, int(control.should_training_stop), int(control.should_save)]
+        )
+        if agreed and res.stop_reason is None:
+            self.request_stop(
+                control, "stopped by another process", distributed.STOP_PRIORITY[agreed]
+            )
+        control.should_training_stop = bool(stop or agreed)
+        control.should_save = bool(save or control.should_save)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.rec.last_checkpoint is None:

@@ -22,7 +22,7 @@ import torch
 
 from common.errors import BadInputError, Diverged, GaveUp, TrainingFailed
 from trainers.events import RunInfo, TrainingCallback
-from trainers.loop import checkpoint
+from trainers.loop import checkpoint, distributed
 from trainers.loop.data_loading import available_cpus, choose_data_loading
 from trainers.loop.early_stopping import EarlyStopping, advise
 from trainers.loop.inputs import Attached, RunInputs
@@ -66,6 +66,7 @@ def train(
     from transformers import set_seed
 
     wall_start = time.perf_counter()
+    check_processes(spec, distributed.processes())
     resume_dir = _starting_checkpoint(spec, resume)
     saved = checkpoint.read_run_state(resume_dir) if resume_dir else {}
     runtime = detect_runtime(spec.device, spec.precision, spec.compile)
@@ -105,7 +106,9 @@ def _train_attached(
     log.info("data loader: %s", loading.reason)
     early_stopping = _early_stopping(spec, saved)
     previous_wall = float(saved.get("cumulative_wall_seconds", 0.0))
-    run_state = RunStateWriter(result, recovery, clock, wall_start, previous_wall, early_stopping)
+    run_state = RunStateWriter(
+        result, recovery, clock, wall_start, previous_wall, early_stopping, gpus=spec.gpus
+    )
     hooks = _trainer_hooks(spec, callbacks, window, run_state)
     recorder, bridge = hooks.recorder, hooks.bridge
     initial_adapter = _trainable_state(loaded.model) if spec.recovery.enabled else {}
@@ -189,12 +192,14 @@ class RunStateWriter:
     wall_start: float
     previous_wall: float  # the wall time of the runs this one resumed from
     early_stopping: EarlyStopping | None = None
+    gpus: int = 1  # a resume must run on as many processes (each owns its data shard)
 
     def __call__(self, step: int) -> dict[str, Any]:
         result = self.result
         last_eval = result.eval_losses[-1] if result.eval_losses else None
         return {
             "step": step,
+            "gpus": self.gpus,
             **self.recovery.to_dict(),
             "train_loss": result.train_losses[-1][1] if result.train_losses else None,
             "val_loss": last_eval[1] if last_eval and last_eval[0] == step else None,
@@ -327,6 +332,21 @@ def _forget_after(result: TrainResult, divergence: DivergenceMonitor | None, bac
         divergence.forget_after(back_to)
 
 
+def check_processes(spec: TrainSpec, processes: distributed.Processes) -> None:
+    """A run on N GPUs must be launched as N processes (`trainers.train` does it itself).
+
+    Raises:
+        BadInputError: The launcher started another number of processes.
+    """
+    if processes.world_size != spec.gpus:
+        raise BadInputError(
+            f"this run asks for gpus={spec.gpus}, but it was launched as "
+            f"{processes.world_size} process(es): give --gpus {processes.world_size} (the "
+            f"effective batch then is {processes.world_size} x micro-batch x accumulation), or "
+            "run `python -m trainers.train` without torchrun and it starts the processes itself"
+        )
+
+
 def _starting_checkpoint(spec: TrainSpec, resume: bool) -> Path | None:
     """The verified checkpoint a resumed run starts from; checks a fresh run's folder."""
     out = Path(spec.output_dir)
@@ -340,7 +360,15 @@ def _starting_checkpoint(spec: TrainSpec, resume: bool) -> Path | None:
                 f"cannot resume: {found} holds a LoRA adapter of rank {rank}, "
                 f"but this run asks for lora.r={spec.lora.r}"
             )
-        checkpoint.clean_staging(out)
+        gpus = int(checkpoint.read_run_state(found).get("gpus", 1))
+        if gpus != spec.gpus:
+            raise BadInputError(
+                f"cannot resume: {found} was saved by a run on {gpus} GPU(s), but this run asks "
+                f"for gpus={spec.gpus}: resume with --gpus {gpus} (the data order and the "
+                "effective batch depend on it)"
+            )
+        if distributed.processes().main:  # the others find the folder as process 0 left it
+            checkpoint.clean_staging(out)
         return found
     existing = checkpoint.checkpoints(out)
     if existing:

@@ -127,6 +127,9 @@ def training_arguments(
             else None,
             remove_unused_columns=False,
             max_grad_norm=spec.max_grad_norm,
+            # Every adapter weight takes part in every forward pass: DDP need not search the
+            # graph for unused ones at each step.
+            ddp_find_unused_parameters=False if spec.gpus > 1 else None,
             # Both set pin_memory (pinned for CUDA only); the runtime's choice wins.
             **{**loading.training_arguments(), **runtime.training_arguments()},
         )

@@ -1,0 +1,120 @@
+"""`trainers.train --gpus N`: start the N processes of a data-parallel run through torchrun.
+
+torchrun (`torch.distributed.run`) starts one process per GPU, gives each its RANK and
+WORLD_SIZE and tears them all down when one fails; transformers' Trainer does the rest. This
+module only adds what a user of one command expects: the inputs are checked (and the data
+tokenized into the cache) once, before any process starts; a SIGTERM reaches the processes
+once (torchrun passes it on), so they stop at one step with a checkpoint; and the command's
+exit code is process 0's (torchrun reports any non-zero worker as a failure, the resumable
+stop's 3 included), read from a file process 0 writes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import FrameType
+
+from common.errors import BadInputError
+
+# Set by the launcher for its processes: where process 0 writes the command's exit code.
+EXIT_FILE_ENV = "HPO_TRAIN_EXIT_FILE"
+# The launcher's `time.monotonic()` at its start (one clock for every process of a machine):
+# the window opens when the user's command starts, not when its processes do.
+OPENED_ENV = "HPO_TRAIN_WINDOW_OPENED"
+
+
+def check_gpus(gpus: int, device: str, cuda_devices: int) -> None:
+    """Whether `gpus` processes can run here: one per visible GPU, or CPU processes when asked.
+
+    Args:
+        gpus: Processes the run asks for.
+        device: The run's `device` setting ("auto", "cpu", "cuda", "mps").
+        cuda_devices: `torch.cuda.device_count()`.
+
+    Raises:
+        BadInputError: More processes than GPUs, or several on a machine without CUDA without
+            `--device cpu`.
+    """
+    if gpus <= 1 or device == "cpu":
+        return  # CPU processes (gloo) need no device each: a test, or a machine without GPUs
+    if device == "mps":
+        raise BadInputError(f"gpus={gpus} needs CUDA devices; MPS trains on one process")
+    if cuda_devices == 0:
+        raise BadInputError(
+            f"gpus={gpus}, but no CUDA device is visible here (--device cpu trains {gpus} CPU "
+            "processes with gloo)"
+        )
+    if gpus > cuda_devices:
+        raise BadInputError(
+            f"gpus={gpus}, but only {cuda_devices} CUDA device(s) are visible here "
+            "(CUDA_VISIBLE_DEVICES): give --gpus <= that"
+        )
+
+
+def torchrun_command(gpus: int, argv: list[str]) -> list[str]:
+    """`python -m torch.distributed.run` starting `gpus` processes of `trainers.train argv`.
+
+    `--standalone` runs the rendezvous on this machine on a free port, so two runs side by
+    side do not collide.
+    """
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={gpus}",
+        "-m",
+        "trainers.train",
+        *argv,
+    ]
+
+
+def launch(gpus: int, argv: list[str], opened_at: float) -> int:
+    """Run `trainers.train argv` on `gpus` processes; returns process 0's exit code."""
+    with tempfile.TemporaryDirectory(prefix="hpo-train-") as folder:
+        exit_file = Path(folder) / "exit_code"
+        env = {**os.environ, EXIT_FILE_ENV: str(exit_file), OPENED_ENV: repr(opened_at)}
+        child = subprocess.Popen(torchrun_command(gpus, argv), env=env)
+
+        def forward(signum: int, frame: FrameType | None) -> None:
+            child.send_signal(signum)  # torchrun passes it to every process once
+
+        previous = signal.signal(signal.SIGTERM, forward)
+        try:
+            returncode = child.wait()
+        except KeyboardInterrupt:  # Ctrl-C reached the whole process group already
+            returncode = child.wait()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        try:
+            return int(exit_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return returncode or 1  # process 0 did not get to its end
+
+
+def report_exit(code: int) -> int:
+    """What a process of a launched run exits with: its code goes to the launcher.
+
+    Process 0 writes `code` for the launcher; every process then exits 0 for a finished or
+    resumable run, so torchrun does not take a window stop for a failure.
+    """
+    path = os.environ.get(EXIT_FILE_ENV)
+    if not path:
+        return code
+    if os.environ.get("RANK", "0") == "0":
+        Path(path).write_text(str(code), encoding="utf-8")
+    return 0 if code in (0, 3) else code
+
+
+def window_opened(default: float) -> float:
+    """When the user's command started: the launcher's clock reading, else `default`."""
+    value = os.environ.get(OPENED_ENV)
+    try:
+        return float(value) if value else default
+    except ValueError:
+        return default
