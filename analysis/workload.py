@@ -196,14 +196,19 @@ NF4_LOG_P10 = math.log(1.15 / NF4_STEP_FACTOR)
 def weight_bytes(model: ModelSize, precision: str, quantization: str = "none") -> float:
     """Bytes of the base weights: at the training precision, or NF4 for the linear layers.
 
-    bitsandbytes quantizes the linear layers only; the input embedding and the output head
-    (vocab x hidden each, counted untied: an upper bound) stay at the training precision.
+    bitsandbytes quantizes the linear layers only; PEFT's `prepare_model_for_kbit_training`
+    then casts every parameter left unquantized to fp32, whatever the training precision:
+    the input embedding and the output head (vocab x hidden each, counted untied: an upper
+    bound) and the norms (two per layer and a final one, hidden each).
     """
     width = PRECISION_BYTES[precision]
     if quantization != "nf4":
         return float(model.total_parameters * width)
-    unquantized = min(2.0 * model.vocab_size * model.hidden_size, model.total_parameters)
-    return unquantized * width + (model.total_parameters - unquantized) * NF4_BYTES_PER_WEIGHT
+    norms = (2.0 * model.n_layers + 1.0) * model.hidden_size
+    unquantized = min(2.0 * model.vocab_size * model.hidden_size + norms, model.total_parameters)
+    return unquantized * PRECISION_BYTES["fp32"] + (
+        model.total_parameters - unquantized
+    ) * NF4_BYTES_PER_WEIGHT
 
 
 def static_memory_bytes(

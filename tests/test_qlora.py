@@ -80,3 +80,24 @@ def test_nf4_run_trains_saves_and_reloads(tiny_model_dir: Path, tmp_path: Path) 
     assert inputs.loads == 2
     # The time model counts the base's weights, not their packed 4-bit storage.
     assert result.total_parameters == plain.total_parameters
+
+
+def test_nf4_weight_term_holds_a_loaded_4bit_base_at_16_bit_training(tiny_model_dir: Path) -> None:
+    """Whatever the training precision, kbit preparation leaves the unquantized parameters
+    (embeddings, head, norms) in fp32: the plan's weight term must hold what is loaded."""
+    pytest.importorskip("bitsandbytes")
+    from analysis.machine import model_profile
+    from analysis.workload import weight_bytes
+    from trainers.model.quantization import load_quantized
+
+    model = load_quantized(str(tiny_model_dir), device="cpu", precision="bf16")
+    loaded = sum(p.numel() * p.element_size() for p in model.parameters())
+    fp32 = sum(p.numel() * 4 for p in model.parameters() if p.dtype == torch.float32)
+    assert fp32 > loaded / 2  # a tiny model is mostly embeddings: the term that was short
+    profile = model_profile(str(tiny_model_dir))
+    predicted = weight_bytes(profile, "bf16", "nf4")
+    assert loaded <= predicted
+    # An upper bound, not a loose one: the head, counted untied, is the only slack (the tiny
+    # model ties it to the embedding), with NF4's constants a few bytes either way.
+    head = profile.vocab_size * profile.hidden_size * 4
+    assert predicted - loaded <= head * 1.02
