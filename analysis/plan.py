@@ -12,6 +12,8 @@ Examples::
         --max-length 1024 --profile balanced --window-hours 12 --price-per-hour 1.8
     python -m analysis.plan --model-config mistral-7b-v0.1 --gpu RTX4090 --data train.jsonl \\
         --tokenizer tokenizer-dir --micro-batch-size 2 --gradient-accumulation-steps 8
+    python -m analysis.plan --model-config mistral-7b-v0.1 --gpu H100 --samples 600000 \\
+        --epochs 3 --window-hours 12 --price-per-hour 2.5 --gpus 1,2,4,8
 """
 
 from __future__ import annotations
@@ -22,19 +24,21 @@ from pathlib import Path
 from typing import Any
 
 from analysis.gpus import KNOWN_GPUS, GpuSpec, custom_gpu, find_gpu
+from analysis.interconnect import DEFAULT_LINK, LINKS
 from analysis.plan_inputs import (
     lengths_from_count,
     lengths_from_data,
     load_model_config,
     shipped_configs,
 )
-from analysis.plan_report import plan_lines, plan_report
+from analysis.plan_report import gpu_count_report, plan_lines, plan_report
 from analysis.planning import (
     Fit,
     RunShape,
     Target,
     best_of_profile,
     coefficients_for,
+    gpu_counts,
     toggled_checkpointing,
 )
 from analysis.run_setup import (
@@ -122,6 +126,13 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         "--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None
     )
     run.add_argument("--epochs", type=float, default=1.0)
+    run.add_argument(
+        "--gpus",
+        default="1",
+        help="GPUs of one data-parallel run, or several counts to compare (e.g. 1,2,4,8): the "
+        "run's micro-batch x accumulation is for one GPU, its accumulation (else micro-batch) "
+        "divided among them; the cost is GPUs x price x hours (default 1).",
+    )
 
 
 def _setup_flags(parser: argparse.ArgumentParser) -> None:
@@ -171,6 +182,13 @@ def _setup_flags(parser: argparse.ArgumentParser) -> None:
         default="none",
         help="nf4: QLoRA, the base's linear layers in 4 bits (~0.52 byte per weight; slower "
         "steps: a prior x1.39, band x1.15-x1.8, until trials measure it).",
+    )
+    setup.add_argument(
+        "--interconnect",
+        choices=tuple(LINKS),
+        default=DEFAULT_LINK,
+        help="The link between the GPUs of a run on several (its all-reduce; default "
+        f"{DEFAULT_LINK}): " + "; ".join(f"{k}: {v.about}" for k, v in LINKS.items()) + ".",
     )
 
 
@@ -253,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         longest_sample=args.longest_sample or (max(lengths) if args.data else None),
         packing=args.packing != "none",
         quantization=args.quantization,
+        interconnect=args.interconnect,
     )
     model = config_profile(config, source=str(config_path), target_modules=setup.peft_targets)
     target = Target(
@@ -267,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, profile in space.profiles.items()
     }
     report = plan_report(args, target, config, source, measured, (chosen, other), profiles)
+    counts = _gpu_list(args.gpus)
+    if counts != [1]:
+        report["gpu_counts"] = gpu_count_report(
+            *gpu_counts(chosen.shape, target, counts), args.price_per_hour
+        )
     if args.search_hours is not None or args.search_budget_pct is not None:
         report["search"] = _search(args, chosen)
     for line in plan_lines(report):
@@ -274,6 +298,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(args.json, report)
     return EXIT_OK
+
+
+def _gpu_list(given: str) -> list[int]:
+    """The GPU counts of `--gpus` (one, or several separated by commas)."""
+    try:
+        counts = sorted({int(part) for part in given.split(",") if part.strip()})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 1:
+        raise BadInputError(f"--gpus must be counts >= 1 separated by commas, but got {given!r}")
+    return counts
 
 
 def _memory_terms() -> MemoryTerms:

@@ -151,10 +151,47 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
             f"p50 {format_duration(h['p50'] * 3600):>9}  p90 {format_duration(h['p90'] * 3600):>9}  "
             f"memory p90 {fit['peak_memory_gib_p90']:6.1f} GiB  {_verdict(fit, report['window_hours'])}"
         )  # fmt: skip
+    if report.get("gpu_counts"):
+        lines.extend(gpu_count_lines(report["gpu_counts"], report["window_hours"]))
     if report["prior_based"]:
         lines.append(
             "prior-based: measure on this GPU (python -m analysis.calibrate) to narrow the band"
         )
+    return lines
+
+
+def gpu_count_report(
+    fits: list[Fit], fastest: Fit | None, cheapest: Fit | None, price: float | None
+) -> dict[str, Any]:
+    """The run on each GPU count (`analysis.planning.gpu_counts`), JSON-ready."""
+    return {
+        "runs": [
+            {"gpus": f.shape.gpus, **_fit_dict(f, price),
+             "allreduce_seconds_per_step": f.estimate.extra["allreduce_seconds_each"],
+             "gpu_hours_p90": f.shape.gpus * f.estimate.seconds_p90 / 3600}
+            for f in fits
+        ],
+        "fastest": fastest.shape.gpus if fastest else None,
+        "cheapest": cheapest.shape.gpus if cheapest else None,
+    }  # fmt: skip
+
+
+def gpu_count_lines(counts: dict[str, Any], window: float | None) -> list[str]:
+    """The GPU-count table, then the fastest and the cheapest count that fit."""
+    lines = ["GPUs (data-parallel; micro-batch x accumulation per GPU, cost = GPUs x price x hours):"]
+    for run in counts["runs"]:
+        r, h, cost = run["run"], run["duration_hours"], run["cost"]
+        money = f"  cost p50 {cost['p50']:,.2f} p90 {cost['p90']:,.2f}" if cost else ""
+        lines.append(
+            f"  {run['gpus']:>2} x {r['micro_batch_size']:>3} x {r['gradient_accumulation_steps']:<3} "
+            f"p50 {format_duration(h['p50'] * 3600):>9}  p90 {format_duration(h['p90'] * 3600):>9}  "
+            f"GPU-hours p90 {run['gpu_hours_p90']:7.1f}{money}  memory p90 "
+            f"{run['peak_memory_gib_p90']:5.1f} GiB/GPU  {_verdict(run, window)}"
+        )  # fmt: skip
+    if counts["fastest"] is None:
+        lines.append("no GPU count fits" + (f" the {window:g} h window" if window else " the memory"))
+    else:
+        lines.append(f"fastest that fits: {counts['fastest']} GPU(s); cheapest that fits: {counts['cheapest']} GPU(s)")
     return lines
 
 

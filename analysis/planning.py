@@ -45,6 +45,7 @@ _SAME_IN_PLAN = (
     "gradient_checkpointing",
     "packing",
     "quantization",
+    "gpus",
 )
 # What a planned full run evaluates and saves: a study's defaults.
 STUDY_SETTINGS = Settings(
@@ -67,6 +68,7 @@ class RunShape:
     lora_r: int
     gradient_checkpointing: bool = False
     epochs: float = 1.0
+    gpus: int = 1  # data-parallel: micro-batch and accumulation are each GPU's
 
 
 def plan_of_spec(
@@ -233,6 +235,7 @@ def with_setup(plan: Plan, setup: RunSetup) -> Plan:
         plan,
         packing="padding_free" if setup.packing else "none",
         quantization=setup.quantization,
+        interconnect=setup.interconnect,
     )
 
 
@@ -344,6 +347,43 @@ def best_of_profile(
     if fitting:
         return min(fitting, key=lambda f: f.estimate.seconds_p90)
     return min(fits, key=lambda f: f.estimate.peak_memory_bytes_p90)
+
+
+def per_gpu_shape(shape: RunShape, gpus: int) -> RunShape:
+    """`shape` (planned for one GPU) on `gpus` GPUs, at the same effective batch where it can.
+
+    The accumulation is divided among the GPUs; where it does not divide, the micro-batch is
+    (one micro-step per step on each GPU); where neither does, the accumulation is rounded
+    and the effective batch changes (the shape's `gpus` and batch sizes say by how much).
+    """
+    micro, accumulation = shape.micro_batch_size, shape.gradient_accumulation_steps
+    batch = micro * accumulation
+    if accumulation % gpus == 0:
+        micro, accumulation = micro, accumulation // gpus
+    elif batch % gpus == 0 and batch // gpus <= micro:
+        micro, accumulation = batch // gpus, 1
+    else:
+        accumulation = max(1, round(accumulation / gpus))
+    return dataclasses.replace(
+        shape, micro_batch_size=micro, gradient_accumulation_steps=accumulation, gpus=gpus
+    )
+
+
+def gpu_counts(
+    shape: RunShape, target: Target, counts: Sequence[int]
+) -> tuple[list[Fit], Fit | None, Fit | None]:
+    """The run of `shape` on each of `counts` GPUs; the fastest and the cheapest that fit.
+
+    The cheapest pays the fewest GPU-hours at p90 (cost = GPUs x price x hours), the fewer
+    GPUs on a tie; the fastest ends first at p90. None: no count fits.
+    """
+    fits = [target.evaluate(per_gpu_shape(shape, n)) for n in counts]
+    fitting = [f for f in fits if f.fits]
+    if not fitting:
+        return fits, None, None
+    fastest = min(fitting, key=lambda f: (f.estimate.seconds_p90, f.shape.gpus))
+    cheapest = min(fitting, key=lambda f: (f.shape.gpus * f.estimate.seconds_p90, f.shape.gpus))
+    return fits, fastest, cheapest
 
 
 def toggled_checkpointing(fit: Fit, target: Target) -> Fit:

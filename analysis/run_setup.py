@@ -19,6 +19,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from analysis.interconnect import DEFAULT_LINK, GRADIENT_BYTES, find_link
 from analysis.timemodel import ModelProfile, Plan
 from analysis.workload import PRECISION_BYTES, weight_bytes
 from common.errors import BadInputError
@@ -80,6 +81,8 @@ class RunSetup:
             micro-batch); None: max_length, the safe bound.
         packing: Samples are packed into full max_length rows (no padding, every row full).
         quantization: "none", or "nf4": the base's linear layers in 4 bits (QLoRA).
+        interconnect: The link between the GPUs of a data-parallel run
+            (`analysis.interconnect.LINKS`).
     """
 
     attention: str = "sdpa"
@@ -89,8 +92,10 @@ class RunSetup:
     longest_sample: int | None = None
     packing: bool = False
     quantization: str = "none"
+    interconnect: str = DEFAULT_LINK
 
     def __post_init__(self) -> None:
+        find_link(self.interconnect)
         if self.quantization not in QUANTIZATION_MODES:
             raise BadInputError(
                 f"--quantization must be one of {', '.join(QUANTIZATION_MODES)}, "
@@ -164,6 +169,8 @@ def memory_parts(
         "activations": activations,
         "logits": logit_bytes * tokens * model.vocab_size,
         "runtime_overhead": terms.fixed_bytes,
+        # DDP's gradient buckets on each GPU of a data-parallel run: the adapter's gradients again.
+        "ddp_buckets": float(GRADIENT_BYTES * plan.trainable_parameters) if plan.gpus > 1 else 0.0,
     }
     allocated = sum(parts.values())
     overhead = terms.reserved_over_allocated if setup.memory_measure == "reserved" else 1.0

@@ -19,6 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from analysis.interconnect import (
+    DEFAULT_LINK,
+    GRADIENT_BYTES,
+    allreduce_seconds,
+    find_link,
+    straggler_seconds,
+)
 from analysis.workload import (
     NF4_LOG_P10,
     NF4_LOG_P90,
@@ -119,7 +126,8 @@ class Plan:
             `trainers.model.quantization`): `weight_bytes` and `NF4_STEP_FACTOR`.
         gpus: Processes (GPUs) training the run data-parallel: each runs
             `micro_batch_size` x `gradient_accumulation_steps` samples per optimizer step,
-            then the adapter's gradients are all-reduced (`Interconnect`).
+            then the adapter's gradients are all-reduced (`analysis.interconnect`).
+        interconnect: The link between the GPUs (a name in `analysis.interconnect.LINKS`).
     """
 
     model: ModelProfile
@@ -139,6 +147,7 @@ class Plan:
     packing: str = "none"
     quantization: str = "none"
     gpus: int = 1
+    interconnect: str = DEFAULT_LINK
 
     def __post_init__(self) -> None:
         require(
@@ -175,6 +184,7 @@ class Plan:
             precision in PRECISION_BYTES, f"precision must be fp32/bf16/fp16 but got {precision=}"
         )
         require(kind in DEVICE_KINDS, f"device_kind must be one of {DEVICE_KINDS} but got {kind=}")
+        find_link(self.interconnect)
 
     @property
     def trainable_parameters(self) -> int:
@@ -276,18 +286,20 @@ class Estimate:
     micro_steps: int
     n_evaluations: int
     n_checkpoints: int
-    train_tokens: float  # padded tokens over the run
+    train_tokens: float  # padded tokens over the run, on all its GPUs
     source: str = "prior"
     extra: dict[str, float] = field(default_factory=dict)
+    gpus: int = 1  # the run's GPUs: each is paid for the whole run
 
     def cost(self, price_per_hour: float) -> dict[str, float]:
-        """Money for the run at `price_per_hour`, for p10/p50/p90."""
+        """Money for the run at `price_per_hour` per GPU, for p10/p50/p90."""
         if price_per_hour < 0:
             raise BadInputError(f"price_per_hour must be >= 0 but got {price_per_hour=}")
+        rate = price_per_hour * self.gpus
         return {
-            "p10": self.seconds_p10 / 3600.0 * price_per_hour,
-            "p50": self.seconds_p50 / 3600.0 * price_per_hour,
-            "p90": self.seconds_p90 / 3600.0 * price_per_hour,
+            "p10": self.seconds_p10 / 3600.0 * rate,
+            "p50": self.seconds_p50 / 3600.0 * rate,
+            "p90": self.seconds_p90 / 3600.0 * rate,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -327,7 +339,14 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     optimizer = c.optimizer_fixed_seconds + c.optimizer_seconds_per_parameter * (
         plan.trainable_parameters
     )
+    # On N GPUs `steps` and `micro_steps` are each GPU's share; every step then all-reduces
+    # the adapter's gradients and waits for the slowest GPU.
+    allreduce = allreduce_seconds(plan.trainable_parameters, plan.gpus, find_link(plan.interconnect))
+    straggler = straggler_seconds(
+        micro, c.step_noise_sd, plan.gradient_accumulation_steps, plan.gpus
+    )
     train = micro_steps * (micro + c.loop_seconds_per_micro_step) + steps * optimizer
+    train += steps * (allreduce + straggler)
     train += c.new_shape_seconds * new_shapes
     # The Trainer evaluates and saves at every multiple of the interval and once more at the
     # last step when that is not a multiple: ceil(steps / interval) of each.
@@ -349,7 +368,7 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     total = sum(breakdown.values())
     low, high = _interval(c, micro_steps, train / total)
     band = interval_components(c, micro_steps, train / total)
-    train_tokens = micro_steps * tokens
+    train_tokens = micro_steps * tokens * plan.gpus
     memory = _peak_memory_bytes(plan, c, int(lengths.max()))
     return Estimate(
         seconds_p10=total * low,
@@ -365,11 +384,14 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
         n_checkpoints=n_ckpt,
         train_tokens=train_tokens,
         source=c.source,
+        gpus=plan.gpus,
         extra={
             "micro_step_seconds": micro,
             "optimizer_step_seconds": optimizer,
             "eval_seconds_each": one_eval,
             "checkpoint_seconds_each": one_ckpt,
+            "allreduce_seconds_each": allreduce,
+            "straggler_seconds_each": straggler,
             # The band's parts (log p90 offsets): which one makes it wide.
             **{f"band_{part}_log_p90": band[part] for part in BAND_PARTS},
         },
@@ -464,6 +486,8 @@ def memory_breakdown(
             plan.device_kind,
         ),
         "runtime_overhead": coefficients.memory_fixed_bytes,  # CUDA context, allocator
+        # DDP's gradient buckets: a second copy of the adapter's gradients on each GPU.
+        "ddp_buckets": float(GRADIENT_BYTES * trainable) if plan.gpus > 1 else 0.0,
     }
 
 

@@ -32,6 +32,7 @@ class TrainResult:
     lora_r: int
     gradient_checkpointing: bool
     quantization: str = "none"  # the base's weights: "none" or "nf4" (QLoRA)
+    levers: list[str] = field(default_factory=list)  # speed levers on (trainers.model.levers)
     optimizer_steps: int = 0
     total_steps: int = 0
     micro_step_seconds: list[float] = field(default_factory=list)

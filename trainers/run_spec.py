@@ -34,6 +34,7 @@ _RUN_KEYS = {
     "gradient_checkpointing": bool,
     "packing": str,
     "quantization": str,
+    "gpus": int,
 }
 
 

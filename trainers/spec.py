@@ -25,6 +25,7 @@ STUDY_FULL_CHECKPOINT_INTERVAL = 500
 OVERFLOW_MODES = ("truncate", "pack")
 PACKING_MODES = ("none", "padding_free")  # trainers.data.packing
 QUANTIZATION_MODES = ("none", "nf4")  # trainers.model.quantization
+LEVER_MODES = ("auto", "on", "off")  # trainers.model.levers
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,16 @@ class TrainSpec:
     )
     gradient_checkpointing: bool = knob(False, "Recompute activations: less memory, slower steps.")
     compile: bool = knob(False, "torch.compile the model (CUDA).")
+    liger: str = knob(
+        "auto",
+        "Liger kernels (CUDA, liger-kernel installed): auto | on | off. auto: on only once a "
+        "GPU lease measured them faster (trainers.model.levers).",
+    )
+    sdpa_fast_path: str = knob(
+        "auto",
+        "A sliding-window model whose rows fit its window attends as plain causal (SDPA "
+        "is_causal): auto | on | off. auto: on only once a GPU lease measured it faster.",
+    )
     seed: int = knob(0, "Random seed (data order, adapter init).")
     cache_dir: str | None = knob(
         None,
@@ -234,6 +245,8 @@ class TrainSpec:
         require_choice("overflow", self.overflow, OVERFLOW_MODES)
         require_choice("packing", self.packing, PACKING_MODES)
         require_choice("quantization", self.quantization, QUANTIZATION_MODES)
+        require_choice("liger", self.liger, LEVER_MODES)
+        require_choice("sdpa_fast_path", self.sdpa_fast_path, LEVER_MODES)
         require(
             self.packing == "none" or self.overflow == "truncate",
             f"packing={self.packing!r} keeps samples apart, but overflow={self.overflow!r} "

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainers.data.dataset import TokenizedData, load_tokenized
+from trainers.model.levers import LeverChoice, apply_levers, detect_levers
 from trainers.model.lora import ModelInfo, apply_lora, load_base_model, load_tokenizer
 from trainers.model.quantization import load_quantized
 from trainers.spec import TrainSpec
@@ -41,6 +42,7 @@ class Attached:
     model: Any  # the PEFT model: the shared base model with this run's adapter
     info: ModelInfo
     loaded_base: bool  # this run loaded the base model (False: kept from an earlier run)
+    levers: LeverChoice = LeverChoice()
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class BaseKey:
     device: str  # the model is loaded in its checkpoint's dtype; autocast does the rest
     quantization: str = "none"  # a 4-bit base serves only 4-bit runs, and the reverse
     compute_precision: str = "fp32"  # what 4-bit layers compute in (16-bit bases: unused)
+    levers: LeverChoice = LeverChoice()  # patched into the base at load (trainers.model.levers)
 
 
 @dataclass
@@ -114,6 +117,7 @@ class RunInputs:
             device=device,
             quantization=spec.quantization,
             compute_precision=precision if spec.quantization != "none" else "fp32",
+            levers=detect_levers(spec, device),
         )
         base = self._base_model(spec.model, key)
         set_seed(spec.seed)
@@ -121,7 +125,9 @@ class RunInputs:
             warnings.simplefilter("ignore", FutureWarning)  # deprecations inside transformers/PEFT
             model, info = apply_lora(base, spec.lora)
         self._attached = model
-        return Attached(tokenizer, data, model, info, loaded_base=self.loads > loads)
+        return Attached(
+            tokenizer, data, model, info, loaded_base=self.loads > loads, levers=key.levers
+        )
 
     def release(self, *, compiled: bool = False) -> None:
         """Take the run's adapter off and reset the base model to its loaded state.
@@ -185,6 +191,7 @@ class RunInputs:
             self._base = load_quantized(path, device=key.device, precision=key.compute_precision)
         else:
             self._base = load_base_model(path)
+        apply_levers(self._base, key.levers)
         self._state = _snapshot(self._base)
         self._key = key
         self.loads += 1
@@ -210,7 +217,7 @@ def _file_version(path: str) -> tuple[int, int]:
 def _difference(old: BaseKey, new: BaseKey) -> str:
     changed = [
         f"{name} {getattr(old, name)} -> {getattr(new, name)}"
-        for name in ("path", "device", "quantization", "compute_precision")
+        for name in ("path", "device", "quantization", "compute_precision", "levers")
         if getattr(old, name) != getattr(new, name)
     ]
     return ", ".join(changed)

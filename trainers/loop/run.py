@@ -92,7 +92,7 @@ def _train_attached(
     wall_start: float,
 ) -> TrainResult:
     # Logged once the inputs are known good, so a bad-input error stays the only line.
-    log.info("runtime: %s", runtime.reason)
+    log.info("runtime: %s; %s", runtime.reason, loaded.levers.reason)
     if runtime.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     if saved:
@@ -174,6 +174,7 @@ def _new_result(
         lora_r=spec.lora.r,
         gradient_checkpointing=spec.gradient_checkpointing,
         quantization=spec.quantization,
+        levers=list(loaded.levers.names),
         dataset={k: v for k, v in loaded.data.stats.to_dict().items() if k != "lengths"},
         resumed_from_step=saved.get("step"),
         recoveries=recovery.recoveries,

@@ -1,0 +1,96 @@
+"""Speed levers: the pure decision (CUDA branches on a CPU), and the SDPA fast path trained
+for real on a tiny Mistral: the same losses, with plain causal attention instead of a mask."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common.errors import BadInputError
+from tests.configs import demo_spec
+from trainers.model.levers import LeverChoice, choose_levers
+
+BASE = dict(liger="auto", sdpa_fast_path="auto", device="cuda", model_type="mistral",
+            sliding_window=4096, row_length=4096, packing="none", liger_installed=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "measured", "expected"),
+    [
+        ({}, frozenset(), ()),  # nothing measured yet: auto is off
+        ({}, frozenset({"liger", "sdpa_fast_path"}), ("liger", "sdpa_fast_path")),
+        ({"device": "cpu"}, frozenset({"liger", "sdpa_fast_path"}), ()),
+        ({"liger_installed": False}, frozenset({"liger"}), ()),
+        ({"model_type": "gpt2"}, frozenset({"liger"}), ()),
+        ({"sdpa_fast_path": "on"}, frozenset(), ("sdpa_fast_path",)),
+        ({"sdpa_fast_path": "on", "device": "cpu"}, frozenset(), ("sdpa_fast_path",)),
+        ({"sdpa_fast_path": "on", "row_length": 4097}, frozenset(), ()),  # the window matters
+        ({"sdpa_fast_path": "on", "sliding_window": None}, frozenset(), ()),  # no window
+        ({"sdpa_fast_path": "on", "packing": "padding_free"}, frozenset(), ()),  # needs its mask
+        ({"sdpa_fast_path": "off"}, frozenset({"sdpa_fast_path"}), ()),
+        ({"liger": "on"}, frozenset(), ("liger",)),
+        ({"liger": "off"}, frozenset({"liger"}), ()),
+    ],
+)
+def test_choose_levers(changes: dict, measured: frozenset[str], expected: tuple) -> None:
+    choice = choose_levers(**{**BASE, **changes}, measured_faster=measured)
+    assert choice.names == expected
+    assert (choice.reason == "no speed levers") == (not expected)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"liger": "on", "device": "cpu"}, "needs a CUDA device"),
+        ({"liger": "on", "liger_installed": False}, "pip install liger-kernel"),
+        ({"liger": "on", "model_type": "gpt2"}, "gpt2"),
+        ({"liger": "yes"}, "liger must be one of auto, on, off"),
+    ],
+)
+def test_impossible_levers_are_bad_input(changes: dict, message: str) -> None:
+    with pytest.raises(BadInputError, match=message):
+        choose_levers(**{**BASE, **changes})
+
+
+def test_nothing_is_on_by_default() -> None:
+    from trainers.model.levers import MEASURED_FASTER
+
+    assert LeverChoice().names == ()
+    # A lever joins MEASURED_FASTER only with a lease's measurement (README: GPU lease).
+    assert MEASURED_FASTER == frozenset()
+
+
+def test_sdpa_fast_path_trains_the_same_run_without_a_mask(tmp_path: Path, monkeypatch) -> None:
+    import torch.nn.functional as F
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from trainers.loop.run import train
+    from trainers.tiny import build_tiny
+
+    model = build_tiny(tmp_path / "mistral", arch="mistral", size="xs")
+    window = json.loads((model / "config.json").read_text())["sliding_window"]
+    masks: list[bool] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        masks.append(kwargs.get("attn_mask") is not None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sdpa.torch.nn.functional, "scaled_dot_product_attention", spy)
+    results = {}
+    for mode in ("off", "on"):
+        masks.clear()
+        spec = demo_spec(model, tmp_path / mode, max_length=window, overflow="pack",
+                         micro_batch_size=2, max_steps=3, eval_interval=0, eval_samples=4,
+                         sdpa_fast_path=mode,
+                         device="cpu")  # fmt: skip
+        results[mode] = (train(spec), any(masks))
+    off, on = results["off"][0], results["on"][0]
+    assert off.levers == [] and on.levers == ["sdpa_fast_path"]
+    # Rows as long as the window: transformers masks them explicitly unless the lever is on.
+    assert results["off"][1] and not results["on"][1]
+    assert [loss for _, loss in on.train_losses] == pytest.approx(
+        [loss for _, loss in off.train_losses], rel=1e-5
+    )
