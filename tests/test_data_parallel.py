@@ -246,3 +246,47 @@ def test_steps_per_epoch_on_several_processes() -> None:
     two = TrainSpec(model="m", data="d", micro_batch_size=4, gradient_accumulation_steps=2, gpus=2)
     assert optimizer_steps(two, 100) == 7
     assert two.effective_batch_size == 16
+
+
+@pytest.mark.parametrize(
+    ("micro", "accumulation", "flags", "expected"),
+    [
+        (4, 8, {"gpus": 4}, (4, 2, 4)),  # the accumulation divided: 32 samples per step
+        (4, 2, {"gpus": 8}, (1, 1, 8)),  # the micro-batch divided
+        (4, 1, {"gpus": 1}, (4, 1, 1)),
+        (4, 2, {"gpus": 4, "gradient_accumulation_steps": 3}, (4, 3, 4)),  # as the user said
+    ],
+)
+def test_a_preset_on_another_gpu_count_keeps_its_effective_batch(
+    tmp_path: Path,
+    micro: int,
+    accumulation: int,
+    flags: dict[str, int],
+    expected: tuple[int, int, int],
+) -> None:
+    import yaml
+
+    from trainers.preset import preset_dict
+    from trainers.train import load_run
+
+    spec = TrainSpec(
+        model="m", data="d", micro_batch_size=micro, gradient_accumulation_steps=accumulation
+    )
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(yaml.safe_dump(preset_dict(spec, estimate={}, provenance={})))
+    run = load_run(str(preset), dict(flags)).spec
+    assert (run.micro_batch_size, run.gradient_accumulation_steps, run.gpus) == expected
+
+
+def test_a_preset_batch_no_gpu_count_can_keep_is_bad_input(tmp_path: Path) -> None:
+    import yaml
+
+    from common.errors import BadInputError
+    from trainers.preset import preset_dict
+    from trainers.train import load_run
+
+    spec = TrainSpec(model="m", data="d", micro_batch_size=3, gradient_accumulation_steps=1)
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(yaml.safe_dump(preset_dict(spec, estimate={}, provenance={})))
+    with pytest.raises(BadInputError, match="effective batch of 3"):
+        load_run(str(preset), {"gpus": 2})

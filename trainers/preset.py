@@ -84,6 +84,38 @@ def full_run_spec(spec: TrainSpec, given: Mapping[str, Any]) -> TrainSpec:
     return dataclasses.replace(spec, **changes)
 
 
+def on_gpus(spec: TrainSpec, preset_gpus: int, given: Mapping[str, Any]) -> TrainSpec:
+    """A preset's run on another GPU count, at the preset's effective batch.
+
+    The preset's batch, learning rate and schedule were chosen together; `--gpus N` over it
+    changes where the samples of a step are computed, not how many there are. The
+    accumulation is divided (or multiplied) to match, else the micro-batch, with one
+    micro-step per step. A batch size the user gave stays as given.
+
+    Args:
+        spec: The preset's run with the flags over it (its `gpus` the new count).
+        preset_gpus: The GPU count the preset was made for.
+        given: The flags the user gave.
+
+    Raises:
+        BadInputError: No micro-batch x accumulation on `spec.gpus` GPUs makes the batch.
+    """
+    gpus = spec.gpus
+    if gpus == preset_gpus or "micro_batch_size" in given or "gradient_accumulation_steps" in given:
+        return spec
+    batch = spec.micro_batch_size * spec.gradient_accumulation_steps * preset_gpus
+    micro = spec.micro_batch_size
+    if batch % (micro * gpus) == 0:
+        return dataclasses.replace(spec, gradient_accumulation_steps=batch // (micro * gpus))
+    if batch % gpus == 0 and batch // gpus <= micro:
+        return dataclasses.replace(spec, micro_batch_size=batch // gpus, gradient_accumulation_steps=1)
+    raise BadInputError(
+        f"gpus={gpus} cannot keep the preset's effective batch of {batch} (micro-batch {micro} "
+        f"x accumulation {spec.gradient_accumulation_steps} x {preset_gpus} GPU(s)): give "
+        "--micro-batch-size and --gradient-accumulation-steps for that count"
+    )
+
+
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 

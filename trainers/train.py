@@ -108,7 +108,11 @@ def load_run(preset_path: str | None, given: dict[str, Any]) -> Preset:
         preset_path: The preset file, if any; without one, estimate and provenance are empty.
         given: `TrainSpec` values from the command line, nested like it (`lora`, `recovery`).
     """
+    from trainers.preset import on_gpus
+
     preset = _merged(preset_path, given)
+    if preset_path:
+        preset.spec = on_gpus(preset.spec, int(preset.stated.get("gpus", 1)), given)
     preset.spec = full_run_spec(preset.spec, preset.given_with(given))
     return preset
 
