@@ -51,6 +51,7 @@ class PublishedRun:
         lora_r: LoRA rank.
         lora_targets: "all-linear" or module names (HF names).
         logits_fp32: The loss upcasts the full logits to fp32.
+        quantization: "none", or "nf4" (the base's linear layers in 4 bits: QLoRA).
         time_measure: "s/it", "tokens/s" or "s per 250 steps".
         time_value: The published number in that measure.
         memory_measure: "reserved" or "allocated" (as published, or as read; see notes).
@@ -87,6 +88,7 @@ class PublishedRun:
     expressible: bool = True
     why_not: str = ""
     held_out: bool = False
+    quantization: str = "none"
     extra: dict[str, str] = field(default_factory=dict)
 
     @property

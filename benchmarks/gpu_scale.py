@@ -61,14 +61,16 @@ class Setup:
     gradient_checkpointing: bool
     lora_r: int = 16
     packing: str = "none"  # "padding_free": attention inside each sample
+    quantization: str = "none"  # "nf4": the base's linear layers in 4 bits (QLoRA)
 
     @property
     def label(self) -> str:
         gc = " gc" if self.gradient_checkpointing else ""
         free = " padding-free" if self.packing == "padding_free" else ""
+        four = " nf4" if self.quantization == "nf4" else ""
         return (
             f"mb{self.micro_batch_size} ga{self.gradient_accumulation_steps} "
-            f"len{self.max_length} r{self.lora_r}{gc}{free}"
+            f"len{self.max_length} r{self.lora_r}{gc}{free}{four}"
         )
 
 
@@ -123,6 +125,7 @@ def as_row(
         lora_r=setup.lora_r,
         lora_targets="all-linear",
         logits_fp32=True,
+        quantization=setup.quantization,
         time_measure="s/it",
         time_value=measured["seconds_per_step"],
         memory_measure=measure,
@@ -162,9 +165,21 @@ def build_model(config_name: str, out: Path, *, smoke: bool) -> Path:
 
 
 def measure(
-    model: str, data: str, work: Path, setup: Setup, steps: int, *, smoke: bool
+    model: str,
+    data: str,
+    work: Path,
+    setup: Setup,
+    steps: int,
+    *,
+    smoke: bool,
+    inputs: Any = None,
+    levers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train `steps` optimizer steps of `setup`; median seconds per step after the warm-up."""
+    """Train `steps` optimizer steps of `setup`; median seconds per step after the warm-up.
+
+    `inputs`: a `trainers.loop.inputs.RunInputs` that keeps the base between setups (a 7B
+    model loads in tens of seconds). `levers`: the run's speed levers (`trainers.spec`).
+    """
     import torch
 
     from trainers.loop.run import train
@@ -175,14 +190,16 @@ def measure(
          "gradient_accumulation_steps": setup.gradient_accumulation_steps,
          "max_length": setup.max_length,
          "gradient_checkpointing": setup.gradient_checkpointing,
-         "packing": setup.packing},
+         "packing": setup.packing, "quantization": setup.quantization},
         Settings(work_dir=work, eval_interval=0, eval_samples=1, checkpoint_interval=0,
                  device="cpu" if smoke else "cuda", precision="fp32" if smoke else "bf16"),
         model=model, data=data, output_dir=work / "out", max_steps=steps,
-    ), overflow="truncate" if setup.packing == "padding_free" else "pack")  # fmt: skip
+    ), overflow="truncate" if setup.packing == "padding_free" else "pack",
+        **(levers or {}))  # fmt: skip
     if not smoke:  # reserved is the allocator's cache: start each setup from an empty one
         torch.cuda.empty_cache()
-    result = train(spec)
+        torch.cuda.reset_peak_memory_stats()
+    result = train(spec, inputs=inputs)
     reserved = 0 if smoke else int(torch.cuda.max_memory_reserved())
     step_seconds = result.step_seconds[WARMUP_STEPS:] or result.step_seconds
     ga = setup.gradient_accumulation_steps
@@ -196,6 +213,8 @@ def measure(
         "step_seconds": result.step_seconds,
         "tokens_per_step": statistics.median(tokens[WARMUP_STEPS:] or tokens),
         "tokens_per_second": sum(tokens[WARMUP_STEPS:]) / sum(step_seconds),
+        "first_loss": result.train_losses[0][1] if result.train_losses else None,
+        "last_loss": result.train_losses[-1][1] if result.train_losses else None,
         "allocated_gib": result.peak_memory_bytes / GIB,
         "reserved_gib": reserved / GIB,
         "runtime": result.runtime_reason,

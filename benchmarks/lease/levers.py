@@ -1,0 +1,96 @@
+"""Lease part 4 (~110 s): the trainer's tokens/s with each speed lever against the same run
+without it, side by side in one process, at equal loss (`trainers.model.levers`).
+
+On Mistral-7B (random bf16 weights, the scale part's copy when it ran): Liger kernels at
+2 x 2,048 tokens (the shape of the issue's 12,500 tokens/s target); the SDPA fast path at
+1 x 4,096 tokens, where rows are as long as Mistral's window and transformers would mask
+them explicitly; torch.compile at 2 x 2,048 when time is left. Each pair runs the same
+steps on the same data from the same seed: the losses must agree (relative difference
+under `EQUAL_LOSS`) for a speed-up to count. A lever joins `MEASURED_FASTER` only from
+such a row.
+
+    python -m benchmarks.lease.levers --out levers.json --work DIR [--smoke]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.gpu_scale import Setup, measure  # noqa: E402
+from benchmarks.lease.part import Record, cuda_or_smoke, first_line, parser  # noqa: E402
+from common.cli import run_cli  # noqa: E402
+
+STEPS = 6
+EQUAL_LOSS = 1e-2  # bf16 kernels that fuse differently round differently; more is a change
+MODEL = "mistral-7b-v0.1"
+# lever -> (the spec fields that turn it on, the shape it is measured at)
+PAIRS: dict[str, tuple[dict[str, Any], Setup]] = {
+    "liger": ({"liger": "on"}, Setup(2, 4, 2048, False)),
+    "sdpa_fast_path": ({"sdpa_fast_path": "on"}, Setup(1, 4, 4096, False)),
+    "compile": ({"compile": True}, Setup(2, 4, 2048, False)),
+}
+SMOKE_SHAPES = {"liger": Setup(2, 2, 64, False), "sdpa_fast_path": Setup(1, 2, 128, False),
+                "compile": Setup(2, 2, 64, False)}  # fmt: skip
+COMPILE_NEEDS_SECONDS = 90.0  # a 7B model's first compiled step took ~48 s (README: GPU)
+
+
+def pair(model: str, data: str, work: Path, lever: str, *, smoke: bool) -> dict[str, Any]:
+    """The run without the lever, then with it (a lever that cannot run here is a finding)."""
+    fields, setup = PAIRS[lever]
+    if smoke:
+        setup = SMOKE_SHAPES[lever]
+    without = measure(model, data, work, setup, STEPS, smoke=smoke, levers={
+        k: ("off" if isinstance(v, str) else False) for k, v in fields.items()})  # fmt: skip
+    row: dict[str, Any] = {"lever": lever, "setup": setup.label,
+                           "without_tokens_per_second": without["tokens_per_second"],
+                           "without_losses": [without["first_loss"], without["last_loss"]],
+                           "without_reserved_gib": without["reserved_gib"]}  # fmt: skip
+    try:
+        with_lever = measure(model, data, work, setup, STEPS, smoke=smoke, levers=fields)
+    except Exception as exc:  # e.g. liger=on on the CPU, or a kernel that does not build
+        return {**row, "error": first_line(exc)}
+    losses = [with_lever["first_loss"], with_lever["last_loss"]]
+    difference = max(
+        abs(a - b) / abs(b) for a, b in zip(losses, row["without_losses"], strict=True)
+    )
+    speedup = with_lever["tokens_per_second"] / row["without_tokens_per_second"]
+    return {**row, "with_tokens_per_second": with_lever["tokens_per_second"],
+            "with_losses": losses, "with_reserved_gib": with_lever["reserved_gib"],
+            "loss_rel_difference": difference, "equal_loss": difference < EQUAL_LOSS,
+            "speedup": speedup, "faster_at_equal_loss": speedup > 1.0 and difference < EQUAL_LOSS,
+            "runtime": with_lever["runtime"]}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser(__doc__.splitlines()[0]).parse_args(argv)
+    record = Record(args.out, "levers", args.budget_seconds)
+    cuda_or_smoke(args.smoke)
+    from benchmarks._held_out import synthetic_data
+    from benchmarks.lease.scale import model_dir
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    model = str(model_dir(work, MODEL, smoke=args.smoke))
+    data = str(synthetic_data(work / "levers-data.jsonl", samples=300 if args.smoke else 3000))
+    for lever in PAIRS:
+        if lever == "compile" and (args.smoke or record.left() < COMPILE_NEEDS_SECONDS):
+            record.skip("compile: " + ("minutes of compilation on a CPU" if args.smoke
+                                       else "not enough time left"))  # fmt: skip
+            continue
+        if record.left() < 0:
+            record.skip(lever)
+            continue
+        try:
+            record.append("rows", pair(model, data, work / "levers", lever, smoke=args.smoke))
+        except Exception as exc:
+            record.append("rows", {"lever": lever, "error": first_line(exc)})
+    record.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

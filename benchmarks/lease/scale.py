@@ -1,0 +1,153 @@
+"""Lease part 2 (~150 s): the plan against the trainer at 7B scale, 16-bit and NF4 (QLoRA).
+
+`benchmarks/gpu_scale.py`'s measurement and replay (each setup as a published row through
+the plan's own code), on Mistral-7B at two shapes, with and without gradient checkpointing,
+each with a bf16 base and an NF4 base, and TinyLlama-1.1B: seconds per optimizer step
+against the plan's p10/p50/p90 and peak memory (allocated and reserved) against its
+p50/p90. The bases are kept between setups of one model and quantization
+(`RunInputs(keep_base=True)`): a 7B base loads in tens of seconds. The models are built once
+under the lease's work folder, where the levers part finds Mistral-7B again.
+
+    python -m benchmarks.lease.scale --out scale.json --work DIR [--smoke]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.gpu_scale import Setup, build_model, compare, gpu_name_for, measure  # noqa: E402
+from benchmarks.lease.part import Record, cuda_or_smoke, first_line, parser  # noqa: E402
+from common.cli import run_cli  # noqa: E402
+from common.errors import BadInputError  # noqa: E402
+
+STEPS = 6
+# model -> setups, in the order they run: the 16-bit ones on one loaded base, then NF4.
+SETUPS: dict[str, tuple[Setup, ...]] = {
+    "mistral-7b-v0.1": (
+        Setup(2, 4, 2048, False),
+        Setup(1, 4, 4096, True),
+        Setup(2, 4, 2048, False, quantization="nf4"),
+        Setup(1, 4, 4096, True, quantization="nf4"),
+    ),
+    "tinyllama-1.1b": (
+        Setup(4, 4, 2048, False),
+        Setup(4, 4, 2048, False, quantization="nf4"),
+    ),
+}
+SMOKE_SETUPS: dict[str, tuple[Setup, ...]] = {
+    "mistral-7b-v0.1": (
+        Setup(2, 2, 64, False),
+        Setup(1, 2, 128, True),
+        Setup(2, 2, 64, False, quantization="nf4"),
+        Setup(1, 2, 128, True, quantization="nf4"),
+    ),
+    "tinyllama-1.1b": (Setup(2, 2, 64, False, quantization="nf4"),),
+}
+
+
+def model_dir(work: Path, name: str, *, smoke: bool) -> Path:
+    """The lease's copy of a shipped config with random weights (built once, then reused)."""
+    out = work / "models" / name
+    if not (out / "config.json").is_file():
+        build_model(name, out, smoke=smoke)
+    return out
+
+
+def setups_of(smoke: bool) -> dict[str, tuple[Setup, ...]]:
+    return SMOKE_SETUPS if smoke else SETUPS
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser(__doc__.splitlines()[0]).parse_args(argv)
+    record = Record(args.out, "scale", args.budget_seconds)
+    device = cuda_or_smoke(args.smoke)
+
+    import torch
+
+    from analysis.fitted_priors import load
+    from benchmarks._held_out import synthetic_data
+    from trainers.loop.inputs import RunInputs
+
+    gpu = "H100" if args.smoke else gpu_name_for(torch.cuda.get_device_name(0))
+    record.set("gpu", gpu)
+    priors = load()
+    if priors is None:
+        raise BadInputError("no published priors stored (analysis/published_priors.json)")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    data = str(synthetic_data(work / "scale-data.jsonl", samples=300 if args.smoke else 6000))
+    cache: dict = {}
+    for name, setups in setups_of(args.smoke).items():
+        folder = model_dir(work, name, smoke=args.smoke)
+        inputs = RunInputs(keep_base=True)
+        for setup in setups:
+            if record.left() < 0:
+                record.skip(f"{name} {setup.label}")
+                continue
+            try:
+                measured = measure(str(folder), data, work / "scale", setup, STEPS,
+                                   smoke=args.smoke, inputs=inputs)  # fmt: skip
+            except Exception as exc:  # out of memory or a kernel missing: a finding
+                record.append("rows", {"model": name, "setup": setup.label,
+                                       "quantization": setup.quantization,
+                                       "error": first_line(exc)})  # fmt: skip
+                inputs.release()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            row = {"model": name, "quantization": setup.quantization, **measured,
+                   **compare(name, gpu, setup, measured, priors, cache)}  # fmt: skip
+            record.append("rows", row)
+            print(json.dumps({k: row[k] for k in ("model", "setup", "tokens_per_second")}),
+                  flush=True)  # fmt: skip
+        del inputs
+    record.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
+
+
+def predictions(gpus: tuple[str, ...] = ("H100", "H200")) -> dict[str, Any]:
+    """The plan's replay of every lease setup on each GPU, before anything is measured.
+
+    The same replay `compare` makes of a measured row (`analysis.published_priors`), with
+    nothing measured: seconds per optimizer step p10/p50/p90, tokens/s at the p50 and peak
+    memory p50/p90 (allocated and reserved). The levers part's pairs run without the lever at
+    these shapes too; a lever's own effect has no prior (a factor of 1 until measured).
+    """
+    import dataclasses
+
+    from analysis.fitted_priors import load
+    from analysis.published_priors import replay_with
+    from benchmarks.gpu_scale import as_row
+    from benchmarks.lease.levers import MODEL, PAIRS
+
+    priors = load()
+    if priors is None:
+        raise BadInputError("no published priors stored (analysis/published_priors.json)")
+    setups = [(name, s) for name, group in SETUPS.items() for s in group]
+    setups += [(MODEL, s) for _, s in PAIRS.values() if (MODEL, s) not in setups]
+    cache: dict = {}
+    rows = []
+    nothing = {"seconds_per_step": float("nan"), "allocated_gib": 0.0, "reserved_gib": 0.0}
+    for gpu in gpus:
+        for name, setup in setups:
+            row: dict[str, Any] = {"gpu": gpu, "model": name, "setup": setup.label,
+                                   **dataclasses.asdict(setup)}  # fmt: skip
+            for kind in ("allocated", "reserved"):
+                plan = replay_with(as_row(name, gpu, setup, nothing, kind), priors, cache)
+                row[f"{kind}_p50_gib"] = plan.memory_p50_gib
+                row[f"{kind}_p90_gib"] = plan.memory_p90_gib
+            tokens = setup.micro_batch_size * setup.gradient_accumulation_steps * setup.max_length
+            row.update(seconds_p10=plan.seconds_p10, seconds_p50=plan.seconds_p50,
+                       seconds_p90=plan.seconds_p90, tokens_per_second_p50=tokens / plan.seconds_p50)  # fmt: skip
+            rows.append(row)
+    return {"what": "analysis.plan's replay of every lease setup, before the lease measured it",
+            "priors": "analysis/published_priors.json", "rows": rows}  # fmt: skip

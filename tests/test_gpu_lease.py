@@ -1,0 +1,113 @@
+"""The GPU lease's smoke: every part's code path at tiny sizes on the CPU, in one orchestrated
+run (as the lease runs on a GPU), so that nothing in it rots between leases."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_lease import PARTS, chosen, timeout_for
+from common.errors import BadInputError
+from tests.cli import run_module
+
+
+def test_parts_are_chosen_in_the_lease_order() -> None:
+    assert [p.name for p in chosen("time_model,preflight")] == ["preflight", "time_model"]
+    with pytest.raises(BadInputError, match="--parts must name some of"):
+        chosen("preflight,warp")
+    # Shares on an H100 leave the orchestrator room inside the run call's 600 s.
+    assert sum(p.seconds for p in PARTS) <= 570
+    part = PARTS[0]
+    assert timeout_for(part, 1000.0, smoke=False) == part.seconds
+    assert timeout_for(part, 12.0, smoke=False) == 12.0  # never past the deadline
+
+
+@pytest.fixture(scope="module")
+def lease(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("lease-out")
+    proc = run_module("benchmarks.gpu_lease", "--smoke", "--out", out,
+                      "--work", tmp_path_factory.mktemp("lease-work"), timeout=600,
+                      env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "lease:" in proc.stdout.splitlines()[-1]  # the summary is printed last
+    return out
+
+
+def part(out: Path, name: str) -> dict:
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def test_every_part_ends_ok_and_comes_back(lease: Path) -> None:
+    summary = json.loads((lease / "lease.json").read_text())
+    assert [p["part"] for p in summary["parts"]] == [p.name for p in PARTS]
+    assert all(p["status"] == "ok" and p["exit_code"] == 0 for p in summary["parts"])
+    # What the device tool brings back: at most 8 plain files, one folder deep.
+    files = sorted(f.name for f in lease.iterdir())
+    assert len(files) <= 8 and all((lease / f).is_file() for f in files)
+
+
+def test_preflight_runs_nf4_and_names_the_sdpa_kernels(lease: Path) -> None:
+    pre = part(lease, "preflight")
+    assert pre["nf4_linear"]["ok"] and pre["nf4_linear"]["packed_dtype"] == "torch.uint8"
+    cases = {row["case"]: row for row in pre["sdpa"]}
+    assert set(cases) == {"is_causal", "causal_mask", "sliding_window_mask"}
+    assert all(row["kernels"] for row in cases.values())
+    assert cases["causal_mask"]["rel_diff_vs_is_causal"] < 1e-5
+    assert pre["ceilings"]["matmul_tflops"] > 0 and "CPUMonitor" in pre["gpu_metrics"]["collectors"]
+
+
+def test_scale_trains_bf16_and_nf4_rows_against_the_plan(lease: Path) -> None:
+    rows = part(lease, "scale")["rows"]
+    assert not [r for r in rows if "error" in r]
+    assert {r["quantization"] for r in rows} == {"none", "nf4"}
+    for row in rows:
+        assert row["plan_seconds_p10"] < row["plan_seconds_p50"] < row["plan_seconds_p90"]
+        assert row["plan_allocated_p50_gib"] < row["plan_allocated_p90_gib"]
+        assert row["last_loss"] < row["first_loss"]  # it trained
+    nf4 = {r["setup"]: r for r in rows if r["quantization"] == "nf4"}
+    plain = {
+        r["setup"]: r
+        for r in rows
+        if r["quantization"] == "none" and r["model"].startswith("mistral")
+    }
+    # The same shape: the plan puts a 4-bit base's weights far below the 16-bit ones.
+    for label, row in plain.items():
+        assert nf4[f"{label} nf4"]["plan_allocated_p50_gib"] < row["plan_allocated_p50_gib"] - 5
+
+
+def test_study_is_read_back_from_both_stores(lease: Path) -> None:
+    study = part(lease, "study")
+    assert study["study"]["exit_code"] == 0
+    back = study["read_back"]
+    assert back["every_trial_in_mlflow"] and back["one_run_per_configuration"]
+    assert 3 <= back["child_runs"] <= len(back["trials"])  # continued trials share a run
+    assert all(t["state"] == "COMPLETE" or t["state"] == "PRUNED" for t in back["trials"])
+    assert all(
+        t["estimate_error_pct"] is not None for t in back["trials"] if t["state"] == "COMPLETE"
+    )
+    assert all("system/cpu_utilization_percentage" in t["system_metrics"] for t in back["trials"])
+    assert study["two_workers_one_gpu"]["refused"]
+    assert "one trial per GPU" in study["two_workers_one_gpu"]["message"]
+
+
+def test_levers_compare_at_equal_loss(lease: Path) -> None:
+    rows = {r["lever"]: r for r in part(lease, "levers")["rows"]}
+    fast = rows["sdpa_fast_path"]
+    assert fast["equal_loss"] and fast["loss_rel_difference"] < 1e-5  # the same arithmetic
+    assert "needs a CUDA device" in rows["liger"]["error"]  # Triton: the lease measures it
+
+
+def test_time_model_part_calibrates_and_keeps_its_raw_runs(lease: Path) -> None:
+    model = part(lease, "time_model")
+    assert model["probe_runs"] >= 3 and model["rows"]
+    assert (lease / model["raw"]).is_file()
+
+
+def test_without_cuda_a_part_exits_2_with_one_line(tmp_path: Path) -> None:
+    proc = run_module("benchmarks.lease.preflight", "--out", tmp_path / "p.json",
+                      "--work", tmp_path, timeout=120)  # fmt: skip
+    errors = [line for line in proc.stderr.splitlines() if line and "Warning" not in line]
+    assert proc.returncode == 2 and len(errors) == 1 and "no CUDA device" in errors[0]
