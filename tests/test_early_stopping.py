@@ -290,3 +290,20 @@ def test_a_run_that_cannot_move_its_adapter_is_told_to_raise_the_learning_rate(
     client = MlflowClient(tracking_uri=tracking)
     (run,) = client.search_runs(_experiment_ids(client))
     assert run.data.tags["advice.not_learning"] == line
+
+
+def test_an_early_stop_always_says_why_and_what_to_try() -> None:
+    # The full run of issue 47: a small drop at a rate of 0.05, then losses that bounce
+    # above the best (not a plateau, not overfitting: training does not fall) until patience
+    # ran out. Early stopping ended it: the advice says so and names the rate.
+    val, train = [2.40, 2.31, 2.33, 2.36, 2.32], [2.5, 2.4, 2.41, 2.40, 2.42]
+    assert advise(_evals(val, train), learning_rate=0.05) == []
+    advice = advise(_evals(val, train), learning_rate=0.05, stopped_early=True)
+    assert len(advice) == 1 and advice[0].startswith("stopped early:")
+    for words in ("2.3100 at step 20", "for 3 evaluations", "try 5e-03 (now 0.05)", "below its first"):
+        assert words in advice[0], advice[0]
+    # Where the curves explain the stop, that reading stays the only line.
+    overfit = advise(
+        _evals([3.0, 2.5, 2.6, 2.7, 2.8], [3.0, 2.4, 2.0, 1.6, 1.2]), stopped_early=True
+    )
+    assert [line.split(":")[0] for line in overfit] == ["overfitting"]

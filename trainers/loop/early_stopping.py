@@ -62,6 +62,13 @@ PLATEAU_ADVICE = (
     "plateau: validation loss changed by less than {pct:g} % over the last {n} evaluations "
     "({loss:.4f}); try a lower learning rate"
 )
+# An early stop none of the above explains: the loss fell, then bounced above its best.
+STOPPED_EARLY_ADVICE = (
+    "stopped early: validation loss stayed above its best ({best:.4f} at step {step}) for "
+    "{n} evaluations ({last:.4f} at the last){falling}; a learning rate too high for the run "
+    "bounces around its minimum: try {lower} (now {lr}), or a larger "
+    "--early-stopping-patience if the loss was still falling slowly"
+)
 
 
 @dataclass(frozen=True)
@@ -125,10 +132,12 @@ def advise(
     *,
     learning_rate: float | None = None,
     gave_up: str | None = None,
+    stopped_early: bool = False,
     overfit_evals: int = OVERFIT_EVALS,
     plateau_evals: int = 4,
 ) -> list[str]:
-    """One line for each problem the curves show: no learning, overfitting, a plateau.
+    """One line for each problem the curves show: no learning, overfitting, a plateau; a run
+    that early stopping ended always gets one (why it stopped, what to try).
 
     Args:
         evals: ``(step, validation loss, mean training loss since the previous evaluation)``
@@ -137,6 +146,8 @@ def advise(
             about it.
         gave_up: Why recovery gave up (a non-finite loss or a divergence after its last
             rollback); the advice then says so and names the learning rate.
+        stopped_early: Early stopping ended the run: where the curves show none of the
+            problems above, the advice says it stopped and names the learning rate.
         overfit_evals: Overfitting: the best validation loss is at least this many
             evaluations old and the last one is above it, while the training loss kept
             falling (by more than `TRAIN_DROP` since the best).
@@ -146,6 +157,19 @@ def advise(
     if gave_up is not None:
         lr, lower, _ = _rates(learning_rate)
         return [GAVE_UP_ADVICE.format(reason=gave_up.split(";")[0], lr=lr, lower=lower)]
+    advice = _curve_advice(evals, learning_rate, overfit_evals, plateau_evals)
+    if stopped_early and not advice and evals:
+        return [_stopped_early(evals, learning_rate)]
+    return advice
+
+
+def _curve_advice(
+    evals: Sequence[tuple[int, float, float | None]],
+    learning_rate: float | None,
+    overfit_evals: int,
+    plateau_evals: int,
+) -> list[str]:
+    """`advise`'s reading of the curves: not learning, overfitting, a plateau, or nothing."""
     stuck = _not_learning(evals, learning_rate)
     if stuck is not None:
         return [stuck]
@@ -159,6 +183,21 @@ def advise(
             pct = 100 * PLATEAU_RELATIVE_CHANGE
             return [PLATEAU_ADVICE.format(pct=pct, n=plateau_evals, loss=recent[-1])]
     return []
+
+
+def _stopped_early(
+    evals: Sequence[tuple[int, float, float | None]], learning_rate: float | None
+) -> str:
+    """The line for an early stop the curves explain no other way."""
+    best = min(range(len(evals)), key=lambda i: evals[i][1])
+    step, loss, _ = evals[best]
+    lr, lower, _ = _rates(learning_rate)
+    first = evals[0][1]
+    falling = f", {100 * (1 - loss / first):.1f} % below its first" if first > 0 else ""
+    return STOPPED_EARLY_ADVICE.format(
+        best=loss, step=step, n=len(evals) - 1 - best, last=evals[-1][1], falling=falling,
+        lr=lr, lower=lower,
+    )  # fmt: skip
 
 
 def _rates(learning_rate: float | None) -> tuple[str, str, str]:

@@ -275,7 +275,10 @@ def _best_and_advice(result: TrainResult, spec: TrainSpec, learning_rate: float)
         return  # a trial is cut short on purpose: advice on its curve would be noise
     gave_up = result.stop_reason if result.status == "gave_up" else None
     evals = [(s, *by_step[s]) for s in sorted(by_step) if s in kept]
-    result.advice = advise(evals, learning_rate=learning_rate, gave_up=gave_up)
+    stopped_early = result.status == "stopped_early"
+    result.advice = advise(
+        evals, learning_rate=learning_rate, gave_up=gave_up, stopped_early=stopped_early
+    )
     for line in result.advice:
         log.warning("advice: %s", line)
 
