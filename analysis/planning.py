@@ -25,6 +25,7 @@ from analysis.gpus import GpuSpec, peak_of
 from analysis.hardware import HardwareInfo, prior_coefficients
 from analysis.run_setup import ATTENTION_RATE, MemoryTerms, RunSetup, peak_memory
 from analysis.timemodel import Coefficients, Estimate, ModelProfile, Plan, predict
+from trainers.model.levers import requested_levers
 from trainers.run_spec import Settings, run_spec
 from trainers.spec import (
     STUDY_EVAL_SAMPLES,
@@ -99,6 +100,7 @@ def plan_of_spec(
         device_kind=hardware.device_kind,
         # A trial stops early in its full run's schedule: it takes only those steps.
         max_steps=spec.stop_after_steps or spec.max_steps,
+        levers=requested_levers(spec.liger, spec.sdpa_fast_path, hardware.device_kind),
         **{name: getattr(spec, name) for name in _SAME_IN_PLAN},
     )
 

@@ -27,6 +27,7 @@ from analysis.interconnect import (
     straggler_seconds,
 )
 from analysis.workload import (
+    LEVER_STEP_FACTOR,
     NF4_LOG_P10,
     NF4_LOG_P90,
     NF4_STEP_FACTOR,
@@ -128,6 +129,8 @@ class Plan:
             `micro_batch_size` x `gradient_accumulation_steps` samples per optimizer step,
             then the adapter's gradients are all-reduced (`analysis.interconnect`).
         interconnect: The link between the GPUs (a name in `analysis.interconnect.LINKS`).
+        levers: The speed levers the run uses (`trainers.model.levers`): their step factors
+            (`LEVER_STEP_FACTOR`), and no stored logits under Liger's fused loss.
     """
 
     model: ModelProfile
@@ -148,6 +151,7 @@ class Plan:
     quantization: str = "none"
     gpus: int = 1
     interconnect: str = DEFAULT_LINK
+    levers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         require(
@@ -335,6 +339,8 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
             systematic_log_p90=math.hypot(c.systematic_log_p90, NF4_LOG_P90),
             systematic_log_p10=-math.hypot(c.systematic_log_p10, NF4_LOG_P10),
         )
+    for lever in plan.levers:
+        c = replace(c, step_mean_ratio=c.step_mean_ratio * LEVER_STEP_FACTOR[lever])
     micro = _micro_step_seconds(plan, c, tokens, square)
     optimizer = c.optimizer_fixed_seconds + c.optimizer_seconds_per_parameter * (
         plan.trainable_parameters
@@ -484,6 +490,7 @@ def memory_breakdown(
             plan.precision,
             plan.gradient_checkpointing,
             plan.device_kind,
+            fused_loss="liger" in plan.levers,
         ),
         "runtime_overhead": coefficients.memory_fixed_bytes,  # CUDA context, allocator
         # DDP's gradient buckets: a second copy of the adapter's gradients on each GPU.

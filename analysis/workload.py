@@ -154,13 +154,15 @@ def activation_bytes(
     precision: str,
     gradient_checkpointing: bool,
     device_kind: str = "cpu",
+    fused_loss: bool = False,
 ) -> float:
     """Activation + logits memory of one micro-batch.
 
     About 34 bytes per token x hidden per layer at 16 bit (Korthikanti et al. 2022,
     "Reducing Activation Recomputation in Large Transformer Models"), plus attention scores
     of about h/64 heads; fused (flash) attention, used on CUDA at half precision, stores no
-    scores.
+    scores. `fused_loss`: the loss is computed from the hidden states in chunks (Liger's
+    fused linear cross-entropy), so the logits and their gradient are never stored whole.
     """
     width = PRECISION_BYTES[precision]
     tokens = micro_batch_size * seq_len
@@ -173,7 +175,7 @@ def activation_bytes(
         layers = model.n_layers * tokens * model.hidden_size + per_layer
     else:
         layers = model.n_layers * per_layer
-    logits = 2.0 * 4.0 * tokens * model.vocab_size  # fp32 logits and their gradient
+    logits = 0.0 if fused_loss else 2.0 * 4.0 * tokens * model.vocab_size  # fp32, + gradient
     return layers * width + logits
 
 
@@ -191,6 +193,10 @@ NF4_BYTES_PER_WEIGHT = (4.0 + 8.0 / 64.0 + 32.0 / (64.0 * 256.0)) / 8.0
 NF4_STEP_FACTOR = 1.39
 NF4_LOG_P90 = math.log(1.8 / NF4_STEP_FACTOR)
 NF4_LOG_P10 = math.log(1.15 / NF4_STEP_FACTOR)
+# Micro-step time of a run with a speed lever (`trainers.model.levers`) over the same run
+# without it. 1.0 until a GPU lease measures the lever (benchmarks/gpu_lease.py, part levers):
+# no lever is on by default before that, and a run that turns one on is planned as without.
+LEVER_STEP_FACTOR = {"liger": 1.0, "sdpa_fast_path": 1.0}
 
 
 def weight_bytes(model: ModelSize, precision: str, quantization: str = "none") -> float:

@@ -94,3 +94,48 @@ def test_sdpa_fast_path_trains_the_same_run_without_a_mask(tmp_path: Path, monke
     assert [loss for _, loss in on.train_losses] == pytest.approx(
         [loss for _, loss in off.train_losses], rel=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    ("liger", "fast", "device", "measured", "expected"),
+    [
+        ("auto", "auto", "cuda", frozenset(), ()),
+        ("auto", "auto", "cuda", frozenset({"liger"}), ("liger",)),
+        ("auto", "auto", "cpu", frozenset({"liger", "sdpa_fast_path"}), ()),
+        ("on", "on", "cuda", frozenset(), ("liger", "sdpa_fast_path")),
+        ("on", "on", "cpu", frozenset(), ("sdpa_fast_path",)),  # Liger cannot run there
+    ],
+)
+def test_the_plan_counts_the_levers_a_run_asks_for(
+    liger: str, fast: str, device: str, measured: frozenset[str], expected: tuple
+) -> None:
+    from trainers.model.levers import requested_levers
+
+    assert requested_levers(liger, fast, device, measured) == expected
+
+
+def test_the_time_model_drops_the_logits_under_liger_and_keeps_the_step_time() -> None:
+    import dataclasses
+
+    from analysis.hardware import prior_coefficients
+    from analysis.machine import this_machine
+    from analysis.planning import plan_of_spec
+    from analysis.timemodel import ModelProfile, memory_breakdown, predict
+    from trainers.spec import TrainSpec
+
+    model = ModelProfile(total_parameters=7_000_000_000, n_layers=32, hidden_size=4096,
+                         vocab_size=32_000, lora_parameters_per_rank=1_300_000)  # fmt: skip
+    hardware = dataclasses.replace(this_machine("cpu", "fp32"), device_kind="cuda",
+                                   precision="bf16")  # fmt: skip
+    spec = TrainSpec(model="m", data="d.jsonl", micro_batch_size=2, max_length=2048,
+                     liger="on", max_steps=10)  # fmt: skip
+    with_liger = plan_of_spec(spec, model, [2048] * 64, n_validation=8, hardware=hardware)
+    without = dataclasses.replace(with_liger, levers=())
+    assert with_liger.levers == ("liger",)
+    c = prior_coefficients(hardware)
+    logits = 2 * 4.0 * 2 * 2048 * 32_000 * c.activation_memory_scale  # fp32 + gradient
+    drop = (sum(memory_breakdown(without, c).values())
+            - sum(memory_breakdown(with_liger, c).values()))  # fmt: skip
+    assert drop == pytest.approx(logits, rel=1e-9)
+    # No measured speed-up yet: the same duration either way.
+    assert predict(with_liger, c).seconds_p50 == pytest.approx(predict(without, c).seconds_p50)

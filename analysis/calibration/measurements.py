@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.workload import NF4_STEP_FACTOR
+from analysis.workload import LEVER_STEP_FACTOR, NF4_STEP_FACTOR
 from common.errors import BadInputError
 from trainers.spec import QUANTIZATION_MODES, eval_batch_size
 
@@ -73,6 +73,7 @@ class RunMeasurements:
     eval_samples: int = 0
     quantization: str = "none"
     micro_step_new_shape: tuple[bool, ...] = ()
+    levers: tuple[str, ...] = ()  # speed levers the run used (trainers.model.levers)
 
     def __post_init__(self) -> None:
         n = len(self.micro_step_seconds)
@@ -146,6 +147,7 @@ class RunMeasurements:
                 eval_samples=_eval_samples(data, config, evals),
                 quantization=str(get("quantization", "none")),
                 micro_step_new_shape=tuple(bool(x) for x in data.get("micro_step_new_shape", ())),
+                levers=tuple(str(x) for x in data.get("levers", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, BadInputError):
@@ -166,8 +168,12 @@ class RunMeasurements:
 
     @property
     def step_factor(self) -> float:
-        """How much slower this run's micro-steps are than the same run's unquantized."""
-        return NF4_STEP_FACTOR if self.quantization == "nf4" else 1.0
+        """How much slower this run's micro-steps are than the same run's unquantized and
+        without speed levers (`analysis.workload`)."""
+        factor = NF4_STEP_FACTOR if self.quantization == "nf4" else 1.0
+        for lever in self.levers:
+            factor *= LEVER_STEP_FACTOR[lever]
+        return factor
 
     @property
     def optimizer_warmup_steps(self) -> int:

@@ -39,6 +39,7 @@ def _memory_features(
         hardware.precision,
         run.gradient_checkpointing,
         hardware.device_kind,
+        fused_loss="liger" in run.levers,
     )
     static = static_memory_bytes(
         model, run.trainable_parameters, hardware.precision, run.quantization

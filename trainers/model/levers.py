@@ -113,6 +113,28 @@ def choose_levers(
     )
 
 
+def requested_levers(
+    liger: str,
+    sdpa_fast_path: str,
+    device_kind: str,
+    measured_faster: frozenset[str] = MEASURED_FASTER,
+) -> tuple[str, ...]:
+    """The levers a plan counts before the model is at hand (`analysis.planning`).
+
+    What `choose_levers` turns on where the model allows it: "on" (Liger only on CUDA), or
+    "auto" for a lever measured faster, on CUDA. A model the fast path does not apply to
+    runs without it; its step factor (`analysis.workload.LEVER_STEP_FACTOR`) is 1 until a
+    lease measures it, so the plan is the same either way.
+    """
+    cuda = device_kind == "cuda"
+    wanted = []
+    for name, mode in (("liger", liger), ("sdpa_fast_path", sdpa_fast_path)):
+        on = mode == "on" or (mode == "auto" and cuda and name in measured_faster)
+        if on and (cuda or name != "liger"):
+            wanted.append(name)
+    return tuple(wanted)
+
+
 def detect_levers(spec: Any, device: str) -> LeverChoice:
     """`choose_levers` for `spec` (a `TrainSpec`) with its model's config read from disk."""
     import json
