@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_lease import PARTS, chosen, timeout_for
+from benchmarks.gpu_lease import PARTS, Part, chosen, run_part, timeout_for
 from common.errors import BadInputError
 from tests.cli import run_module
 
@@ -23,6 +23,23 @@ def test_parts_are_chosen_in_the_lease_order() -> None:
     part = PARTS[0]
     assert timeout_for(part, 1000.0, smoke=False) == part.seconds
     assert timeout_for(part, 12.0, smoke=False) == 12.0  # never past the deadline
+
+
+def test_a_part_past_its_timeout_is_killed_and_keeps_what_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "hanging_part.py").write_text(
+        "import json, sys, time\n"
+        "out = sys.argv[sys.argv.index('--out') + 1]\n"
+        "json.dump({'status': 'running', 'rows': [{'setup': 'first'}]}, open(out, 'w'))\n"
+        "time.sleep(120)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with open(tmp_path / "log", "w") as log:
+        result = run_part(Part("scale", "hanging_part", 1, 1), tmp_path, tmp_path, 3.0, False, log)
+    assert result["status"] == "timed out" and result["exit_code"] is None
+    assert result["seconds"] < 30  # killed, not waited for
+    assert json.loads((tmp_path / "scale.json").read_text())["rows"] == [{"setup": "first"}]
 
 
 @pytest.fixture(scope="module")

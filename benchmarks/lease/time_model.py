@@ -2,7 +2,10 @@
 then held-out runs it never saw, as `benchmarks/gpu_check.py` runs them after the refit that
 added a step at a new length (`new_shape_seconds`).
 
-Writes what the probes and held-out runs measured too (`raw`), so that
+The calibration is recorded as soon as the probes end, and each held-out run as soon as it
+ends, so a part cut short by the deadline keeps what it measured; a held-out run starts only
+while the time left covers about as long as the probes took. What the probes and the
+held-out runs measured is written too (`time_model_raw.json`), so that
 `python -m benchmarks.time_model_refit` can refit offline what a lease measured.
 
     python -m benchmarks.lease.time_model --out time_model.json --work DIR [--smoke]
@@ -12,19 +15,37 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks._common import median  # noqa: E402
 from benchmarks.lease.part import Record, cuda_or_smoke, parser  # noqa: E402
 from common.cli import run_cli  # noqa: E402
+from common.files import write_json  # noqa: E402
+
+HELD_OUT_RUNS, SMOKE_HELD_OUT_RUNS = 3, 2
+HOLDOUT_FACTOR, SMOKE_HOLDOUT_FACTOR = 5.0, 1.5  # held-out runs x the longest probe
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "median_abs_pct_error": median([r["abs_pct_error"] for r in rows]),
+        "band_coverage": sum(r["inside_band"] for r in rows) / len(rows),
+        "memory_median_abs_pct_error": median([r["memory_abs_pct_error"] for r in rows]),
+        "memory_above_p90_fraction": sum(r["memory_above_p90"] for r in rows) / len(rows),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     record = Record(args.out, "time_model", args.budget_seconds)
     cuda_or_smoke(args.smoke)
-    from benchmarks._held_out import synthetic_data
-    from benchmarks.gpu_check import GPU_DIMS, SMOKE_DIMS, build_model, time_model
+    from analysis.calibrate import PROBE_DESIGN
+    from benchmarks._held_out import HELD_OUT, calibrate, synthetic_data
+    from benchmarks.gpu_check import GPU_DIMS, SMOKE_DIMS, build_model
+    from benchmarks.time_model_accuracy import held_out_row
+    from benchmarks.time_model_refit import raw_payload
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -32,11 +53,29 @@ def main(argv: list[str] | None = None) -> int:
     if not (model / "config.json").is_file():
         build_model(model, SMOKE_DIMS if args.smoke else GPU_DIMS)
     data = str(synthetic_data(work / "time-model-data.jsonl"))
-    raw = str(Path(args.out).with_name("time_model_raw.json"))
-    result = time_model(str(model), data, work / "time-model", smoke=args.smoke, raw=raw)
-    for key, value in result.items():
-        record.set(key, value)
-    record.set("raw", Path(raw).name)
+    raw = Path(args.out).with_name("time_model_raw.json")
+    probes = calibrate(str(model), data, work / "time-model",
+                       PROBE_DESIGN[:4] if args.smoke else PROBE_DESIGN)  # fmt: skip
+    for key in ("runs", "seconds", "median_seconds", "longest_seconds"):
+        record.set(f"probe_{key}", probes[key])
+    record.set("calibration", probes["calibration"].coefficients.to_dict())
+    write_json(raw, raw_payload(probes["hardware"], probes["results"], []))
+    factor = SMOKE_HOLDOUT_FACTOR if args.smoke else HOLDOUT_FACTOR
+    rows: list[dict[str, Any]] = []
+    for index, config in enumerate(
+        HELD_OUT[: SMOKE_HELD_OUT_RUNS if args.smoke else HELD_OUT_RUNS]
+    ):
+        # A held-out run takes about `factor` x the longest probe (and the machine's drift).
+        if record.left() < 1.5 * factor * probes["longest_seconds"]:
+            record.skip(f"held-out {config.name}")
+            continue
+        rows.append(held_out_row(str(model), data, work / "time-model", probes, index, config,
+                                 factor))  # fmt: skip
+        write_json(raw, raw_payload(probes["hardware"], probes["results"], rows))
+        record.append("rows", {k: v for k, v in rows[-1].items() if k != "result"})
+        for key, value in summary(record.data["rows"]).items():
+            record.set(key, value)
+    record.set("raw", raw.name)
     record.finish()
     return 0
 
