@@ -73,6 +73,12 @@ WARM_MAX_NFEV = 100  # a fit from the last trial's parameters moves little
 # prompt/completion 0.40-0.60, the rest 0.15-0.42), 0.31 pooled; 0.45 x Z90 covers 96 %
 # pooled. Kept: the hardest sets need it.
 EXTRAPOLATION_LOG_SD = 0.45
+# Where no curve went through a decay and the study's curves can be backtested, the band's
+# log sd per unit of distance is what the backtest measured, and at least this many times
+# the spread (sd of ln) of the curves' last losses: configurations that end far apart
+# extrapolate less surely than ones that end close together, and a backtest of half-curves
+# sees only short extrapolations. See docs/curve-replay.md for how it was chosen.
+SPREAD_LOG_SD = 0.25
 # The least log sd per unit of the target's own distance once the shape is identified: how
 # far a configuration ends from where the shared shape carries its first points. Without it
 # the band rested on the curves' reach alone, and a full run that reported back (its curve
@@ -114,6 +120,8 @@ class LawPrediction:
         shape_identified: Whether a curve of the fit went through a decay (the band then
             comes from the fit's own uncertainty, not the prior).
         fit: The joint fit behind it (None for a fallback): a later trial's warm start.
+        law_ranks_better: The study's backtest found the law ranks its curves' later points
+            better than their last losses do (`Backtest`): its p50 may rank trials.
     """
 
     p10: float
@@ -126,6 +134,7 @@ class LawPrediction:
     extrapolation_log_sd: float = 0.0
     shape_identified: bool = False
     fit: JointFit | None = None
+    law_ranks_better: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -187,9 +196,14 @@ def predict_final(
     identified = max_annealing > 0
     shaped_log_sd = ONE_SHAPE_LOG_SD if len(_decayed(curves)) == 1 else SHAPED_LOG_SD
     prior = EXTRAPOLATION_LOG_SD * _distance(target)
+    checked = backtest(curves, max_annealing, noise, fit)
+    # Per unit of the target's distance: what this study's curves measured where they could
+    # be backtested (at least SPREAD_LOG_SD x their spread), else the priors.
+    measured = max(checked.log_sd, SPREAD_LOG_SD * _log_spread(fit, curves)) if checked.checks else None
+    if measured is not None:
+        shaped_log_sd = measured
     if not identified:
-        prior = max(backtest_log_sd(curves, max_annealing, noise, fit), EXTRAPOLATION_LOG_SD)
-        prior *= _distance(target)
+        prior = (EXTRAPOLATION_LOG_SD if measured is None else measured) * _distance(target)
     terms = (
         leave_out_log_spread(curves, fit, noise, groups),
         _own_points_log_shift(curves, fit, max_annealing, noise),
@@ -202,7 +216,7 @@ def predict_final(
         p10=p50 * math.exp(-half), p50=p50, p90=p50 * math.exp(half),
         method=JOINT if peers else OWN, reason="", n_points=n, n_curves=len(curves),
         extrapolation_log_sd=EXTRAPOLATION_LOG_SD * _distance(target) if identified else prior,
-        shape_identified=identified, fit=fit,
+        shape_identified=identified, fit=fit, law_ranks_better=checked.law_ranks_better,
     )  # fmt: skip
 
 
@@ -248,6 +262,14 @@ def _decayed(curves: Sequence[CurveData]) -> list[int]:
         i for i, c in enumerate(curves)
         if c.s2_end > 0 and float(c.s2[-1]) >= _ANNEALING_SEEN * c.s2_end
     ]  # fmt: skip
+
+
+def _log_spread(fit: JointFit, curves: Sequence[CurveData]) -> float:
+    """The sd of ln(the fit's end) over `curves`: how far apart the study's configurations
+    end, whatever share of their runs each curve reached."""
+    ends = [fit.predict_end(i, c) for i, c in enumerate(curves)]
+    logs = [math.log(v) for v in ends if math.isfinite(v) and v > 0]
+    return float(np.std(logs)) if len(logs) > 1 else 0.0
 
 
 def _distance(curve: CurveData) -> float:
@@ -326,17 +348,35 @@ def _own_points_log_shift(
     return abs(base - value) if value is not None else math.log(100.0)
 
 
-def backtest_log_sd(
+@dataclass(frozen=True)
+class Backtest:
+    """What the study's own curves say of its law: each curve's later points predicted from
+    its first half and the other curves.
+
+    Attributes:
+        log_sd: The law's log error per unit of extrapolation distance (its 80th percentile
+            / Z90); 0 where fewer than `_BACKTEST_MIN_CURVES` curves could be cut.
+        law_ranks_better: Whether the law's predictions of the cut curves' last points rank
+            them better (Spearman) than the cut curves' own last losses do: only then may
+            its p50 rank trials.
+        checks: The curves that were cut and predicted.
+    """
+
+    log_sd: float = 0.0
+    law_ranks_better: bool = False
+    checks: int = 0
+
+
+def backtest(
     curves: Sequence[CurveData], max_annealing: float, noise: float, start: JointFit | None = None
-) -> float:
-    """The law's log error per unit of extrapolation distance, measured on the study's curves.
+) -> Backtest:
+    """The law backtested on the study's curves (`Backtest`).
 
     Every curve of at least 3 points is cut to its first half, the cut curves (and the
     shorter ones whole) are fitted jointly, and each cut curve's last observed loss is
-    predicted; |ln(observed / predicted)| / ln(S1 last / S1 at the cut) over the cut curves,
-    its 80th percentile / Z90, is the log sd per unit of ln S1 ratio. 0 with fewer than 3 cut
-    curves (nothing measured: the band then rests on the prior). `start`: the fit of the
-    whole curves (the cut ones start from it), else a cold fit.
+    predicted: |ln(observed / predicted)| / ln(S1 last / S1 at the cut), its 80th percentile
+    / Z90, is the log sd per unit of ln S1 ratio. `start`: the fit of the whole curves (the
+    cut ones start from it), else a cold fit.
     """
     cut, checks = [], []
     for c in curves:
@@ -347,20 +387,40 @@ def backtest_log_sd(
         else:
             cut.append(c)
     if len(checks) < _BACKTEST_MIN_CURVES:
-        return 0.0
+        return Backtest()
     fit = fit_joint(
         cut, f_scale=2.0 * noise, max_annealing=max_annealing, start=start,
         max_nfev=WARM_MAX_NFEV if start is not None else 200,
     )  # fmt: skip
-    ratios = []
+    ratios, law, last, observed = [], [], [], []
     for index, c in checks:
         predicted = float(fit.loss(index, c.s1[-1], c.s2[-1]))
         distance = math.log(float(c.s1[-1]) / float(cut[index].s1[-1]))
         if predicted > 0 and distance > 0:
             ratios.append(abs(math.log(float(c.losses[-1]) / predicted)) / distance)
+            law.append(predicted)
+            last.append(float(cut[index].losses[-1]))
+            observed.append(float(c.losses[-1]))
     if len(ratios) < _BACKTEST_MIN_CURVES:
+        return Backtest()
+    better = _rank_agreement(law, observed) > _rank_agreement(last, observed)
+    return Backtest(float(np.quantile(ratios, _BACKTEST_QUANTILE)) / Z90, better, len(ratios))
+
+
+def backtest_log_sd(
+    curves: Sequence[CurveData], max_annealing: float, noise: float, start: JointFit | None = None
+) -> float:
+    """`backtest(...).log_sd`: the law's log error per unit of extrapolation distance."""
+    return backtest(curves, max_annealing, noise, start).log_sd
+
+
+def _rank_agreement(predicted: Sequence[float], observed: Sequence[float]) -> float:
+    """Spearman's rank correlation (ties by order: the backtest's losses seldom tie)."""
+    a = np.argsort(np.argsort(np.asarray(predicted)))
+    b = np.argsort(np.argsort(np.asarray(observed)))
+    if np.std(a) == 0 or np.std(b) == 0:
         return 0.0
-    return float(np.quantile(ratios, _BACKTEST_QUANTILE)) / Z90
+    return float(np.corrcoef(a, b)[0, 1])
 
 
 def _fallback(target: CurveData, peers: Sequence[CurveData], reason: str) -> LawPrediction:

@@ -47,6 +47,7 @@ from analysis.run_setup import (
     MemoryTerms,
     RunSetup,
 )
+from analysis.search_plan import DEFAULT_RUNGS, DEFAULT_TRIAL_FRACTION, parse_rungs
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_json
@@ -213,8 +214,14 @@ def _search_flags(parser: argparse.ArgumentParser) -> None:
     search.add_argument(
         "--trial-fraction",
         type=float,
-        default=0.1,
-        help="Largest share of its full run a trial trains (default 0.1).",
+        default=DEFAULT_TRIAL_FRACTION,
+        help=f"Largest share of its full run a trial trains (default {DEFAULT_TRIAL_FRACTION}).",
+    )
+    search.add_argument(
+        "--rungs",
+        default=",".join(DEFAULT_RUNGS),
+        help="Successive halving after the trials: K@F sends the K best on to F of their full "
+        f"run (comma-separated; none: no rungs; default {','.join(DEFAULT_RUNGS)}).",
     )
     search.add_argument(
         "--trial-evals", type=int, default=6, help="Evaluations per trial (default 6)."
@@ -223,8 +230,8 @@ def _search_flags(parser: argparse.ArgumentParser) -> None:
         "--promote",
         type=int,
         default=0,
-        help="Trials the study continues after the search (default 0): the plan keeps "
-        "their time out of the budget first.",
+        help="One rung of this many trials instead of --rungs (default 0): the plan keeps "
+        "the promotions' time out of the budget first.",
     )
     search.add_argument(
         "--promote-fraction",
@@ -413,6 +420,7 @@ def _search(args: argparse.Namespace, chosen: Fit) -> dict[str, Any]:
         workers=args.workers,
         promote=args.promote,
         promote_fraction=args.promote_fraction,
+        rungs=() if args.promote else parse_rungs(tuple(args.rungs.split(",")), args.trial_fraction),
     )
     total_p90 = plan.planned_hours + full.seconds_p90 / 3600
     return {

@@ -15,18 +15,23 @@ Pure functions of the time model's estimates: `hpo` plans a study with them and
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from analysis.timemodel import Estimate
+from common.checks import require
 from common.errors import BadInputError
 from common.fmt import format_hours
 
-# Why 10 %: a user renting a GPU for the run accepts paying about a tenth more to pick its
-# configuration by measurement (on the issue's Mistral-7B case: 2 of 19.6 h). Below an hour of
-# full run the fixed costs of a trial (start-up, evaluations, a save) are minutes and would
-# not fit in any share of it, so the default applies only from there; a flag always applies.
-DEFAULT_SEARCH_BUDGET_PCT = 10.0
+# Why 50 %: benchmarks/curve_replay.py on 200 recorded LoRA runs of a pre-trained model
+# (docs/curve-replay.md): the default rungs scaled into half a full run of search picked a
+# top-two configuration of 12 in about 72 % of studies, into one full run 82 %, unscaled
+# (about 1.5) 91 %; at a tenth of a full run no trial reaches the curves' first evaluation.
+# Below an hour of full run the fixed costs of a trial (start-up, evaluations, a save) are
+# minutes and would not fit in any share of it, so the default applies only from there; a
+# flag always applies.
+DEFAULT_SEARCH_BUDGET_PCT = 50.0
 DEFAULT_BUDGET_FROM_HOURS = 1.0
 # The lowest fidelity the loss-prediction benchmark measured (rank_fidelity: 0.01-0.1).
 MIN_FIDELITY = 0.01
@@ -40,15 +45,47 @@ MIN_FIT_EVALS = 3
 # ended at 1.23 (147 trials); seeds whose floor was already 0.1 picked 0.87-1.07. 50 leaves TPE
 # 40 trials past its 10 random ones.
 ENOUGH_TRIALS = 50
-# The most of a budget promotions (`--promote K`) may keep: the trials they choose from need
-# the rest. Fewer are promoted where K of them would take more.
-PROMOTE_SHARE = 0.5
 # Trials below this share of their run are short enough to misrank a long one
 # (benchmarks/rank_fidelity.py, 2026-11-25: at 0.01-0.03 of 844-3375-step runs, 10 sets of 8
 # configurations, the pick was outside the best 2 in 10 of 30 set-and-fraction cases and
 # among them in 29 of 30 with the 2 best promoted to 0.1): the plan says so where no
 # promotion is asked for (where one is asked and none fits, it says that instead).
 SHORT_TRIALS = 0.05
+
+
+# Successive halving in data fraction after trials at 0.02 of their run: the best 6 on to
+# 0.12, the best 2 of those to 0.44 (the last rung scored by its loss one doubling on).
+# benchmarks/curve_replay.py chose it on recorded real LoRA curves (docs/curve-replay.md).
+DEFAULT_TRIAL_FRACTION = 0.02
+DEFAULT_RUNGS = ("6@0.12", "2@0.44")
+
+
+def parse_rungs(entries: tuple[str, ...], fraction: float) -> tuple[tuple[int, float], ...]:
+    """`("6@0.12", "2@0.44")` -> ((6, 0.12), (2, 0.44)); `("none",)` or () -> ().
+
+    Raises:
+        BadInputError: An entry that is not K@F, a K below 1 or above the rung before's, or an
+            F not above the trial fraction and the rung before's, or above 1.
+    """
+    if tuple(e.strip().lower() for e in entries) in ((), ("none",), ("",)):
+        return ()
+    rungs: list[tuple[int, float]] = []
+    for entry in entries:
+        keep, at, share = str(entry).partition("@")
+        try:
+            rung = (int(keep), float(share))
+        except ValueError:
+            rung = None
+        if not at or rung is None:
+            raise BadInputError(f"rungs: each must be K@F (for example 6@0.12), but got {entry!r}")
+        before_keep, before = rungs[-1] if rungs else (rung[0], fraction)
+        require(
+            1 <= rung[0] <= before_keep and before < rung[1] <= 1,
+            f"rungs: {entry!r} needs 1 <= K <= the rung before's K and F in "
+            f"({before:g}, 1] (above trial_fraction and the rung before)",
+        )
+        rungs.append(rung)
+    return tuple(rungs)
 
 
 @dataclass(frozen=True)
@@ -118,12 +155,14 @@ class SearchPlan:
         fixed_hours: The part of `trial_hours` that does not shrink with the fidelity.
         fixed_source: Where `fixed_hours` comes from (the prior, or measured trials).
         once_hours: Paid once per worker (loading the base model it keeps between trials).
-        promote: Trials continued to `promote_fraction` after the search (`--promote`):
-            fewer than asked where the budget holds fewer.
-        promote_fraction: Their share of the full run.
-        promote_hours: GPU-hours kept for them (each as a trial at `promote_fraction`): the
-            trials are sized on the rest.
+        promote: Trials continued after the search, all rungs together (`--rungs`,
+            `--promote`): fewer than asked where the budget holds fewer.
+        promote_fraction: The last rung's share of the full run.
+        promote_hours: GPU-hours kept for them (each continues from its last checkpoint:
+            a trial's fixed cost and the fraction it adds): the trials are sized on the rest.
         promote_asked: The promotions asked for (`promote` is what the budget holds).
+        rungs: The rungs the budget holds, (trials, share of the full run) each.
+        rungs_asked: The rungs asked for.
     """
 
     budget_hours: float | None
@@ -143,6 +182,8 @@ class SearchPlan:
     promote_fraction: float = 0.0
     promote_hours: float = 0.0
     promote_asked: int = 0
+    rungs: tuple[tuple[int, float], ...] = ()
+    rungs_asked: tuple[tuple[int, float], ...] = ()
 
     @property
     def planned_hours(self) -> float:
@@ -189,16 +230,17 @@ class SearchPlan:
                 f"{format_hours(self.planned_hours / self.workers)} of wall clock"
             )
         if self.promote:
+            steps = ", then ".join(f"the {k} best to {f:.3g}" for k, f in self.rungs)
             lines.append(
-                f"  then the {self.promote} best continued to {self.promote_fraction:.3g} of "
-                f"their full run (--promote): {format_hours(self.promote_hours)} kept for them"
+                f"  then {steps} of their full run (--rungs): "
+                f"{format_hours(self.promote_hours)} kept for them"
             )
-        if self.promote_asked > self.promote:
+        if self.rungs != self.rungs_asked:
+            asked = ", then ".join(f"{k} to {f:.3g}" for k, f in self.rungs_asked)
+            held = "none of them" if not self.rungs else "them at shorter shares"
             lines.append(
-                f"  --promote {self.promote_asked}: the budget holds {self.promote} at "
-                f"{self.promote_fraction:.3g} of the full run (promotions take at most "
-                f"{100 * PROMOTE_SHARE:.0f} % of it); a larger --search-hours or "
-                "--search-budget-pct holds more"
+                f"  the rungs asked for ({asked}) do not fit the budget: it holds {held}; "
+                "a larger --search-hours or --search-budget-pct holds more"
             )
         if self.once_hours > 0:
             lines.append(
@@ -217,8 +259,8 @@ class SearchPlan:
             lines.append(
                 f"  trials at {self.fidelity:.3g} of their run may rank it poorly: at 1-3 % of "
                 "844-3375-step runs the pick was not among the best 2 of 8 in 10 of 30 "
-                "measured cases (rank_fidelity.py); --promote 2 --promote-fraction 0.1 "
-                "(about a fifth of a full run more) picked among the best 2 in 29 of 30"
+                "measured cases (rank_fidelity.py); rungs (--rungs 2@0.1: about a tenth "
+                "of a full run more) picked among the best 2 in 29 of 30"
             )
         return lines
 
@@ -265,13 +307,14 @@ def plan_search(
     workers: int = 1,
     promote: int = 0,
     promote_fraction: float = 0.0,
+    rungs: Sequence[tuple[int, float]] = (),
 ) -> SearchPlan:
     """Trials and fidelity that fit `budget_hours`: fidelity first, then fewer trials.
 
-    Promotions (`promote` trials continued to `promote_fraction` after the search, each
-    priced as a trial at that fraction) are kept out of the budget first, at most
-    `PROMOTE_SHARE` of what is left (fewer promoted where more would not fit); the trials
-    are sized on the rest.
+    The trials asked for are priced at their fraction first, and the rungs (`rungs` after
+    the search, each promoted trial continuing from its last checkpoint: a trial's fixed cost
+    plus the share it adds) scaled into the rest (`rungs_within`); the trials are then sized
+    on what the rungs left.
 
     Args:
         cost: One trial's predicted seconds as a function of its fidelity.
@@ -287,9 +330,12 @@ def plan_search(
         price_per_hour: The machine's price.
         before_trials_hours: Already spent before the trials (set-up, probe).
         workers: Processes sharing the budget.
-        promote: Trials to continue after the search (`--promote`; 0: none).
-        promote_fraction: Their share of the full run.
+        promote: One rung of this many trials (`--promote`; 0: none), where `rungs` is empty.
+        promote_fraction: Its share of the full run.
+        rungs: (trials, share of the full run) per rung, in order.
     """
+    if not rungs and promote:
+        rungs = ((promote, promote_fraction),)
     if n_trials < 1 or not 0 < max_fidelity <= 1 or full_run_steps < 1:
         raise BadInputError(
             f"a search plan needs n_trials >= 1, max_fidelity in (0, 1] and full_run_steps "
@@ -298,11 +344,15 @@ def plan_search(
     min_steps = max(MIN_FIT_EVALS, evals)
     min_fidelity = min(max_fidelity, max(MIN_FIDELITY, min_steps / full_run_steps))
     trials, fidelity = n_trials, max_fidelity
-    promoted = promote
+    held = tuple(rungs)
     if budget_hours is not None:
         left = max(0.0, (budget_hours - before_trials_hours) * 3600 - workers * cost.once)
-        promoted = promotions_that_fit(cost, promote, promote_fraction, left)
-        left -= promoted * cost.seconds(promote_fraction)
+        # The trials the first rung halves at their fraction first, the rungs scaled into
+        # the rest (priced from the lowest fidelity the plan may choose: an upper bound);
+        # the trials then sized on what the rungs leave.
+        room = left - _halved_trials(rungs, n_trials) * cost.seconds(max_fidelity)
+        held = rungs_within(cost, rungs, min_fidelity, room)
+        left -= rungs_seconds(cost, held, min_fidelity)
         # The largest fidelity at which the trials asked for fit (at most ENOUGH_TRIALS of
         # them), within [min_fidelity, max_fidelity]; then as many as fit, up to n_trials.
         each = left / min(n_trials, ENOUGH_TRIALS)
@@ -325,21 +375,58 @@ def plan_search(
         fixed_hours=cost.fixed / 3600,
         fixed_source=cost.fixed_source,
         once_hours=cost.once / 3600,
-        promote=promoted,
-        promote_fraction=promote_fraction if promote else 0.0,
-        promote_hours=promoted * cost.seconds(promote_fraction) / 3600 if promoted else 0.0,
-        promote_asked=promote,
+        promote=sum(k for k, _ in held),
+        promote_fraction=held[-1][1] if held else 0.0,
+        promote_hours=rungs_seconds(
+            cost, held, min_fidelity if budget_hours is not None else fidelity
+        )
+        / 3600,
+        promote_asked=sum(k for k, _ in rungs),
+        rungs=held,
+        rungs_asked=tuple(rungs),
     )
 
 
-def promotions_that_fit(cost: TrialCost, promote: int, fraction: float, left: float) -> int:
-    """How many of `promote` trials at `fraction` fit in `PROMOTE_SHARE` of `left` seconds."""
-    if promote <= 0 or fraction <= 0:
-        return 0
-    each = cost.seconds(fraction)
-    if each <= 0:  # a time model that prices nothing: nothing to keep out
-        return promote
-    return max(0, min(promote, math.floor(PROMOTE_SHARE * max(left, 0.0) * (1 + 1e-9) / each)))
+def rungs_seconds(cost: TrialCost, rungs: Sequence[tuple[int, float]], fidelity: float) -> float:
+    """Seconds of `rungs` after trials at `fidelity`: each promoted trial pays a trial's
+    fixed cost and the share it adds to the rung before's."""
+    total, before = 0.0, fidelity
+    for keep, share in rungs:
+        total += keep * cost.seconds(max(share - before, 0.0))
+        before = share
+    return total
+
+
+def _halved_trials(rungs: Sequence[tuple[int, float]], n_trials: int) -> int:
+    """The trials a budget keeps room for before its rungs: twice the first rung's."""
+    return min(n_trials, 2 * rungs[0][0]) if rungs else n_trials
+
+
+def rungs_within(
+    cost: TrialCost, rungs: Sequence[tuple[int, float]], fidelity: float, room: float
+) -> tuple[tuple[int, float], ...]:
+    """`rungs` after trials at `fidelity`, their shares scaled down by one factor (their
+    trials kept) until they fit in `room` seconds; () where even the first rung at twice the
+    trials' share would not fit.
+
+    Scaling keeps the schedule's shape: on recorded real LoRA curves (docs/curve-replay.md)
+    the default rungs scaled into half their cost still picked a top-two configuration in
+    about 72 % of studies, where fewer trials on the same rungs picked about 37 %.
+    """
+    if not rungs or rungs_seconds(cost, rungs, fidelity) <= room * (1 + 1e-9):
+        return tuple(rungs)
+    lowest = 2 * fidelity / rungs[0][1]  # the first rung at least doubles the trials' data
+
+    def scaled(factor: float) -> tuple[tuple[int, float], ...]:
+        return tuple((k, float(f"{f * factor:.3g}")) for k, f in rungs)
+
+    if lowest >= 1 or rungs_seconds(cost, scaled(lowest), fidelity) > room:
+        return ()
+    low, high = lowest, 1.0
+    for _ in range(40):
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if rungs_seconds(cost, scaled(middle), fidelity) <= room else (low, middle)
+    return scaled(low)
 
 
 def plan_search_for_run(
@@ -357,6 +444,7 @@ def plan_search_for_run(
     measured_fixed: tuple[float, int] | None = None,
     promote: int = 0,
     promote_fraction: float = 0.0,
+    rungs: Sequence[tuple[int, float]] = (),
 ) -> SearchPlan:
     """The search before the full run `full`: its budget (`budget_hours`), then `plan_search`.
 
@@ -375,8 +463,9 @@ def plan_search_for_run(
             default): the load is paid once per worker, not per trial.
         measured_fixed: A trial's fixed seconds as measured (by this machine's trials) and
             on how many trials; None: the time model's prior.
-        promote: Trials to continue after the search (`--promote`; 0: none).
-        promote_fraction: Their share of the full run.
+        promote: One rung of this many trials (`--promote`; 0: none), where `rungs` is empty.
+        promote_fraction: Its share of the full run.
+        rungs: (trials, share of the full run) per rung, in order.
     """
     hours = full.seconds_p50 / 3600
     cost = trial_cost(full, evals=evals, reuse_base_model=reuse_base_model)
@@ -399,6 +488,7 @@ def plan_search_for_run(
         workers=workers,
         promote=promote,
         promote_fraction=promote_fraction,
+        rungs=rungs,
     )
 
 
@@ -406,11 +496,12 @@ def refit(plan: SearchPlan, cost: TrialCost, *, n_trials: int) -> SearchPlan:
     """`plan` at its fidelity (the study's trials compare at equal data) with a trial's cost
     as measured since: its trial hours, the promotions and the trials that now fit (at most
     `n_trials`)."""
-    trials, promoted = n_trials, plan.promote_asked
+    trials, held = n_trials, plan.rungs_asked
     if plan.budget_hours is not None:
         left = (plan.budget_hours - plan.before_trials_hours) * 3600 - plan.workers * cost.once
-        promoted = promotions_that_fit(cost, plan.promote_asked, plan.promote_fraction, left)
-        left -= promoted * cost.seconds(plan.promote_fraction) if promoted else 0.0
+        room = left - _halved_trials(plan.rungs_asked, n_trials) * cost.seconds(plan.fidelity)
+        held = rungs_within(cost, plan.rungs_asked, plan.fidelity, room)
+        left -= rungs_seconds(cost, held, plan.fidelity)
         each = max(cost.seconds(plan.fidelity), 1e-9)
         trials = max(1, min(n_trials, math.floor(max(0.0, left) * (1 + 1e-9) / each)))
     return replace(
@@ -420,6 +511,8 @@ def refit(plan: SearchPlan, cost: TrialCost, *, n_trials: int) -> SearchPlan:
         fixed_hours=cost.fixed / 3600,
         fixed_source=cost.fixed_source,
         once_hours=cost.once / 3600,
-        promote=promoted,
-        promote_hours=promoted * cost.seconds(plan.promote_fraction) / 3600 if promoted else 0.0,
+        promote=sum(k for k, _ in held),
+        promote_fraction=held[-1][1] if held else 0.0,
+        promote_hours=rungs_seconds(cost, held, plan.fidelity) / 3600,
+        rungs=held,
     )

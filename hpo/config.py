@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from analysis.search_plan import DEFAULT_RUNGS, DEFAULT_TRIAL_FRACTION, parse_rungs
 from common.checks import require, require_choice, require_int
 from common.config import from_mapping, knob, part, same_as, to_mapping
 from common.errors import BadInputError
@@ -72,8 +73,8 @@ class Budget(RunWindow):
     search_budget_pct: float | None = knob(
         None,
         "The search's GPU-hours as a percentage of the full run's predicted p50 (with "
-        "search_hours: the smaller). Default: 10 % once the full run is predicted to take an "
-        "hour or more (hpo/search_budget.py says why); below that, no budget.",
+        "search_hours: the smaller). Default: 50 % once the full run is predicted to take an "
+        "hour or more (analysis/search_plan.py says why); below that, no budget.",
         above=0,
         at_most=1000,
     )
@@ -88,15 +89,24 @@ class TrialConfig:
     """What one trial trains: a share of its full run, with evenly spaced evaluations."""
 
     fraction: float = knob(
-        0.1,
+        DEFAULT_TRIAL_FRACTION,
         "Share of its full run's training data a trial trains on (the fidelity): every "
         "configuration sees the same data.",
     )
     evals: int = knob(6, "Evaluations per trial, evenly spaced: the learning curve's points.")
+    rungs: tuple[str, ...] = knob(
+        DEFAULT_RUNGS,
+        "Successive halving in data fraction, after the trials: K@F sends the K best "
+        "configurations of the rung before on to F of their full run, each continuing from "
+        "its last checkpoint (comma-separated, in order; none: no rungs). The last rung is "
+        "scored by its loss one doubling on (its last loss plus its drop since half its "
+        "data).",
+        key="rungs",
+    )
     promote: int = knob(
         0,
-        "Continue the K best trials (by prediction) to promote_fraction of their full run, as "
-        "new points of the same configuration.",
+        "Continue the K best trials to promote_fraction of their full run, as new points of "
+        "the same configuration (one rung: replaces rungs).",
         key="promote",
     )
     promote_fraction: float = knob(
@@ -104,11 +114,12 @@ class TrialConfig:
         "Share of the full run a promoted trial trains on.",
         key="promote_fraction",
     )
-    # 0.3 from benchmarks/rank_fidelity.py (docs/rank-fidelity-history.md): of 0.1, 0.2 and
-    # 0.3, the share whose reference cut the median p50 error most on both tiny models, for
-    # about 15 % more search time at trial fractions 0.02-0.03.
+    # Off since the rungs (docs/curve-replay.md): the last rung's curves go through part of
+    # their own decay, which identifies the loss law's annealing term as a reference did, and
+    # a reference of 0.3 (the best share on the tiny models, docs/rank-fidelity-history.md)
+    # costs a fifth of the whole default search.
     reference_fraction: float = knob(
-        0.3,
+        0.0,
         "Once the first trials finished, run the best so far once more as a run of this share "
         "of its full run's steps with a decay of its own: the study's loss law learns the "
         "decay's effect from it (0: no reference run; its time counts in the search budget).",
@@ -121,6 +132,10 @@ class TrialConfig:
             0 < self.fraction <= 1,
             f"trial_fraction must be in (0, 1], but got trial_fraction={self.fraction!r}",
         )
+        if isinstance(self.rungs, (str, list)):  # YAML may hold "6@0.12,2@0.44" or a list
+            value = self.rungs.split(",") if isinstance(self.rungs, str) else self.rungs
+            object.__setattr__(self, "rungs", tuple(str(v).strip() for v in value))
+        parse_rungs(self.rungs, self.fraction)  # a bad rung stops the config here
         require_int("promote", self.promote, 0)
         require(
             self.promote == 0 or self.fraction < self.promote_fraction <= 1,
@@ -132,6 +147,14 @@ class TrialConfig:
             f"reference_fraction must be in [0, 1], but got "
             f"reference_fraction={self.reference_fraction!r}",
         )
+
+
+    @property
+    def promotions(self) -> tuple[tuple[int, float], ...]:
+        """The rungs after the trials, (K, F) each: `promote` where given, else `rungs`."""
+        if self.promote:
+            return ((self.promote, self.promote_fraction),)
+        return parse_rungs(self.rungs, self.fraction)
 
 
 @dataclass(frozen=True)
@@ -228,7 +251,9 @@ class StudyConfig:
     )
     budget: Budget = part(Budget, "The window a full run must fit into, and what an hour costs.")
     sampler: str = knob("tpe", f"Optuna sampler: {' | '.join(SAMPLERS)}.")
-    pruner: str = knob("hyperband", f"Optuna pruner: {' | '.join(PRUNERS)}.")
+    # The rungs after the trials halve the configurations; a pruner inside trials of 0.02
+    # of the run would compare them at a fraction of a percent of it (docs/curve-replay.md).
+    pruner: str = knob("none", f"Optuna pruner inside each trial: {' | '.join(PRUNERS)}.")
     n_trials: int = knob(10, "Trials in the study (all workers, all runs).")
     timeout: float | None = knob(None, "Seconds this worker may spend. Default: no limit.")
     seed: int = knob(0, "Random seed of the sampler and the trials.")

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from analysis.curve_noise import Z90
 from analysis.law_prediction import LawPrediction, fit_shared, predict_final
 from analysis.learning_curve import CurveFit
@@ -264,6 +266,37 @@ def shared_shape(curves: Sequence[TrialCurve]) -> dict[str, Any]:
     return {"alpha": fit.shared[2], "annealing": fit.shared[4], "curves": len(curves)}
 
 
+def trial_score(
+    final: FinalLoss, *, objective: str, multi_objective: bool, last_rung: bool
+) -> tuple[float, str]:
+    """The value a trial reports to Optuna, and what it is (`SCORED_BY_ATTR`).
+
+    A multi-objective study weighs the level against hours: the law's p50. Otherwise the
+    loss at equal data ranks (the extrapolation ranked worse on every recorded set, real or
+    tiny: benchmarks/curve_replay.py, rank_fidelity.py), unless the study's own backtest
+    says its law ranks its curves' later points better (`FinalLoss.ranks_by_prediction`).
+    The study's last rung picks among few configurations that went furthest: there the
+    loss one doubling on (`loss_one_doubling_on`) ranks them, which favours a curve still
+    falling over one that has flattened (a short run favours a high learning rate, which
+    flattens first). The p50 is uncorrected: the correction is one factor and changes no
+    ranking.
+    """
+    if objective == "predicted_full_run_loss" and (multi_objective or final.ranks_by_prediction):
+        return final.fit.p50, "prediction"
+    if last_rung:
+        return final.loss_one_doubling_on, "loss_one_doubling_on"
+    return final.last_loss, "loss_at_fidelity"
+
+
+def loss_one_doubling_on(samples: Sequence[float], losses: Sequence[float]) -> float:
+    """The last loss plus its drop since half the last point's data (linear between
+    evaluations; the first loss where no point lies that early): the loss at twice the data
+    if the curve falls as much again, as a straight line in log data would."""
+    last = float(losses[-1])
+    earlier = float(np.interp(0.5 * float(samples[-1]), samples, losses))
+    return last - (earlier - last)
+
+
 @dataclass(frozen=True)
 class FinalLoss:
     """A trial's curve and what it predicts for the end of its full run.
@@ -275,6 +308,8 @@ class FinalLoss:
         predicted: The prediction the study uses: `fit` with `correction` applied.
         extrapolation_log_sd: The law's extrapolation error (log sd) at this trial's
             distance from its full run's end.
+        law_ranks_better: The study's backtest found its law ranks the curves' later points
+            better than their last losses (`analysis.law_prediction.Backtest`).
         correction: The loss correction applied (`LossCorrection.for_shape` of the study's).
     """
 
@@ -283,13 +318,19 @@ class FinalLoss:
     predicted: CurveFit
     extrapolation_log_sd: float = 0.0
     stored_fit: StoredFit | None = None
+    law_ranks_better: bool = False
     correction: LossCorrection = LossCorrection()
 
     @property
     def ranks_by_prediction(self) -> bool:
-        """Whether the prediction is sure enough to rank the trial (else its loss at equal
-        data ranks it): fitted, and its extrapolation error within +-20 %."""
-        return not self.fit.fell_back and Z90 * self.extrapolation_log_sd <= TRUSTED_LOG_HALF_WIDTH
+        """Whether the prediction may rank the trial (else its loss at equal data ranks it):
+        fitted, its extrapolation error within +-20 %, and the study's backtest found its law
+        ranks the curves' later points better than their last losses do."""
+        return (
+            not self.fit.fell_back
+            and self.law_ranks_better
+            and Z90 * self.extrapolation_log_sd <= TRUSTED_LOG_HALF_WIDTH
+        )
 
     @property
     def points(self) -> tuple[tuple[int, float], ...]:
@@ -300,6 +341,12 @@ class FinalLoss:
     def last_loss(self) -> float:
         """The loss at the trial's own fidelity (the simple objective)."""
         return self.curve.losses[-1]
+
+    @property
+    def loss_one_doubling_on(self) -> float:
+        """The loss at twice the trial's data if its curve falls as much again
+        (`loss_one_doubling_on`): the study's last rung ranks by it."""
+        return loss_one_doubling_on(self.curve.samples, self.curve.losses)
 
     @property
     def method(self) -> str:
@@ -391,6 +438,7 @@ def predict_final_loss(
         fit=fit,
         predicted=applied.apply(fit),
         extrapolation_log_sd=law.extrapolation_log_sd,
+        law_ranks_better=law.law_ranks_better,
         stored_fit=stored,
         correction=applied,
     )

@@ -6,6 +6,7 @@ import dataclasses
 import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -17,13 +18,15 @@ from common.workdir import WorkDir
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.final_loss import (
+    LAW_CURVE_ATTR,
     SCORED_BY_ATTR,
     FinalLoss,
     predict_final_loss,
     study_peers,
     trial_curve,
+    trial_score,
 )
-from hpo.pick import PROMOTED_FROM_ATTR
+from hpo.pick import FRACTION_ATTR, PROMOTED_FROM_ATTR, rung_of
 from hpo.prepare import Prepared
 from hpo.runspec import trial_spec
 from hpo.states import trials_snapshot
@@ -43,12 +46,32 @@ if TYPE_CHECKING:
 MEASUREMENT_ATTR = "measurement"
 
 
-def _drop_checkpoints(output_dir: str) -> None:
-    """A trial's checkpoint was saved to be timed; a trial never resumes, so it goes."""
+def _drop_checkpoints(output_dir: str | Path) -> None:
+    """A trial's checkpoints: timed, or kept for a rung to resume; then they go."""
     from trainers.loop.checkpoint import checkpoints
 
     for _, path in checkpoints(output_dir):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def drop_trial_checkpoints(study: optuna.Study, config: StudyConfig) -> None:
+    """The checkpoints the study's trials kept for its rungs, once the rungs are over."""
+    work = WorkDir(config.work_dir)
+    for frozen in study.get_trials(deepcopy=False):
+        _drop_checkpoints(work.trial(frozen.number))
+
+
+def _take_checkpoint(source: Path, target: Path) -> bool:
+    """Move the newest valid checkpoint of the trial a promotion continues into its own
+    folder; False where there is none (the promotion then trains from the start)."""
+    from trainers.loop.checkpoint import latest_valid
+
+    found = latest_valid(source)
+    if found is None:
+        return False
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(found), str(target / found.name))
+    return True
 
 
 DUPLICATE_OF_ATTR = "duplicate_of"  # a promotion queued twice: the trial that runs it
@@ -91,6 +114,14 @@ class StudyContext:
     parent_run_id: str
     estimator: StudyEstimator
     budget: BudgetKeeper | None = None  # the search budget: stops a trial that would cross it
+
+
+def study_rungs(context: StudyContext) -> tuple[tuple[int, float], ...]:
+    """The study's rungs (K, F): as many as its search budget's plan holds, where it has one."""
+    budget = context.budget
+    if budget is not None and budget.plan.budget_hours is not None:
+        return budget.plan.rungs
+    return context.config.trial.promotions
 
 
 class OptunaReporter(TrainingCallback):
@@ -161,7 +192,7 @@ class Objective:
         # A trial saves once at its end only to time the save; once the calibration knows
         # what a save costs, that save is skipped (and said so).
         timed_save = not ctx.estimator.knows_checkpoint_cost()
-        if not timed_save:
+        if not timed_save and not self._keeps_checkpoint(trial):
             own = dataclasses.replace(own, checkpoint_interval=0, checkpoint_minutes=0.0)
         derived = {
             "effective_batch_size": full_run.effective_batch_size,
@@ -243,16 +274,12 @@ class Objective:
             pending["state_reason"] = reason
             self._end(run_id, "failed", reason, measured, **tags)
             raise TrainingFailed(reason)
-        # The uncorrected p50: the correction is one factor, so it changes no ranking, and
-        # trials scored before and after a full run reported back stay comparable. Where the
-        # extrapolation is less sure than the study's promise, the loss at equal data ranks
-        # better (benchmarks/rank_fidelity.py): the trial is scored by it instead. A
-        # multi-objective study weighs the level against hours: it keeps the p50.
-        by_prediction = ctx.config.objective == "predicted_full_run_loss" and (
-            final.ranks_by_prediction or ctx.config.multi_objective
+        value, pending[SCORED_BY_ATTR] = trial_score(
+            final,
+            objective=ctx.config.objective,
+            multi_objective=ctx.config.multi_objective,
+            last_rung=bool(rungs := study_rungs(ctx)) and rung_of(trial) == len(rungs),
         )
-        value = final.fit.p50 if by_prediction else final.last_loss
-        pending[SCORED_BY_ATTR] = "prediction" if by_prediction else "loss_at_fidelity"
         band = final.band()
         note = (
             f"complete: predicted final loss {band['p50']:.3g} "
@@ -278,7 +305,7 @@ class Objective:
     ) -> FinalLoss | None:
         """The full run's final loss, the law fitted to this trial with the study's others."""
         curve = trial_curve(
-            result.eval_records,
+            self._curve_records(trial, result),
             scheduler=spec.scheduler,  # the trial runs its full run's schedule, cut short
             warmup_ratio=spec.warmup_ratio,
             learning_rate=spec.learning_rate,
@@ -299,6 +326,37 @@ class Objective:
             full_run_epochs=self.context.config.full_run.epochs,
         )
 
+    @staticmethod
+    def _curve_records(trial: optuna.Trial, result: TrainResult) -> list[dict[str, Any]]:
+        """The trial's evaluations; a promotion's go on from those of the trial it resumed.
+
+        A resumed run counts its samples from its own start: they are moved on by the
+        samples the trial before it had seen at the step it resumed from.
+        """
+        source = trial.user_attrs.get(PROMOTED_FROM_ATTR)
+        resumed = result.resumed_from_step
+        if source is None or resumed is None:
+            return list(result.eval_records)
+        earlier: list[dict[str, Any]] = []
+        for frozen in trial.study.get_trials(deepcopy=False):
+            if frozen.number == int(source):
+                attr = frozen.user_attrs.get(LAW_CURVE_ATTR) or {}
+                points = zip(
+                    attr.get("steps", ()), attr.get("samples", ()), attr.get("losses", ()),
+                    strict=False,
+                )  # fmt: skip
+                earlier = [
+                    {"step": step, "samples_seen": samples, "loss": loss}
+                    for step, samples, loss in points
+                    if step <= resumed
+                ]
+        offset = int(earlier[-1]["samples_seen"]) if earlier else 0
+        later = [
+            {**r, "samples_seen": int(r.get("samples_seen", 0)) + offset}
+            for r in result.eval_records
+        ]
+        return [*earlier, *later]
+
     def _second_objective(self, measured: dict[str, float]) -> float:
         """The full run's predicted hours (p50), or their cost at the budget's price."""
         config = self.context.config
@@ -309,11 +367,16 @@ class Objective:
             return float(hours) * config.budget.price_per_hour
         return float(hours)
 
+    def _keeps_checkpoint(self, trial: optuna.Trial) -> bool:
+        """Whether a rung beyond this trial's fraction may continue it from its checkpoint."""
+        fraction = self._fraction(trial)
+        return any(f > fraction for _, f in study_rungs(self.context))
+
     def _fraction(self, trial: optuna.Trial) -> float:
-        """The trial's share of its full run: more for a promoted trial."""
+        """The trial's share of its full run: its rung's for a promoted trial."""
         config = self.context.config
         if trial.user_attrs.get(PROMOTED_FROM_ATTR) is not None:
-            return config.trial.promote_fraction
+            return float(trial.user_attrs.get(FRACTION_ATTR, config.trial.promote_fraction))
         return config.trial.fraction
 
     def _train(
@@ -328,6 +391,12 @@ class Objective:
         ctx = self.context
         metrics = TrialMetrics(ctx.tracker, run_id)
         started = time.perf_counter()
+        source = trial.user_attrs.get(PROMOTED_FROM_ATTR)
+        # A rung continues the trial before it from its checkpoint (same schedule, same
+        # data order): it pays only for the data it adds.
+        resume = source is not None and _take_checkpoint(
+            WorkDir(ctx.config.work_dir).trial(int(source)), Path(spec.output_dir)
+        )
         try:
             from trainers.loop.run import train
 
@@ -341,9 +410,11 @@ class Objective:
                         metrics,
                     ],
                     inputs=self.inputs,
+                    resume=resume,
                 )
             finally:
-                _drop_checkpoints(spec.output_dir)
+                if not self._keeps_checkpoint(trial):
+                    _drop_checkpoints(spec.output_dir)
         except BadInputError:
             ctx.tracker.end_trial(run_id, "failed", tags={"reason": "bad input"})
             raise

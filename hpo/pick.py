@@ -13,7 +13,7 @@ loss for a much shorter run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -24,7 +24,42 @@ from hpo.final_loss import PREDICTED_ATTR
 from hpo.measured import MeasuredRun, measured_by_trial
 from hpo.states import trial_loss
 
-PROMOTED_FROM_ATTR = "promoted_from"  # hpo.objective sets it on a promoted trial
+PROMOTED_FROM_ATTR = "promoted_from"  # hpo.runner queues it: the trial a promotion continues
+RUNG_ATTR = "rung"  # hpo.runner queues it: a promotion's rung (1, 2, ...; first trials: 0)
+FRACTION_ATTR = "trial_fraction"  # a trial's share of its full run (queued for a promotion)
+
+
+def rung_of(trial: optuna.trial.FrozenTrial | optuna.Trial) -> int:
+    """The trial's rung: 0 for a first trial, 1 for a promotion without a recorded rung
+    (a study of one rung, `--promote`)."""
+    attrs = trial.user_attrs
+    if attrs.get(PROMOTED_FROM_ATTR) is None:
+        return 0
+    rung = attrs.get(RUNG_ATTR)
+    return int(rung) if isinstance(rung, int) else 1
+
+
+def rung_candidates(
+    trials: Sequence[optuna.trial.FrozenTrial],
+    depth: int,
+    keep: int,
+    measured: Collection[int] = (),
+) -> list[optuna.trial.FrozenTrial]:
+    """The trials rung `depth` continues: the `keep` best complete trials of the rung before
+    (by value, then number), leaving out those already continued and those whose
+    configuration's full run reported back (`measured`: trial numbers)."""
+    done = {t.user_attrs.get(PROMOTED_FROM_ATTR) for t in trials} - {None}
+    before = [
+        (value, t.number, t)
+        for t in trials
+        if t.state == optuna.trial.TrialState.COMPLETE
+        and rung_of(t) == depth - 1
+        and t.number not in measured
+        and t.user_attrs.get(PROMOTED_FROM_ATTR) not in measured
+        and (value := trial_loss(t)) is not None
+    ]
+    best = [t for _, _, t in sorted(before, key=lambda item: item[:2])[:keep]]
+    return [t for t in best if t.number not in done]
 
 
 def standing_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -46,7 +81,7 @@ def best_complete_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
     passed over while one that fits remains. In a multi-objective study (loss and hours or
     cost) the result is the best-loss feasible point of the Pareto front.
     """
-    return min(_candidates(study), key=score_order)
+    return min(furthest_rung(_candidates(study)), key=score_order)
 
 
 def _candidates(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -55,6 +90,13 @@ def _candidates(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     if not standing:
         raise BadInputError(f"study '{study.study_name}' has no complete trial to export")
     return [t for t in standing if _fits(t)] or standing
+
+
+def furthest_rung(trials: Sequence[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """Those of `trials` at the furthest rung any reached: the rungs chose them over the
+    rest, and their scores are at more data (empty for no trials)."""
+    furthest = max((rung_of(t) for t in trials), default=0)
+    return [t for t in trials if rung_of(t) == furthest]
 
 
 def measured_standing(
@@ -90,7 +132,7 @@ def _against_measured(
     done = min(trained, key=lambda t: (measured[t.number].loss, t.number))
     ran = measured[done.number]
     untrained = [t for t in candidates if t.number not in measured]
-    best = min(untrained, key=score_order) if untrained else None
+    best = min(furthest_rung(untrained), key=score_order) if untrained else None
     level = _predicted_level(best, losses) if best is not None else None
     if best is not None and level is not None and level < ran.loss:
         return best, (
@@ -160,7 +202,7 @@ def pick_trial(
         candidates = _candidates(study)
         measured = measured_standing(study, candidates)
         return _against_measured(candidates, measured, losses, rule) or (
-            min(candidates, key=score_order),
+            min(furthest_rung(candidates), key=score_order),
             rule,
         )
     if not within_pct >= 0:

@@ -22,14 +22,20 @@ from hpo.export import CONFIG_ATTR, DATA_ATTR, MODEL_ATTR
 from hpo.feasible_sampler import redraw_infeasible
 from hpo.final_loss import curve_run_ids
 from hpo.measured import full_run_results, measured_by_trial, record
-from hpo.objective import MEASUREMENT_ATTR, Objective, StudyContext
-from hpo.pick import PROMOTED_FROM_ATTR
+from hpo.objective import (
+    MEASUREMENT_ATTR,
+    Objective,
+    StudyContext,
+    drop_trial_checkpoints,
+    study_rungs,
+)
+from hpo.pick import FRACTION_ATTR, PROMOTED_FROM_ATTR, RUNG_ATTR, rung_candidates
 from hpo.prepare import Prepared, prepare
 from hpo.progress import StudyProgress
 from hpo.pruners import make_pruner
 from hpo.reference_run import ReferenceRun, add_full_run_curves
 from hpo.samplers import make_sampler
-from hpo.states import FINISHED_STATES, trial_loss
+from hpo.states import FINISHED_STATES
 from hpo.storage import has_heartbeats, make_storage
 from hpo.study_space import check_same_space, space_record
 from hpo.summary import StudySummary, parent_note, summarize
@@ -340,58 +346,69 @@ def _when_nothing_fits(
 
 
 def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> int:
-    """Continue the `promote` best configurations to `promote_fraction` of their full runs.
+    """Successive halving in data fraction: each rung (`config.trial.promotions`, K@F)
+    continues the K best configurations of the rung before to F of their full runs.
 
     Each becomes a new trial of the same configuration (Optuna cannot reopen a finished
-    trial) that records `promoted_from`, continues the first trial's MLflow run and, once
-    complete, stands for the configuration in the export. One whose full run reported back
-    (`hpo.measured`) is not promoted: the next best is. A configuration is promoted once:
-    running the study again adds no duplicates, and of a promotion two workers queued at
-    once only the first trains (`hpo.objective.promoted_before`).
+    trial) that records `promoted_from` (the trial of the rung before) and `trial_fraction`,
+    resumes from that trial's checkpoint, continues its MLflow run and, once complete,
+    stands for the configuration in the export. One whose full run reported back
+    (`hpo.measured`) is not promoted: the next best is. A configuration is promoted once
+    per rung: running the study again adds no duplicates, and of a promotion two workers
+    queued at once only the first trains (`hpo.objective.promoted_before`). The trials'
+    checkpoints go once the rungs are over.
 
     Returns:
         How many trials were promoted now.
     """
-    config = context.config
-    # Under a search budget, as many as its plan holds (it keeps their time from the trials).
-    count = config.trial.promote
-    if context.budget is not None and context.budget.plan.budget_hours is not None:
-        count = min(count, context.budget.plan.promote)
-    if count <= 0:
-        return 0
-    trials = study.get_trials(deepcopy=False)
-    done = {t.user_attrs.get(PROMOTED_FROM_ATTR) for t in trials} - {None}
-    ran = measured_by_trial(study.user_attrs)  # a full run measured it: nothing to promote
-    firsts = [
-        (loss, t.number, t)
-        for t in trials
-        if t.state == optuna.trial.TrialState.COMPLETE
-        and PROMOTED_FROM_ATTR not in t.user_attrs
-        and t.number not in ran
-        and (loss := trial_loss(t)) is not None
-    ]
-    best = [t for _, _, t in sorted(firsts, key=lambda item: item[:2])[:count]]
-    chosen = [t for t in best if t.number not in done]
+    rungs = study_rungs(context)
+    promoted = 0
+    try:
+        for depth, (keep, fraction) in enumerate(rungs, start=1):
+            promoted += _promote_rung(study, context, depth, keep, fraction, progress=progress)
+    finally:
+        drop_trial_checkpoints(study, context.config)
+    return promoted
+
+
+def _promote_rung(
+    study: optuna.Study,
+    context: StudyContext,
+    depth: int,
+    keep: int,
+    fraction: float,
+    *,
+    progress: bool,
+) -> int:
+    """Queue and train rung `depth`: the `keep` best complete trials of the rung before."""
+    # A full run measured it: nothing to promote.
+    ran = measured_by_trial(study.user_attrs)
+    chosen = rung_candidates(study.get_trials(deepcopy=False), depth, keep, ran)
     for trial in chosen:
-        study.enqueue_trial(trial.params, user_attrs={PROMOTED_FROM_ATTR: trial.number})
-    if chosen:
-        log.info(
-            "promoting trials %s to %.0f %% of their full runs",
-            ", ".join(str(t.number) for t in chosen),
-            100 * config.trial.promote_fraction,
+        study.enqueue_trial(
+            trial.params,
+            user_attrs={PROMOTED_FROM_ATTR: trial.number, RUNG_ATTR: depth, FRACTION_ATTR: fraction},
         )
-        bar = StudyProgress(len(chosen), 0, enabled=progress)
-        try:
-            study.optimize(
-                claimed(Objective(context)),
-                n_trials=len(chosen),
-                catch=(TrainingFailed,),
-                callbacks=[bar, *([context.budget.record] if context.budget else [])],
-                gc_after_trial=False,  # as in `_optimize`
-            )
-        finally:
-            bar.close()
-            context.tracker.flush()
+    if not chosen:
+        return 0
+    log.info(
+        "rung %d: continuing trials %s to %.0f %% of their full runs",
+        depth,
+        ", ".join(str(t.number) for t in chosen),
+        100 * fraction,
+    )
+    bar = StudyProgress(len(chosen), 0, enabled=progress)
+    try:
+        study.optimize(
+            claimed(Objective(context)),
+            n_trials=len(chosen),
+            catch=(TrainingFailed,),
+            callbacks=[bar, *([context.budget.record] if context.budget else [])],
+            gc_after_trial=False,  # as in `_optimize`
+        )
+    finally:
+        bar.close()
+        context.tracker.flush()
     return len(chosen)
 
 

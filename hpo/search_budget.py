@@ -127,8 +127,7 @@ def make_plan(
         workers=workers,
         reuse_base_model=config.reuse_base_model,
         measured_fixed=measured,
-        promote=config.trial.promote,
-        promote_fraction=config.trial.promote_fraction,
+        rungs=config.trial.promotions,
     )
 
 

@@ -22,6 +22,8 @@ SHORT_STUDY: dict[str, Any] = {
     "eval_samples": 8,
     "profiles": ["fast"],
     "pruner": "none",
+    # No rungs after the trials: the tests about them set them.
+    "rungs": "none",
     # No loss-shape reference run (a fifth run after three trials): the tests about it set it.
     "reference_fraction": 0.0,
 }

@@ -14,10 +14,13 @@ import pytest
 
 from analysis.curve_noise import Z90
 from analysis.law_prediction import (
+    EXTRAPOLATION_LOG_SD,
     JOINT,
     MAX_LOG_HALF_WIDTH,
     ONE_SHAPE_LOG_SD,
     SHAPED_LOG_SD,
+    backtest,
+    fit_shared,
     leave_out_log_spread,
     predict_final,
 )
@@ -61,7 +64,7 @@ def _reference(seed: int) -> CurveData:
     return curve_data(list(steps), list(losses), rates)
 
 
-def test_the_band_holds_the_truth_and_narrows_once_the_shape_is_identified() -> None:
+def test_the_band_holds_the_truth_and_the_shape_sharpens_the_level() -> None:
     trials, truths = _trials(7, 0.1, seed=11)
     reference = _reference(seed=12)
     with_shape = [
@@ -71,30 +74,56 @@ def test_the_band_holds_the_truth_and_narrows_once_the_shape_is_identified() -> 
     assert all(p.method == JOINT and p.shape_identified for p in with_shape)
     assert not any(p.shape_identified for p in without)
     # The stated rate is 80 %; drawn from the law itself, the band must hold at least that.
-    covered = sum(p.p10 <= t <= p.p90 for p, t in zip(with_shape, truths, strict=True))
-    assert covered >= 6
-    width = [
-        float(np.median([math.log(p.p90 / p.p10) for p in ps])) for ps in (with_shape, without)
+    for predictions in (with_shape, without):
+        assert sum(p.p10 <= t <= p.p90 for p, t in zip(predictions, truths, strict=True)) >= 6
+    # The curve through a decay identifies the annealing term: the level comes far nearer.
+    errors = [
+        float(np.median([abs(math.log(p.p50 / t)) for p, t in zip(ps, truths, strict=True)]))
+        for ps in (with_shape, without)
     ]
-    assert width[0] < 0.5 * width[1]
+    assert errors[0] < 0.5 * errors[1]
     # The prior still decides ranking: it measures the distance, not the band.
     assert all(p.extrapolation_log_sd > 0 for p in with_shape)
 
 
-def test_a_curve_reaching_past_the_end_leaves_the_targets_own_distance_in_the_band() -> None:
+def test_without_a_decay_the_band_is_what_the_studys_own_backtest_measured() -> None:
+    """Not the tiny-model prior: half of each curve predicts its other half, the error per
+    unit of distance (at least `SPREAD_LOG_SD` x how far apart the curves end) sets the
+    band, which is far narrower than `EXTRAPOLATION_LOG_SD` on curves the law draws."""
+    trials, truths = _trials(7, 0.1, seed=11)
+    fit, noise, max_annealing = fit_shared(trials)
+    checked = backtest(trials, max_annealing, noise, fit)
+    assert checked.checks == 7 and 0 < checked.log_sd < EXTRAPOLATION_LOG_SD / 10
+    for i, target in enumerate(trials):
+        p = predict_final(target, trials[:i] + trials[i + 1 :])
+        distance = math.log(target.s1_end / float(target.s1[-1]))
+        half = math.log(p.p90 / p.p50)
+        assert Z90 * checked.log_sd * distance * 0.5 <= half < Z90 * EXTRAPOLATION_LOG_SD * distance / 5
+    # Too few curves to backtest (3 cut curves are needed): the prior, as before.
+    two = [predict_final(c, [o for o in trials[:2] if o is not c]) for c in trials[:2]]
+    for p, c in zip(two, trials[:2], strict=True):
+        distance = math.log(c.s1_end / float(c.s1[-1]))
+        assert math.log(p.p90 / p.p50) >= Z90 * EXTRAPOLATION_LOG_SD * distance * (1 - 1e-9)
+
+
+def test_where_no_backtest_can_run_a_curve_reaching_past_the_end_keeps_the_shaped_prior() -> None:
     """A complete run that reaches past every trial's end (a full run that reported back)
-    pins the shared shape, not where each configuration's own curve ends: the band keeps
-    `SHAPED_LOG_SD` per unit of the target's own distance, and twice that
-    (`ONE_SHAPE_LOG_SD`) where that run is the only curve through a decay."""
+    pins the shared shape, not where each configuration's own curve ends: where the study's
+    curves are too short to backtest (2 points each), the band keeps `SHAPED_LOG_SD` per
+    unit of the target's own distance, and twice that (`ONE_SHAPE_LOG_SD`) where that run is
+    the only curve through a decay."""
     assert 0 < SHAPED_LOG_SD < ONE_SHAPE_LOG_SD
     trials, _ = _trials(5, 0.05, seed=16)
+    trials = [
+        CurveData(c.s1[:2], c.s2[:2], c.losses[:2], c.s1_end, c.s2_end) for c in trials
+    ]
     references = [_reference(seed=17), _reference(seed=18)]
     for shapes, log_sd in ((references[:1], ONE_SHAPE_LOG_SD), (references, SHAPED_LOG_SD)):
         for i, target in enumerate(trials):
             p = predict_final(target, [*trials[:i], *trials[i + 1 :], *shapes])
             assert p.shape_identified
             distance = math.log(target.s1_end / float(target.s1[-1]))
-            assert distance > 2.0  # a trial at 5 % of its run
+            assert distance > 2.0  # a trial at a few % of its run
             assert math.log(p.p90 / p.p50) >= Z90 * log_sd * distance * (1 - 1e-9)
 
 

@@ -17,7 +17,6 @@ from analysis.search_plan import (
     DEFAULT_SEARCH_BUDGET_PCT,
     ENOUGH_TRIALS,
     MIN_FIDELITY,
-    PROMOTE_SHARE,
     SHORT_TRIALS,
     TrialCost,
     budget_hours,
@@ -149,41 +148,59 @@ def test_the_fixed_cost_comes_from_the_measured_trials_once_there_are_some() -> 
     assert refitted.planned_hours <= 4.0 * 1.000001
 
 
-def test_promotions_are_kept_out_of_the_budget_before_the_trials_are_sized() -> None:
-    # --promote 2 at 0.3: each priced as a trial there (0.1 h fixed + 6 h), 12.2 h of 30.
+def test_the_rungs_are_scaled_into_what_the_trials_at_their_fraction_leave() -> None:
+    # --promote 2 at 0.3: each continues its trial, a trial's fixed cost and the share it
+    # adds, priced from the lowest fidelity the budget may choose (0.01): 2 x (0.1 h + 20 h x
+    # 0.29) = 11.8 h. Of 30 h, the 4 trials the rung halves at 0.1 leave 21.6: it fits, and
+    # the 10 trials are sized on the other 18.2 h.
     plan = _plan(COST, 30.0, promote=2, promote_fraction=0.3)
-    assert (plan.promote, plan.promote_hours) == (2, pytest.approx(12.2))
-    assert plan.trials == 10 and plan.fidelity < 0.1  # the trials get the other 17.8 h
+    assert plan.rungs == ((2, 0.3),) and plan.promote_hours == pytest.approx(11.8)
+    assert plan.trials == 10 and plan.fidelity < 0.1
     assert plan.planned_hours == pytest.approx(30.0)
-    assert "then the 2 best continued to 0.3 of their full run (--promote): 12.2 h" in "\n".join(
-        plan.lines()
-    )
-    # The measured trial cost refits the trials around the same promotions.
+    assert "then the 2 best to 0.3 of their full run (--rungs): 11.8 h" in "\n".join(plan.lines())
+    # Of 15 h they leave 6.6: the rung moves down to what fits, its 2 trials kept.
+    tight = _plan(COST, 15.0, promote=2, promote_fraction=0.3)
+    ((keep, share),) = tight.rungs
+    assert keep == 2 and 0.02 < share < 0.3 and tight.trials == 10
+    assert tight.promote_hours == pytest.approx(2 * (0.1 + 20 * (share - 0.01)))
+    assert tight.promote_hours <= 6.6 * 1.000001 and tight.planned_hours <= 15.0 * 1.000001
+    assert "it holds them at shorter shares" in "\n".join(tight.lines())
+    # The measured trial cost refits the trials and the rungs around the same budget.
     refitted = refit(plan, COST.measured(36.0, 3), n_trials=10)
     assert refitted.promote == 2 and refitted.planned_hours <= 30.0 * 1.000001
-    # Without a budget they are planned GPU time all the same.
+    # Without a budget they are planned GPU time all the same, from the trials' 0.1.
     assert _plan(COST, None, promote=2, promote_fraction=0.3).planned_hours == pytest.approx(
-        10 * 2.1 + 12.2
+        10 * 2.1 + 2 * (0.1 + 20 * 0.2)
     )
+    # Rungs: each promoted trial pays the share it adds to the rung before's.
+    rungs = _plan(COST, None, rungs=((4, 0.2), (2, 0.5)))
+    assert rungs.promote == 6 and rungs.rungs == ((4, 0.2), (2, 0.5))
+    assert rungs.promote_hours == pytest.approx(4 * (0.1 + 20 * 0.1) + 2 * (0.1 + 20 * 0.3))
+    text = "\n".join(rungs.lines())
+    assert "then the 4 best to 0.2, then the 2 best to 0.5 of their full run" in text
 
 
-def test_a_budget_holds_only_the_promotions_that_leave_room_for_trials() -> None:
-    # 16 h: at most half for promotions, so one of 6.1 h, not two (12.2 h).
-    plan = _plan(COST, 16.0, promote=2, promote_fraction=0.3)
-    assert (plan.promote, plan.promote_asked) == (1, 2)
-    assert plan.promote_hours <= PROMOTE_SHARE * 16.0
-    assert plan.planned_hours <= 16.0 * 1.000001
-    text = "\n".join(plan.lines())
-    assert "--promote 2: the budget holds 1 at 0.3 of the full run" in text
-    none = _plan(COST, 4.0, promote=1, promote_fraction=0.3)  # one would take 6.1 h of 4
-    assert none.promote == 0 and none.promote_hours == 0 and "holds 0" in "\n".join(none.lines())
+def test_a_budget_scales_all_rungs_by_one_factor_or_drops_them() -> None:
+    # 4 at 0.2 then 2 at 0.5 would take 27.8 h; 40 h less the 8 trials the first rung
+    # halves (16.8 h) leaves 23.2.
+    plan = _plan(COST, 40.0, rungs=((4, 0.2), (2, 0.5)))
+    assert [k for k, _ in plan.rungs] == [4, 2] and plan.promote_asked == 6
+    (_, low), (_, high) = plan.rungs
+    assert low < 0.2 and high / low == pytest.approx(2.5, rel=0.01)
+    assert plan.promote_hours <= 23.2 * 1.000001 and plan.planned_hours <= 40.0 * 1.000001
+    # 18 h leaves 1.2 h: not even the rungs at twice the trials' least share (2.6 h) fit.
+    none = _plan(COST, 18.0, rungs=((4, 0.2), (2, 0.5)))
+    assert none.rungs == () and none.promote == 0
+    assert "it holds none of them" in "\n".join(none.lines())
+    # Trials that alone take more than the budget leave the rungs nothing.
+    assert _plan(COST, 8.0, promote=2, promote_fraction=0.3).promote == 0
 
 
 def test_a_plan_of_short_trials_says_they_may_misrank_unless_it_promotes() -> None:
     short = _plan(COST, 4.0)  # 0.4 h a trial: 1.5 % of the run
     assert short.fidelity < SHORT_TRIALS
-    assert "may rank it poorly" in short.lines()[-1] and "--promote 2" in short.lines()[-1]
-    promoting = _plan(COST, 12.0, promote=1, promote_fraction=0.1)
+    assert "may rank it poorly" in short.lines()[-1] and "--rungs 2@0.1" in short.lines()[-1]
+    promoting = _plan(COST, 12.0, max_fidelity=0.03, promote=1, promote_fraction=0.1)
     assert promoting.promote == 1 and promoting.fidelity < SHORT_TRIALS
     assert not any("may rank it poorly" in line for line in promoting.lines())
     assert not any("may rank it poorly" in line for line in _plan(COST, None).lines())
@@ -193,7 +210,7 @@ def test_the_trials_leave_the_promotions_their_time_until_these_start() -> None:
     plan = _plan(COST, 30.0, promote=2, promote_fraction=0.3)
     keeper = BudgetKeeper(optuna.create_study(), plan, launched=0.0, clock=Clock())
     keeper.reserve_seconds = 0.0
-    assert keeper.usable_seconds == pytest.approx((30.0 - 12.2) * 3600)
+    assert keeper.usable_seconds == pytest.approx((30.0 - plan.promote_hours) * 3600)
     keeper.promoting = True
     assert keeper.usable_seconds == pytest.approx(30.0 * 3600)
 
@@ -530,7 +547,12 @@ def test_analysis_plan_prints_the_search_plan_next_to_the_full_run(
     assert promoted["promote"] == 2  # each about a tenth of the run (its start-up is not)
     assert 0.15 * full_p50 < promoted["promote_hours"] <= 0.2 * full_p50
     assert promoted["planned_hours"] <= 0.4 * full_p50 * 1.000001
-    assert "then the 2 best continued to 0.1 of their full run" in capsys.readouterr().out
+    assert "then the 2 best to 0.1 of their full run" in capsys.readouterr().out
+    # The default rungs: 6 then 2, each paying what it adds to the rung before.
+    assert plan_main([*args[:-4], "--search-budget-pct", "40", "--json", str(out_json)]) == 0
+    default = json.loads(out_json.read_text())["search"]
+    assert default["rungs"] == [[6, 0.12], [2, 0.44]] and default["promote"] == 8
+    assert "then the 6 best to 0.12, then the 2 best to 0.44" in capsys.readouterr().out
 
 
 def test_hpo_init_writes_the_search_budget_the_study_reads(

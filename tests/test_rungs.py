@@ -1,0 +1,140 @@
+"""Successive halving in data fraction: the rungs' config, their choice, their score, and a
+study whose promotions resume their trials' checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from analysis.search_plan import DEFAULT_RUNGS, parse_rungs
+from common.errors import BadInputError
+from hpo.config import TrialConfig, load_config
+from hpo.final_loss import CURVE_ATTR, LAW_CURVE_ATTR, loss_one_doubling_on
+from hpo.pick import (
+    FRACTION_ATTR,
+    PROMOTED_FROM_ATTR,
+    RUNG_ATTR,
+    pick_trial,
+    rung_candidates,
+    rung_of,
+)
+from hpo.runner import run_study
+from hpo.runspec import trial_schedule
+from tests.configs import short_study
+from tests.spaces import unpacked_default_space
+
+
+def test_rungs_parse_in_order_and_bad_ones_name_the_entry() -> None:
+    assert parse_rungs(DEFAULT_RUNGS, 0.02) == ((6, 0.12), (2, 0.44))
+    assert parse_rungs(("none",), 0.02) == () and parse_rungs((), 0.02) == ()
+    for bad, words in [
+        (("6-0.12",), "K@F"),
+        (("x@0.1",), "K@F"),
+        (("6@0.01",), "(0.02, 1]"),  # not above the trial fraction
+        (("2@0.1", "3@0.2"), "K <= the rung before's K"),  # more than the rung before
+        (("2@0.3", "1@0.2"), "(0.3, 1]"),  # not further than the rung before
+        (("0@0.3",), "1 <= K"),
+    ]:
+        with pytest.raises(BadInputError, match=r"rungs") as info:
+            parse_rungs(bad, 0.02)
+        assert words in str(info.value)
+    # One --promote replaces the rungs; the flag's text reaches the config as a tuple.
+    assert TrialConfig(promote=2, promote_fraction=0.3).promotions == ((2, 0.3),)
+    assert load_config(None, {"rungs": "4@0.1,1@0.5"}).trial.promotions == ((4, 0.1), (1, 0.5))
+    with pytest.raises(BadInputError, match="rungs"):
+        load_config(None, {"rungs": ["4@0.1", "5@0.5"]})
+
+
+def test_the_loss_one_doubling_on_is_the_last_loss_less_its_drop_since_half_the_data() -> None:
+    # Half of 40 samples is 20: 2.5 there, 2.0 at the end: it would reach 1.5 at 80.
+    assert loss_one_doubling_on([10, 20, 30, 40], [3.0, 2.5, 2.2, 2.0]) == pytest.approx(1.5)
+    # Between evaluations: linear (half of 50 is 25, between 2.5 and 2.2).
+    assert loss_one_doubling_on([10, 20, 30, 50], [3.0, 2.5, 2.2, 2.0]) == pytest.approx(1.65)
+    # One point, or none that early: its drop since the first point.
+    assert loss_one_doubling_on([40], [2.0]) == 2.0
+    assert loss_one_doubling_on([30, 40], [2.4, 2.0]) == pytest.approx(1.6)
+
+
+def _complete(study: optuna.Study, value: float, **attrs: object) -> None:
+    trial = study.ask()
+    for key, item in attrs.items():
+        trial.set_user_attr(key, item)
+    study.tell(trial, value)
+
+
+def test_a_rung_takes_the_best_of_the_rung_before_once_and_not_what_a_full_run_measured() -> None:
+    study = optuna.create_study()
+    for value in (3.0, 1.0, 2.0, 0.5):  # trials 0-3 at rung 0
+        _complete(study, value)
+    study.tell(study.ask(), state=optuna.trial.TrialState.PRUNED)  # trial 4: not a candidate
+    trials = study.get_trials(deepcopy=False)
+    # The 2 best (3 and 1); trial 3's configuration had a full run: the next best instead.
+    assert [t.number for t in rung_candidates(trials, 1, 2)] == [3, 1]
+    assert [t.number for t in rung_candidates(trials, 1, 2, measured={3})] == [1, 2]
+    # Trial 1 continued (trial 5, rung 1): rung 1 does not queue it again, rung 2 takes it.
+    _complete(study, 0.9, **{PROMOTED_FROM_ATTR: 1, RUNG_ATTR: 1, FRACTION_ATTR: 0.2})
+    trials = study.get_trials(deepcopy=False)
+    assert [t.number for t in rung_candidates(trials, 1, 2)] == [3]
+    assert [t.number for t in rung_candidates(trials, 2, 1)] == [5]
+    assert [rung_of(t) for t in trials] == [0, 0, 0, 0, 0, 1]
+
+
+def test_a_study_continues_its_best_from_their_checkpoints_rung_by_rung(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    config = short_study(
+        tmp_path / "w",
+        tiny_model_dir,
+        {
+            # Unpacked: packed, half an epoch of short samples is a few optimizer steps.
+            "space": str(unpacked_default_space(tmp_path)),
+            "study_name": "rungs",
+            "n_trials": 3,
+            "trial_fraction": 0.1,
+            "trial_evals": 2,
+            "epochs": 0.5,
+            "eval_samples": 16,
+            "rungs": "2@0.2,1@0.4",
+            "profiles": ["fast", "balanced"],
+            "sampler": "random",
+            "seed": 3,
+        },
+    )
+    summary = run_study(config, progress=False)
+    study = optuna.load_study(study_name="rungs", storage=config.storage_url)
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert [rung_of(t) for t in complete] == [0, 0, 0, 1, 1, 2]
+    firsts = complete[:3]
+    second = {t.user_attrs[PROMOTED_FROM_ATTR] for t in complete[3:5]}
+    assert second == {t.number for t in sorted(firsts, key=lambda t: t.value)[:2]}  # type: ignore[arg-type, return-value]
+    last = complete[5]
+    assert last.user_attrs[PROMOTED_FROM_ATTR] == min(complete[3:5], key=lambda t: t.value).number  # type: ignore[arg-type, return-value]
+    for trial in complete[3:]:
+        before = next(t for t in trials if t.number == trial.user_attrs[PROMOTED_FROM_ATTR])
+        # Resumed: it trained only the steps its rung adds, and its curve goes on from the
+        # trial it continued (the same points first, its samples counted on from them).
+        full_steps = trial.user_attrs["full_run_steps"]
+        stops = [
+            trial_schedule(full_steps, fraction=t.user_attrs["trial_fraction"], evals=2)
+            .stop_after_steps
+            for t in (before, trial)
+        ]
+        assert stops[1] > stops[0] and trial.user_attrs["trained_steps"] == stops[1] - stops[0]
+        curve, earlier = trial.user_attrs[CURVE_ATTR], before.user_attrs[CURVE_ATTR]
+        assert curve[: len(earlier)] == earlier and len(curve) > len(earlier)
+        samples = [s for s, _ in curve]
+        assert samples == sorted(samples) and len(set(samples)) == len(samples)
+        assert trial.user_attrs[LAW_CURVE_ATTR]["steps"][-1] > before.user_attrs[LAW_CURVE_ATTR]["steps"][-1]
+    # The last rung is scored one doubling on; the rungs before by their loss at fidelity.
+    assert last.user_attrs["scored_by"] == "loss_one_doubling_on"
+    assert {t.user_attrs["scored_by"] for t in complete[:5]} == {"loss_at_fidelity"}
+    points = last.user_attrs[CURVE_ATTR]
+    assert last.value == pytest.approx(
+        loss_one_doubling_on([s for s, _ in points], [v for _, v in points]), rel=1e-6
+    )
+    # The configuration that went furthest is exported; no checkpoint is left behind.
+    assert pick_trial(study)[0].number == last.number == summary.best_trial
+    assert not list((tmp_path / "w" / "trials").glob("*/checkpoint-*"))
