@@ -147,6 +147,11 @@ def test_old_calibration_files_load_with_no_drift_and_the_prior_memory_margin(
 # ----------------------------------------------------------------------------- memory
 
 
+# The same runs' memory features (fp32: no fused attention either way) under the GPU's lower
+# floor: the margin's own behaviour, which the CPU's floor would hide.
+CUDA_FP32 = dataclasses.replace(CPU, device_kind="cuda")
+
+
 def memory_plan(run: RunMeasurements) -> Plan:
     return dataclasses.replace(
         PLAN,
@@ -164,8 +169,11 @@ def test_memory_p90_is_the_median_plus_a_margin() -> None:
         estimate.peak_memory_bytes * math.exp(PRIOR.memory_log_p90)
     )
     assert estimate.peak_memory_bytes_p90 / estimate.peak_memory_bytes == pytest.approx(1.10)
-    # Exact measurements: the margin drops to its 5 % floor.
+    # Exact measurements: the margin drops to its floor, 5 % on a GPU; 10 % on a CPU, where a
+    # longer run in the same process grows its resident memory beyond what probes show.
     exact = fit(runs(), MODEL, CPU, prior=PRIOR).coefficients
+    assert exact.memory_log_p90 == pytest.approx(math.log(1.10))
+    exact = fit(runs(), MODEL, CUDA_FP32, prior=PRIOR).coefficients
     assert exact.memory_log_p90 == pytest.approx(math.log(1.05))
     assert "peak_memory_bytes_p90" in estimate.to_dict()
 
@@ -184,7 +192,7 @@ def test_memory_p90_bounds_noisy_held_out_runs() -> None:
     margins: list[float] = []
     for seed in range(8):
         rng = np.random.default_rng(seed)
-        c = fit([noisy(rng, r) for r in runs(seed)], MODEL, CPU, prior=PRIOR).coefficients
+        c = fit([noisy(rng, r) for r in runs(seed)], MODEL, CUDA_FP32, prior=PRIOR).coefficients
         margins.append(c.memory_log_p90)
         for b, r, gc in CONFIGS * 5:
             run = noisy(rng, synthetic_run(rng, b, r, gc))

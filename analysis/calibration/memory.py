@@ -23,6 +23,13 @@ from analysis.workload import activation_bytes, static_memory_bytes
 # process's resident memory only ratchets up from one run to the next, by 1-5 % here).
 _MEMORY_SD_PRIOR = 0.03
 _MEMORY_LOG_P90_FLOOR = math.log(1.05)
+# On a CPU the peak is the process's resident memory, and what a calibration's short probes
+# cannot show is how far it grows in a longer run with evaluations and checkpoint saves in
+# the same process (allocator fragmentation): 2-6 % above the median on the accuracy
+# benchmark's held-out runs (README: "Does the calibrated time model predict a full run?";
+# its runs are in docs/measurements/time-model-accuracy-cpu-*.json, which
+# tests/test_memory_bound.py replays).
+_CPU_MEMORY_LOG_P90_FLOOR = math.log(1.10)
 _MEMORY_HOLDOUT_RUNS = 20  # the newest runs whose leave-one-out error sets the margin
 # The fixed part is held close to its prior (runtime overhead is well known).
 _MEMORY_PRIOR_LOG_SD = np.array([0.5, PRIOR_LOG_SD])
@@ -93,7 +100,8 @@ def memory_margin(
     the mean under-prediction (never a credit for over-predicting) plus a Student t quantile
     of their shrunk sd above the median, never below the worst under-prediction seen (with
     a few runs that is about their p80, and the errors are skewed: on CPU a process's
-    resident memory ratchets up, so late runs measure high) and never below the floor.
+    resident memory ratchets up, so late runs measure high) and never below the floor (a
+    higher one on a CPU, for what the probes cannot show).
     """
     measured = [r for r in runs if r.peak_memory_bytes > 0 and r.micro_step_seq_len]
     measured = measured[-_MEMORY_HOLDOUT_RUNS:]
@@ -117,4 +125,5 @@ def memory_margin(
     bias = max(float(np.mean(errors)), 0.0)
     sd = math.sqrt((2 * _MEMORY_SD_PRIOR**2 + (k - 1) * float(np.var(errors, ddof=1))) / (k + 1))
     upper = bias + float(student_t.ppf(0.9, k + 1)) * sd
-    return max(upper, max(errors), _MEMORY_LOG_P90_FLOOR)
+    floor = _CPU_MEMORY_LOG_P90_FLOOR if hardware.device_kind == "cpu" else _MEMORY_LOG_P90_FLOOR
+    return max(upper, max(errors), floor)
