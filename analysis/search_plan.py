@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from analysis.search_quality import expected_pick, pick_lines
 from analysis.timemodel import Estimate
 from common.checks import require
 from common.errors import BadInputError
@@ -195,6 +196,14 @@ class SearchPlan:
         )
 
     @property
+    def training_full_runs(self) -> float:
+        """The search's training in full runs: the trials' shares and what each rung adds."""
+        total, before = self.trials * self.fidelity, self.fidelity
+        for keep, share in self.rungs:
+            total, before = total + keep * max(share - before, 0.0), share
+        return total
+
+    @property
     def trials_per_worker(self) -> int:
         return math.ceil(self.trials / self.workers)
 
@@ -204,6 +213,8 @@ class SearchPlan:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["planned_hours"] = self.planned_hours
+        out["training_full_runs"] = self.training_full_runs
+        out["expected_pick"] = expected_pick(self.training_full_runs, bool(self.rungs))
         out["planned_cost"] = self.cost(self.planned_hours)
         out["full_run_cost_p50"] = self.cost(self.full_run_hours_p50)
         return out
@@ -251,6 +262,7 @@ class SearchPlan:
                 "  of which set-up and probe before the trials: "
                 f"{format_hours(self.before_trials_hours)}"
             )
+        lines.extend(pick_lines(self.training_full_runs, bool(self.rungs)))
         full_cost = f", cost {self.cost(self.full_run_hours_p50):.2f}" if priced else ""
         lines.append(
             f"  full run for comparison: p50 {format_hours(self.full_run_hours_p50)}{full_cost}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from analysis.interconnect import DEFAULT_LINK, LINKS
 from analysis.search_plan import DEFAULT_RUNGS, DEFAULT_TRIAL_FRACTION, parse_rungs
 from common.checks import require, require_choice, require_int
 from common.config import from_mapping, knob, part, same_as, to_mapping
@@ -57,7 +58,8 @@ class Budget(RunWindow):
 
     price_per_hour: float = knob(
         0.0,
-        "Machine price per hour, for the cost estimate.",
+        "Price of one GPU (the machine a trial runs on) per hour, for the cost estimate: a "
+        "full run on gpus_per_run GPUs costs that many times more per hour.",
         at_least=0,
         ask="Machine price per hour (0 if free)",
     )
@@ -72,12 +74,32 @@ class Budget(RunWindow):
     )
     search_budget_pct: float | None = knob(
         None,
-        "The search's GPU-hours as a percentage of the full run's predicted p50 (with "
-        "search_hours: the smaller). Default: 50 % once the full run is predicted to take an "
-        "hour or more (analysis/search_plan.py says why); below that, no budget.",
+        "The search's GPU-hours as a percentage of the full run's predicted p50 in "
+        "GPU-hours (its hours x gpus_per_run; with search_hours: the smaller). Default: 50 % "
+        "once that is an hour or more (analysis/search_plan.py says why); below that, no "
+        "budget.",
         above=0,
         at_most=1000,
     )
+
+    gpus_per_run: int = knob(
+        1,
+        "GPUs the full run trains on, data-parallel on one node (trainers.train --gpus N). "
+        "The window, memory (per GPU) and cost (N x price x hours) are judged for the full "
+        "run on N; each trial trains on one GPU with the accumulation x N, the same effective "
+        "batch and steps, so it stays the start of its full run.",
+        ask="GPUs the full run trains on (data-parallel, one node)",
+    )
+    interconnect: str = knob(
+        DEFAULT_LINK,
+        f"The link between the full run's GPUs: {' | '.join(LINKS)} (the gradient "
+        "all-reduce's speed; read only with gpus_per_run > 1).",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_int("budget.gpus_per_run", self.gpus_per_run, 1)
+        require_choice("budget.interconnect", self.interconnect, tuple(LINKS))
 
     @property
     def available_seconds(self) -> float:
@@ -135,7 +157,7 @@ class TrialConfig:
         if isinstance(self.rungs, (str, list)):  # YAML may hold "6@0.12,2@0.44" or a list
             value = self.rungs.split(",") if isinstance(self.rungs, str) else self.rungs
             object.__setattr__(self, "rungs", tuple(str(v).strip() for v in value))
-        parse_rungs(self.rungs, self.fraction)  # a bad rung stops the config here
+        parse_rungs(self._rungs(), self.fraction)  # a bad rung stops the config here
         require_int("promote", self.promote, 0)
         require(
             self.promote == 0 or self.fraction < self.promote_fraction <= 1,
@@ -154,7 +176,15 @@ class TrialConfig:
         """The rungs after the trials, (K, F) each: `promote` where given, else `rungs`."""
         if self.promote:
             return ((self.promote, self.promote_fraction),)
-        return parse_rungs(self.rungs, self.fraction)
+        return parse_rungs(self._rungs(), self.fraction)
+
+    def _rungs(self) -> tuple[str, ...]:
+        """`rungs`; the default ones only where they go beyond the trial fraction (a longer
+        trial fraction keeps the default rungs above it, or none)."""
+        if self.rungs != DEFAULT_RUNGS:
+            return self.rungs
+        beyond = tuple(r for r in DEFAULT_RUNGS if float(r.partition("@")[2]) > self.fraction)
+        return beyond or ("none",)
 
 
 @dataclass(frozen=True)
@@ -353,6 +383,11 @@ class StudyConfig:
             f"sampler {self.sampler} models one objective; with objectives {list(axes)} use "
             "tpe, nsga2, gp or random",
         )
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the full run trains on (`trainers.run_spec.RunSettings`): the budget's."""
+        return self.budget.gpus_per_run
 
     @property
     def multi_objective(self) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 
 from analysis.report.rows import END_PREDICTIONS_ATTR
+from analysis.search_quality import pick_lines
 from common.fmt import format_duration, format_hours
 from common.redact import redact
 from common.workdir import WorkDir
@@ -29,6 +30,7 @@ from hpo.pick import measured_standing, pick_trial, standing_trials
 from hpo.reference_run import REFERENCE_ATTR, reference_line
 from hpo.states import state_counts, trial_loss
 from hpo.tracking import PARENT_ATTR, Tracker
+from trainers.preset import launch_command, launch_note
 
 _BEST_KEYS = (*PARAM_KEYS, "effective_batch_size")
 
@@ -211,13 +213,15 @@ def _print_best(summary: StudySummary) -> None:
     # Tracked in the study's store, the full run reports back: the next study reads its loss
     # and its curve (trainers.train tracks nothing without --tracking-uri).
     uri = redact(summary.tracking_uri or "")
-    report = f" --tracking-uri {shlex.quote(uri)}" if uri and uri != "off" else ""
-    command = f"python -m trainers.train --preset {summary.preset_path}{report}"
+    gpus = int(summary.best_estimate.get("gpus") or 1)
+    command = launch_command(
+        summary.preset_path or "", gpus=gpus, tracking_uri=uri if uri and uri != "off" else None
+    )
     ran = summary.best_estimate.get("final_val_loss_measured") or {}
     if "loss" in ran:  # the pick is a configuration already trained in full
         print(f"trained already (MLflow run {ran.get('run_id')}); to train it again: {command}")
     else:
-        print(f"train it: {command}")
+        print(f"train it{launch_note(gpus)}: {command}")
     if summary.report_path:
         print(f"report: {summary.report_path} (also on the study's MLflow run, under report/)")
 
@@ -278,6 +282,10 @@ def _print_search(search: dict[str, Any]) -> None:
     if search.get("price_per_hour"):
         line += f"; cost {search['spent_cost']:.2f} spent, {search['planned_cost']:.2f} planned"
     print(f"{line}; ended by {search['ended_by']}")
+    expected = search.get("expected_pick")
+    if expected:  # what a search of its size bought on recorded real curves
+        for text in pick_lines(float(search.get("training_full_runs") or 0.0), True):
+            print(text.strip())
 
 
 def plan_parts(plan: dict[str, Any]) -> str:
@@ -324,7 +332,9 @@ def _print_estimate(estimate: dict[str, Any]) -> None:
     hours = estimate.get("duration_hours") or {}
     if "p50" not in hours:
         return
-    line = f"full run: {format_hours(hours['p50'])} predicted"
+    gpus = int(estimate.get("gpus") or 1)
+    on = f" on {gpus} GPUs" if gpus > 1 else ""
+    line = f"full run{on}: {format_hours(hours['p50'])} predicted"
     if "p10" in hours and "p90" in hours:
         line += f" (p10-p90 {format_hours(hours['p10'])} to {format_hours(hours['p90'])})"
     if "available_hours" in estimate:

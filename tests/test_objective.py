@@ -34,6 +34,7 @@ from hpo.final_loss import (
     SCORED_BY_ATTR,
     curve_points,
     curve_run_ids,
+    loss_one_doubling_on,
     shape_curves,
 )
 from hpo.measured import measured_by_trial
@@ -119,9 +120,16 @@ def test_every_trained_trial_predicts_its_full_runs_final_loss(studied: Studied)
         )
         if trial.state == optuna.trial.TrialState.COMPLETE:
             # Before any full run reported back, the score is the uncorrected p50, where it
-            # is sure enough to rank; else the loss at equal data.
+            # is sure enough to rank; the last rung's, its loss one doubling on; else the loss
+            # at equal data.
             if attrs[SCORED_BY_ATTR] == "prediction":
                 assert trial.value == pytest.approx(fit.p50)
+            elif attrs[SCORED_BY_ATTR] == "loss_one_doubling_on":
+                assert PROMOTED_FROM_ATTR in attrs  # the study's one rung (--promote 1)
+                points = attrs[CURVE_ATTR]
+                assert trial.value == pytest.approx(
+                    loss_one_doubling_on([x for x, _ in points], [y for _, y in points]), abs=1e-6
+                )
             else:
                 assert attrs[SCORED_BY_ATTR] == "loss_at_fidelity"
                 assert trial.value == pytest.approx(attrs[CURVE_ATTR][-1][1], abs=1e-6)

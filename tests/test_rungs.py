@@ -138,3 +138,12 @@ def test_a_study_continues_its_best_from_their_checkpoints_rung_by_rung(
     # The configuration that went furthest is exported; no checkpoint is left behind.
     assert pick_trial(study)[0].number == last.number == summary.best_trial
     assert not list((tmp_path / "w" / "trials").glob("*/checkpoint-*"))
+
+
+def test_a_longer_trial_fraction_keeps_the_default_rungs_beyond_it() -> None:
+    assert TrialConfig(fraction=0.1).promotions == ((6, 0.12), (2, 0.44))
+    assert TrialConfig(fraction=0.25).promotions == ((2, 0.44),)
+    assert TrialConfig(fraction=0.5).promotions == ()
+    # Rungs the user wrote are theirs: one not beyond the trial fraction is an error.
+    with pytest.raises(BadInputError, match="rungs"):
+        TrialConfig(fraction=0.25, rungs=("6@0.2",))

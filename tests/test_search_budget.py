@@ -548,11 +548,17 @@ def test_analysis_plan_prints_the_search_plan_next_to_the_full_run(
     assert 0.15 * full_p50 < promoted["promote_hours"] <= 0.2 * full_p50
     assert promoted["planned_hours"] <= 0.4 * full_p50 * 1.000001
     assert "then the 2 best to 0.1 of their full run" in capsys.readouterr().out
-    # The default rungs: 6 then 2, each paying what it adds to the rung before.
+    # The default rungs, 6 then 2, scaled into 40 %: their trials kept, their shares lower.
     assert plan_main([*args[:-4], "--search-budget-pct", "40", "--json", str(out_json)]) == 0
     default = json.loads(out_json.read_text())["search"]
-    assert default["rungs"] == [[6, 0.12], [2, 0.44]] and default["promote"] == 8
-    assert "then the 6 best to 0.12, then the 2 best to 0.44" in capsys.readouterr().out
+    assert default["rungs_asked"] == [[6, 0.12], [2, 0.44]] and default["promote"] == 8
+    (_, low), (_, high) = default["rungs"]
+    assert low < 0.12 and high < 0.44 and default["planned_hours"] <= 0.4 * full_p50 * 1.000001
+    printed = capsys.readouterr().out
+    assert "it holds them at shorter shares" in printed
+    # What that size bought on the recorded real curves, and what the whole schedule would.
+    assert default["expected_pick"]["unscaled"]["pick_in_best_two"] >= 0.8
+    assert "on recorded real LoRA curves" in printed and "the unscaled schedule" in printed
 
 
 def test_hpo_init_writes_the_search_budget_the_study_reads(
