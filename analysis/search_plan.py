@@ -149,7 +149,8 @@ class SearchPlan:
         trial_hours: One trial's predicted GPU-hours at `fidelity`.
         before_trials_hours: GPU-hours already spent before the trials (each session's
             set-up to its first trial, a probe).
-        full_run_hours_p50: The full run's predicted p50, for comparison.
+        full_run_hours_p50: The full run's predicted p50 in GPU-hours (its hours x
+            `full_run_gpus`), for comparison.
         price_per_hour: The machine's price.
         workers: Processes sharing the budget (GPU-hours of all of them); wall-clock hours
             are about GPU-hours / workers.
@@ -164,6 +165,7 @@ class SearchPlan:
         promote_asked: The promotions asked for (`promote` is what the budget holds).
         rungs: The rungs the budget holds, (trials, share of the full run) each.
         rungs_asked: The rungs asked for.
+        full_run_gpus: GPUs the full run trains on (its trials train on one).
     """
 
     budget_hours: float | None
@@ -185,6 +187,7 @@ class SearchPlan:
     promote_asked: int = 0
     rungs: tuple[tuple[int, float], ...] = ()
     rungs_asked: tuple[tuple[int, float], ...] = ()
+    full_run_gpus: int = 1
 
     @property
     def planned_hours(self) -> float:
@@ -264,8 +267,11 @@ class SearchPlan:
             )
         lines.extend(pick_lines(self.training_full_runs, bool(self.rungs)))
         full_cost = f", cost {self.cost(self.full_run_hours_p50):.2f}" if priced else ""
+        gpus = self.full_run_gpus
+        each = format_hours(self.full_run_hours_p50 / gpus)
+        on = "" if gpus == 1 else f" of GPU time ({gpus} GPUs x {each})"
         lines.append(
-            f"  full run for comparison: p50 {format_hours(self.full_run_hours_p50)}{full_cost}"
+            f"  full run for comparison: p50 {format_hours(self.full_run_hours_p50)}{on}{full_cost}"
         )
         if self.fidelity < SHORT_TRIALS and not self.promote_asked:
             lines.append(
@@ -457,11 +463,13 @@ def plan_search_for_run(
     promote: int = 0,
     promote_fraction: float = 0.0,
     rungs: Sequence[tuple[int, float]] = (),
+    one_gpu: Estimate | None = None,
 ) -> SearchPlan:
     """The search before the full run `full`: its budget (`budget_hours`), then `plan_search`.
 
     Args:
-        full: The full run's prediction.
+        full: The full run's prediction; on `full.gpus` GPUs its GPU-hours (what the budget
+            is a percentage of, and what it costs) are that many times its hours.
         search_hours: GPU-hours the search may spend; None: not given.
         search_budget_pct: The search's GPU-hours as a % of the full run's p50; None: not
             given.
@@ -478,15 +486,17 @@ def plan_search_for_run(
         promote: One rung of this many trials (`--promote`; 0: none), where `rungs` is empty.
         promote_fraction: Its share of the full run.
         rungs: (trials, share of the full run) per rung, in order.
+        one_gpu: Where `full` trains on several GPUs: the same run on the trials' one GPU
+            (the accumulation x its GPUs), whose share a trial trains.
     """
-    hours = full.seconds_p50 / 3600
-    cost = trial_cost(full, evals=evals, reuse_base_model=reuse_base_model)
+    hours = full.gpus * full.seconds_p50 / 3600
+    cost = trial_cost(one_gpu or full, evals=evals, reuse_base_model=reuse_base_model)
     if measured_fixed is not None:
         cost = cost.measured(*measured_fixed)
     budget, source = budget_hours(
         search_hours=search_hours, search_budget_pct=search_budget_pct, full_run_hours_p50=hours
     )
-    return plan_search(
+    plan = plan_search(
         cost,
         budget_hours=budget,
         source=source,
@@ -502,6 +512,7 @@ def plan_search_for_run(
         promote_fraction=promote_fraction,
         rungs=rungs,
     )
+    return replace(plan, full_run_gpus=full.gpus)
 
 
 def refit(plan: SearchPlan, cost: TrialCost, *, n_trials: int) -> SearchPlan:

@@ -61,7 +61,7 @@ class Budget(RunWindow):
         "Price of one GPU (the machine a trial runs on) per hour, for the cost estimate: a "
         "full run on gpus_per_run GPUs costs that many times more per hour.",
         at_least=0,
-        ask="Machine price per hour (0 if free)",
+        ask="One GPU's price per hour (0 if free)",
     )
     max_memory_gb: float | None = knob(
         None, "Memory limit in GB. Default: the device's memory.", above=0
@@ -88,6 +88,7 @@ class Budget(RunWindow):
         "The window, memory (per GPU) and cost (N x price x hours) are judged for the full "
         "run on N; each trial trains on one GPU with the accumulation x N, the same effective "
         "batch and steps, so it stays the start of its full run.",
+        at_least=1,
         ask="GPUs the full run trains on (data-parallel, one node)",
     )
     interconnect: str = knob(

@@ -141,16 +141,21 @@ class StudyEstimator:
         *,
         epochs: float | None = None,
         max_length: int | None = None,
+        gpus: int | None = None,
     ) -> tuple[TrainSpec, TrainSpec]:
-        """The full run a configuration becomes, and the trial cut from it.
+        """The full run a configuration becomes (on `budget.gpus_per_run` GPUs), and the
+        trial cut from it (on one GPU: `hpo.runspec.on_one_gpu`).
 
         Args:
             params: A complete configuration (`search_spaces.sample`).
             epochs: Instead of the study's (the what-would-fit search tries fewer).
             max_length: Instead of the configuration's (the search tries shorter ones).
+            gpus: Instead of the study's GPUs per full run (the search tries more).
         """
         if max_length is not None:  # before the trial's share: a packed run's steps follow it
             params = {**params, "max_length": max_length}
+        if gpus is not None:
+            params = {**params, "gpus": gpus}
         full = run_spec(
             params, self.config, model=self.prepared.model_path, data=self.prepared.data_path
         )
@@ -183,9 +188,12 @@ class StudyEstimator:
     def plan_of(self, spec: TrainSpec) -> Plan:
         """The time model's plan of `spec` on this study's data and machine."""
         train, n_validation = self._lengths(spec.max_length)
-        return plan_of_spec(
+        plan = plan_of_spec(
             spec, self.model, train, n_validation=n_validation, hardware=self.hardware
         )
+        if spec.gpus > 1:  # the full run's node: N of this machine's GPUs on the budget's link
+            plan = dataclasses.replace(plan, interconnect=self.config.budget.interconnect)
+        return plan
 
     def base_fits(self) -> bool:
         """Whether the base's weights, unquantized in the run's precision, fit the memory limit."""
@@ -221,7 +229,8 @@ class StudyEstimator:
 
         Args:
             params: A complete configuration.
-            **plan_changes: `epochs` or `max_length` instead of the study's (see `specs`).
+            **plan_changes: `epochs`, `max_length` or `gpus` instead of the study's (see
+                `specs`).
         """
         return self.judge(*self.specs(params, **plan_changes))
 

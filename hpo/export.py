@@ -36,7 +36,7 @@ from hpo.pick import measured_standing, pick_trial, score_order, standing_trials
 from hpo.runspec import stored_config
 from hpo.states import FINISHED_STATES
 from hpo.storage import make_storage, redact
-from trainers.preset import preset_dict
+from trainers.preset import launch_command, preset_dict
 from trainers.run_spec import run_spec
 from trainers.spec import TrainSpec
 
@@ -249,8 +249,14 @@ def build_preset(
 
 
 def write_preset(preset: dict[str, Any], out: str | Path) -> Path:
+    """Write `preset` to `out` with its launch command (in `launch` and the header)."""
     path = Path(out)
-    header = "# hpo preset: run it with  python -m trainers.train --preset " + str(path) + "\n"
+    command = launch_command(path)
+    launch = {"command": command, **(preset.get("launch") or {})}
+    preset = {**preset, "launch": launch}
+    header = f"# hpo preset: run it with  {command}\n"
+    if int(launch.get("gpus") or 1) > 1:
+        header += f"# it {launch['runs']}\n"
     write_atomic(path, header + yaml.safe_dump(preset, sort_keys=False))
     return path
 

@@ -1,8 +1,9 @@
 """`python -m hpo.init`: a guided set-up that writes a commented `study.yaml`.
 
 In a terminal it asks for the model folder, the data file (and says how many samples and
-tokens it found), the window, the safety margin, the price per hour and the profiles; it
-detects the hardware, writes the file and prints the exact `python -m hpo.study` command.
+tokens it found), the window, the safety margin, the price per hour, the GPUs per full run
+and the profiles; it detects the hardware, writes the file and prints the exact
+`python -m hpo.study` command.
 A bad answer is asked again with the reason. Every question has a flag; with `--yes` (or
 without a terminal) nothing is asked: flags and defaults make the file, and a bad value
 stops with one line naming the flag (exit 2). The file is checked by the same loader
@@ -69,11 +70,14 @@ def read_data(text: str, _: dict[str, Any]) -> str:
 def _budget_question(field: dataclasses.Field[Any]) -> Question:
     """The question of a `Budget` field: its prompt, default and bounds come from the field."""
 
+    whole = field.type in ("int", int)  # a count (gpus_per_run), not a quantity
+
     def read(text: str, values: dict[str, Any]) -> float:
         try:
-            value = float(text)
+            value = int(text) if whole else float(text)
         except ValueError:
-            raise BadInputError(f"{field.name}: expected a number, but got {text!r}") from None
+            what = "a whole number" if whole else "a number"
+            raise BadInputError(f"{field.name}: expected {what}, but got {text!r}") from None
         problem = bound_violated(field, value)
         if problem:
             raise BadInputError(f"{field.name}: {problem}, but got {text!r}")
@@ -238,8 +242,10 @@ def render(values: dict[str, Any], found: Findings) -> str:
         f"  window_hours: {value('window_hours')}\n"
         "  # Kept free at the end of the window: the full run stops and saves before it.\n"
         f"  safety_margin_minutes: {value('safety_margin_minutes')}\n"
-        "  # The machine's price per hour: the estimate's cost.\n"
-        f"  price_per_hour: {value('price_per_hour')}\n" + _search_lines(values) + "\n"
+        "  # One GPU's price per hour: the estimate's cost (x gpus_per_run for the full run).\n"
+        f"  price_per_hour: {value('price_per_hour')}\n"
+        "  # GPUs the full run trains on, data-parallel on one node; trials run on one GPU.\n"
+        f"  gpus_per_run: {value('gpus_per_run')}\n" + _search_lines(values) + "\n"
         "# Batch profiles the search chooses from (search_spaces/profiles.yaml); all when absent.\n"
         + profiles
     )

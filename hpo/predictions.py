@@ -114,6 +114,10 @@ def estimate_section(
             "price_per_hour": budget.price_per_hour,
             "tokens_per_second": estimate.tokens_per_second,
             "optimizer_steps": estimate.optimizer_steps,
+            # Data-parallel on this many GPUs: the hours are wall-clock, the memory per GPU,
+            # the cost all of them (gpus x price x hours).
+            "gpus": estimate.gpus,
+            "gpu_hours_p50": estimate.gpus * estimate.seconds_p50 / 3600,
             "peak_memory_gb": estimate.peak_memory_bytes / GIB,
             "peak_memory_gb_p90": estimate.peak_memory_bytes_p90 / GIB,
             "memory_limit_gb": memory_limit_bytes / GIB,

@@ -44,6 +44,7 @@ from hpo.final_loss import (
     trial_curve,
 )
 from hpo.measured import same_data
+from hpo.runspec import on_one_gpu
 from hpo.states import FINISHED_STATES, trial_loss
 from trainers.run_spec import run_spec
 from trainers.spec import TrainSpec, full_run_steps
@@ -116,7 +117,7 @@ def reference_spec(
     """
     steps = min(full_steps, max(2, round(fraction * full_steps)))
     return dataclasses.replace(
-        full_run,
+        on_one_gpu(full_run),  # it trains where the trials do
         max_steps=steps,
         stop_after_steps=None,
         eval_interval=max(1, steps // evals),

@@ -17,6 +17,15 @@ evaluates every `full_run.eval_interval` and saves every `full_run.checkpoint_in
 steps. Both evaluate the same `eval_samples` at the study's one `eval_max_length`, so
 every loss of a study is on one scale.
 
+A full run on N GPUs (`budget.gpus_per_run`, data-parallel: the micro-batch and the
+accumulation are each GPU's) has its trial train on one GPU with the accumulation x N
+(`on_one_gpu`): the same effective batch and, step for step, the same samples, since the
+sharded sampler gives process k the micro-batches k, k+N, ... of the one shuffled order, so a
+step's a x N micro-batches are the same set in both. Its steps per epoch are equal too:
+ceil(ceil(S / (m N)) / a) = ceil(S / (m a N)) = ceil(ceil(S / m) / (a N)). The time model
+plans the trial on one GPU and the full run on N (all-reduce, the slowest GPU's wait, cost x
+N), and the memory it checks is the full run's per GPU (the trial's plus DDP's buckets).
+
 A packed configuration (`packing: padding_free`) takes its micro-batches from packed
 sequences, not samples: its steps are counted over the sequences the trainer's own packer
 makes of the training samples' token lengths (`trainers.spec.full_run_steps`).
@@ -66,6 +75,19 @@ def trial_schedule(full_run_steps: int, *, fraction: float, evals: int) -> Trial
     return TrialSchedule(stop_after_steps=stop, eval_interval=interval, evals=-(-stop // interval))
 
 
+def on_one_gpu(run: TrainSpec) -> TrainSpec:
+    """`run` on one GPU with its effective batch and schedule: the accumulation x its GPUs.
+
+    A study's trials (and its reference run) train so: the study runs on one GPU, and a
+    trial must stay the start of its full run on `run.gpus` GPUs (the module says why).
+    """
+    if run.gpus == 1:
+        return run
+    return dataclasses.replace(
+        run, gpus=1, gradient_accumulation_steps=run.gradient_accumulation_steps * run.gpus
+    )
+
+
 def trial_spec(
     config: StudyConfig,
     full_run: TrainSpec,
@@ -74,7 +96,8 @@ def trial_spec(
     fraction: float | None = None,
     output_dir: str | Path | None = None,
 ) -> TrainSpec:
-    """The trial of `full_run`: its start, cut at `fraction` of its `full_steps` steps.
+    """The trial of `full_run`: its start, cut at `fraction` of its `full_steps` steps, on
+    one GPU (`on_one_gpu`).
 
     Args:
         config: The study's configuration (the trial's share and evaluations).
@@ -93,7 +116,7 @@ def trial_spec(
         evals=max(trial.evals, round(trial.evals * share / trial.fraction)),
     )
     return dataclasses.replace(
-        full_run,
+        on_one_gpu(full_run),
         output_dir=full_run.output_dir if output_dir is None else str(output_dir),
         stop_after_steps=schedule.stop_after_steps,
         eval_interval=schedule.eval_interval,

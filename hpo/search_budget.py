@@ -12,6 +12,11 @@ budget less that reserve stops at its next evaluation and is scored on what it h
 (`BudgetStop`, a plain training callback); the study stops when what is left would not buy
 half a trial (`BudgetKeeper.after_trial`). The reserve is the longest close a session of
 this study measured, before any the smaller of this session's set-up and 5 % of the budget.
+
+A full run on N GPUs (`budget.gpus_per_run`) is still searched on one: trials train on one GPU
+(`hpo.runspec.on_one_gpu`), so the ledger's seconds are GPU-seconds as they are, a trial's
+planned cost is a share of the full run's work on that one GPU, and a budget set as a
+percentage is of the full run's GPU-hours (N x its hours: what it costs).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from analysis.search_plan import SearchPlan, TrialCost, plan_search_for_run, refit, trial_cost
+from analysis.timemodel import Estimate, predict
 from common.mlflow_store import metric
 from hpo.config import StudyConfig
 from hpo.states import trials_snapshot
@@ -90,6 +96,23 @@ def measured_fixed(trials: Iterable[optuna.trial.FrozenTrial]) -> tuple[float, i
 
 def typical_full_run(estimator: StudyEstimator) -> Any:
     """The verdict of the median feasible configuration (by full-run p50) of the space."""
+    return _typical(estimator)[0]
+
+
+def typical_runs(estimator: StudyEstimator) -> tuple[Estimate, Estimate | None]:
+    """The typical configuration's full run (`typical_full_run`), and, where it trains on
+    several GPUs, the same run on the trials' one GPU (`hpo.runspec.on_one_gpu`): a trial's
+    cost is a share of that; None on one GPU."""
+    verdict, params = _typical(estimator)
+    full = verdict.full_run
+    if full.gpus == 1:
+        return full, None
+    _, own = estimator.specs(params)
+    whole = dataclasses.replace(own, stop_after_steps=None)  # the trial, not cut short
+    return full, predict(estimator.plan_of(whole), estimator.coefficients)
+
+
+def _typical(estimator: StudyEstimator) -> tuple[Any, dict[str, Any]]:
     from hpo.what_fits import candidates
 
     config = estimator.config
@@ -98,9 +121,9 @@ def typical_full_run(estimator: StudyEstimator) -> Any:
     # An even sample of the space: a median needs no more, and each verdict is a prediction
     # (all 160 of the default space took 21 s of the set-up on the loaded 2-vCPU VM).
     step = max(1, len(every) // TYPICAL_SAMPLE)
-    verdicts = [estimator.verdict(p) for p in every[::step]]
-    feasible = [v for v in verdicts if v.feasible] or verdicts
-    feasible.sort(key=lambda v: v.full_run.seconds_p50)
+    judged = [(estimator.verdict(p), p) for p in every[::step]]
+    feasible = [pair for pair in judged if pair[0].feasible] or judged
+    feasible.sort(key=lambda pair: pair[0].full_run.seconds_p50)
     return feasible[len(feasible) // 2]
 
 
@@ -112,11 +135,15 @@ def make_plan(
     workers: int = 1,
     measured: tuple[float, int] | None = None,
     full: Any = None,
+    one_gpu: Estimate | None = None,
 ) -> SearchPlan:
     """The study's search plan from its time model (before any trial; `measured`: a trial's
-    fixed seconds as measured, see `measured_fixed`)."""
+    fixed seconds as measured, see `measured_fixed`; `full`, `one_gpu`: `typical_runs`)."""
+    if full is None:
+        full, one_gpu = typical_runs(estimator)
     return plan_search_for_run(
-        typical_full_run(estimator).full_run if full is None else full,
+        full,
+        one_gpu=one_gpu,
         search_hours=config.budget.search_hours,
         search_budget_pct=config.budget.search_budget_pct,
         n_trials=config.n_trials,
@@ -375,7 +402,7 @@ def start(
         before = float(study.user_attrs.get(BEFORE_TRIALS_ATTR, 0.0))
         study.set_user_attr(BEFORE_TRIALS_ATTR, before + before_trials_seconds)
     spent_before = float(study.user_attrs.get(BEFORE_TRIALS_ATTR, 0.0))
-    full = typical_full_run(estimator).full_run
+    full, one_gpu = typical_runs(estimator)
     measured = measured_fixed(study.get_trials(deepcopy=False))
     plan = make_plan(
         config,
@@ -384,8 +411,11 @@ def start(
         workers=session_workers(),
         measured=measured,
         full=full,
+        one_gpu=one_gpu,
     )
-    cost = trial_cost(full, evals=config.trial.evals, reuse_base_model=config.reuse_base_model)
+    cost = trial_cost(
+        one_gpu or full, evals=config.trial.evals, reuse_base_model=config.reuse_base_model
+    )
     stored = study.user_attrs.get(PLAN_ATTR)
     if stored and stored.get("budget_hours") is not None and plan.budget_hours is not None:
         plan = dataclasses.replace(plan, fidelity=float(stored["fidelity"]))

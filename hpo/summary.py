@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +71,8 @@ class StudySummary:
     # The standing configurations whose full runs reported back (`hpo.measured`): {trial
     # number: the final loss its most recent full run measured}.
     measured_full_runs: dict[int, float] = dataclasses.field(default_factory=dict)
+    # What the preset's launch command needs beside it: the full run's GPUs (empty for one).
+    launch_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -97,6 +98,7 @@ def summarize(
         objectives=list(config.objectives),
         reference_run=dict(study.user_attrs.get(REFERENCE_ATTR) or {}),
         redrawn=redraw_counts(study.get_trials(deepcopy=False)),
+        launch_note=launch_note(config.gpus, config.device),
     )
     if not summary.states["complete"]:
         return summary
@@ -213,15 +215,14 @@ def _print_best(summary: StudySummary) -> None:
     # Tracked in the study's store, the full run reports back: the next study reads its loss
     # and its curve (trainers.train tracks nothing without --tracking-uri).
     uri = redact(summary.tracking_uri or "")
-    gpus = int(summary.best_estimate.get("gpus") or 1)
     command = launch_command(
-        summary.preset_path or "", gpus=gpus, tracking_uri=uri if uri and uri != "off" else None
+        summary.preset_path or "", tracking_uri=uri if uri and uri != "off" else None
     )
     ran = summary.best_estimate.get("final_val_loss_measured") or {}
     if "loss" in ran:  # the pick is a configuration already trained in full
         print(f"trained already (MLflow run {ran.get('run_id')}); to train it again: {command}")
     else:
-        print(f"train it{launch_note(gpus)}: {command}")
+        print(f"train it{summary.launch_note}: {command}")
     if summary.report_path:
         print(f"report: {summary.report_path} (also on the study's MLflow run, under report/)")
 

@@ -3,7 +3,7 @@
 `check_space` runs between `prepare` and the creation of the Optuna study, so a budget that
 nothing fits ends the command (exit 2) before anything is written. It tries, in order: a
 faster profile of the space, fewer epochs (the most that fit, by bisection), a shorter
-max_length.
+max_length; the same run on more GPUs (2, 4 or 8, data-parallel) is offered beside them.
 
 During a study: the few configurations that fit a tight window to start with
 (`feasible_starts`), the probe's share of a search budget (`probe_seconds`), and the sampler's
@@ -40,6 +40,8 @@ TIME_NEUTRAL_PARAMS: dict[str, Any] = {
 }
 
 
+# GPU counts of one node a refused study suggests (the nodes the study plans for hold 1-8).
+GPU_COUNTS = (2, 4, 8)
 # A refusal on the priors alone would be a guess: when their optimistic end (p10) fits, the
 # study measures this machine first (the probe design, saved for later studies).
 PROBE_BEFORE_REFUSING_SECONDS = 60.0
@@ -95,18 +97,27 @@ def check_space(estimator: StudyEstimator) -> None:
                 f"{head}; a faster profile would fit: --profiles {params['profile']} "
                 f"({_describe(params)}, p90 {format_duration(verdict.full_run.seconds_p90)})"
             )
+    # The same run on more GPUs is offered beside the changes of the run itself.
+    more = _more_gpus(estimator, allowed)
+    gpus = "" if more is None else f" (or the same on {more[0]} GPUs: --gpus-per-run {more[0]})"
     epochs = _most_epochs(estimator, allowed)
     if epochs is not None:
-        raise BadInputError(f"{head}; fewer epochs would fit: --epochs {epochs:g}")
+        raise BadInputError(f"{head}; fewer epochs would fit: --epochs {epochs:g}{gpus}")
     shorter = _shorter_max_length(estimator, allowed)
     if shorter is not None:
         length, profile = shorter
         raise BadInputError(
             f"{head}; a shorter max_length would fit: {length} tokens with profile "
-            f"'{profile}' (set max_length in the space's profiles)"
+            f"'{profile}' (set max_length in the space's profiles){gpus}"
+        )
+    if more is not None:
+        raise BadInputError(
+            f"{head}; more GPUs per full run would fit: --gpus-per-run {more[0]} (p90 "
+            f"{format_duration(more[1].full_run.seconds_p90)} on {more[0]} GPUs)"
         )
     raise BadInputError(
-        f"{head}; no faster profile, fewer epochs or shorter max_length fits either: "
+        f"{head}; no faster profile, fewer epochs, shorter max_length or more GPUs fits "
+        "either: "
         "a longer window, more memory or faster hardware is needed"
     )
 
@@ -288,6 +299,18 @@ def _fastest(
     if best is None:
         raise BadInputError(f"profiles: {list(profiles)} offer no configuration")
     return best[1], best[2]
+
+
+def _more_gpus(estimator: StudyEstimator, profiles: Sequence[str]) -> tuple[int, Verdict] | None:
+    """The fewest GPUs per full run, of `GPU_COUNTS` above the study's, at which something
+    fits, and the fastest's verdict there."""
+    for gpus in GPU_COUNTS:
+        if gpus <= estimator.config.budget.gpus_per_run:
+            continue
+        verdict, _ = _fastest(estimator, profiles, gpus=gpus)
+        if verdict.feasible:
+            return gpus, verdict
+    return None
 
 
 def _most_epochs(estimator: StudyEstimator, profiles: Sequence[str]) -> float | None:

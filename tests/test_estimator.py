@@ -453,7 +453,7 @@ def test_says_so_when_nothing_helps(tiny_model_dir: Path, demo_prepared: Any) ->
     estimator = space_estimator(
         tiny_model_dir, demo_prepared, window_hours=0.5 / 3600, safety_margin_minutes=0.0
     )
-    with pytest.raises(BadInputError, match="no faster profile, fewer epochs or shorter"):
+    with pytest.raises(BadInputError, match="no faster profile, fewer epochs, shorter max_length or more GPUs"):
         check_space(estimator)
 
 

@@ -61,6 +61,11 @@ def test_a_terminal_session_asks_again_after_bad_answers(
     child.sendline("5")
     child.expect("price per hour")
     child.sendline("2.5")
+    child.expect(r"GPUs the full run trains on.*\[1\]")
+    child.sendline("1.5")
+    child.expect("gpus_per_run: expected a whole number, but got '1.5'")
+    child.expect("GPUs the full run")
+    child.sendline("2")
     child.expect("Profiles")
     child.sendline("fast,turbo")
     child.expect("unknown turbo")
@@ -73,6 +78,7 @@ def test_a_terminal_session_asks_again_after_bad_answers(
     assert config.model == str(tiny_model_dir.resolve())
     assert (config.budget.window_hours, config.budget.safety_margin_minutes) == (0.5, 5.0)
     assert config.budget.price_per_hour == 2.5 and tuple(config.profiles or ()) == ("fast",)
+    assert config.budget.gpus_per_run == 2
     text = out.read_text(encoding="utf-8")
     assert "# The training data: 3,000 prompt_completion samples" in text
     assert "# Hardware found: cpu" in text

@@ -10,6 +10,7 @@ the same defaults, for a run without a preset.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,6 +117,33 @@ def on_gpus(spec: TrainSpec, preset_gpus: int, given: Mapping[str, Any]) -> Trai
     )
 
 
+def launch_command(path: str | Path, *, tracking_uri: str | None = None) -> str:
+    """The command that trains the preset at `path`, on however many GPUs it names.
+
+    It is one command for any count: `trainers.train` reads `training.gpus` and, above one,
+    starts that many processes itself through torchrun (`trainers.launch`), which also keeps
+    a window stop's exit 3 (under a user's own torchrun it reads as a failure).
+    `tracking_uri` (give it redacted) reports the run back to a study's store.
+    """
+    command = f"python -m trainers.train --preset {shlex.quote(str(path))}"
+    if tracking_uri:
+        command += f" --tracking-uri {shlex.quote(tracking_uri)}"
+    return command
+
+
+def launch_note(gpus: int, device: str = "auto") -> str:
+    """What the launch command needs beside it, as a suffix: N visible GPUs (or, with
+    `device` cpu, that it runs N CPU processes); empty for one."""
+    if gpus <= 1:
+        return ""
+    if device == "cpu":
+        return f" on {gpus} CPU processes (gloo, started through torchrun)"
+    return (
+        f" on {gpus} GPUs (it starts {gpus} processes through torchrun; CUDA_VISIBLE_DEVICES "
+        f"must show {gpus} GPUs)"
+    )
+
+
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -136,6 +164,11 @@ def preset_dict(
         "lora": values["lora"],
         "data": {"path": spec.data, **{k: values[k] for k in _DATA_FIELDS}},
         "training": {k: v for k, v in values.items() if k not in _NOT_TRAINING},
+        # `write_preset` fills in the command (it knows the path); here what it needs.
+        "launch": {
+            "gpus": spec.gpus,
+            "runs": "runs" + (launch_note(spec.gpus, spec.device) or " on 1 GPU"),
+        },
         "estimate": estimate,
         "provenance": provenance,
     }

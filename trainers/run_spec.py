@@ -79,6 +79,11 @@ class RunSettings(Protocol):
     def seed(self) -> int: ...
 
     @property
+    def gpus(self) -> int:
+        """GPUs the full run trains on, data-parallel (a choice's own `gpus` wins)."""
+        ...
+
+    @property
     def work_dir(self) -> str | Path | None: ...
 
 
@@ -100,6 +105,7 @@ class Settings:
     device: str = TrainSpec.device
     precision: str = TrainSpec.precision
     seed: int = TrainSpec.seed
+    gpus: int = TrainSpec.gpus
 
     @property
     def full_run(self) -> Settings:
@@ -123,8 +129,9 @@ def run_spec(
             attributes, `dataclasses.asdict` of a run shape): `lora_r` and any of
             `lora_alpha` (default twice the rank), `lora_dropout`, `micro_batch_size`,
             `gradient_accumulation_steps`, `learning_rate`, `weight_decay`, `warmup_ratio`,
-            `max_length`, `gradient_checkpointing`, `packing`, `quantization`; a key it
-            lacks takes `TrainSpec`'s default, and other keys are not read.
+            `max_length`, `gradient_checkpointing`, `packing`, `quantization`, `gpus`; a key
+            it lacks takes `TrainSpec`'s default (`gpus`: the settings'), and other keys are
+            not read.
         settings: What the run shares with its study.
         model: The model folder.
         data: The training data.
@@ -142,7 +149,8 @@ def run_spec(
         alpha=float(choice.get("lora_alpha", 2.0 * rank)),
         dropout=float(choice.get("lora_dropout", LoraSpec.dropout)),
     )
-    chosen: dict[str, Any] = {k: kind(choice[k]) for k, kind in _RUN_KEYS.items() if k in choice}
+    chosen: dict[str, Any] = {"gpus": settings.gpus}
+    chosen.update({k: kind(choice[k]) for k, kind in _RUN_KEYS.items() if k in choice})
     shared = {name: getattr(settings, name) for name in _SHARED}
     full_run = {name: getattr(settings.full_run, name) for name in _FULL_RUN}
     work_dir = settings.work_dir
