@@ -25,7 +25,7 @@ from hpo.what_fits import TIME_NEUTRAL_PARAMS
 from search_spaces import load_space
 from tests.cli import run_module
 from trainers.data.dataset import DatasetStats
-from trainers.preset import launch_command, load_preset, preset_dict
+from trainers.preset import launch_command, launch_note, load_preset, preset_dict
 from trainers.spec import optimizer_steps
 
 # One micro-step costs exactly 1 s; nothing else costs anything but the all-reduce, and the
@@ -77,11 +77,12 @@ class HandEstimator(StudyEstimator):
         return ONE_SECOND_STEPS
 
 
-def _config(**budget: Any) -> StudyConfig:
+def _config(device: str = "auto", **budget: Any) -> StudyConfig:
     return load_config(
         None,
         {
             "work_dir": "unused",
+            "device": device,
             "trial_fraction": 0.25,
             "full_eval_interval": 1000,
             "full_checkpoint_interval": 0,
@@ -236,3 +237,30 @@ def test_a_fractional_gpus_per_run_in_yaml_is_refused(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].endswith(
         "budget.gpus_per_run must be an integer >= 1, but got budget.gpus_per_run=2.5"
     )
+
+
+@pytest.mark.parametrize(
+    ("device", "says"),
+    [
+        ("auto", "on 4 GPUs (it starts 4 processes through torchrun; CUDA_VISIBLE_DEVICES must"),
+        ("cpu", "on 4 CPU processes (gloo, started through torchrun)"),
+    ],
+)
+def test_the_summarys_train_it_line_is_the_presets_command(
+    device: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpo.summary import StudySummary, print_summary
+
+    summary = StudySummary(
+        study_name="s", states={"complete": 1, "pruned": 0, "failed": 0}, best_value=4.5,
+        best_params={}, best_trial=3, best_estimate={"gpus": 4, "duration_hours": {"p50": 2.0}},
+        preset_path="p.yaml", mlflow_experiment_id="1", mlflow_parent_run_id="r",
+        elapsed_seconds=1.0, tracking_uri="off",
+        launch_note=launch_note(_config(gpus_per_run=4, device=device).gpus, device),
+    )  # fmt: skip
+    print_summary(summary, {})
+    out = capsys.readouterr().out.splitlines()
+    line = next(x for x in out if x.startswith("train it"))
+    assert line.startswith(f"train it {says}")
+    assert line.endswith(f": {launch_command('p.yaml')}")
+    assert "full run on 4 GPUs: 2.0 h predicted" in out
