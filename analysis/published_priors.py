@@ -89,8 +89,9 @@ def replay(
         max_length=run.max_length,
         lora_r=run.lora_r,
         gradient_checkpointing=run.gradient_checkpointing,
+        gpus=run.gpus,
     )
-    samples = REPLAY_STEPS * run.micro_batch_size * run.gradient_accumulation_steps
+    samples = REPLAY_STEPS * run.micro_batch_size * run.gradient_accumulation_steps * run.gpus
     lengths = lengths_from_count(samples * 2, max(1, round(run.tokens_per_sample)))
     plan = dataclasses.replace(
         plan_of_shape(shape, model, lengths, gpu),

@@ -2,8 +2,9 @@
 
 Every row says where it was published (URL and the table or line), the model (a config
 shipped in `analysis/model_configs/`), the setup as published and what was measured. Rows
-the plan cannot express (4-bit base weights, trained embeddings, several GPUs, DPO) are kept
-with the reason, and counted apart. `held_out` rows are never used by the fit in
+the plan cannot express (4-bit base weights, trained embeddings, sharded or multi-node
+training, DPO) are kept with the reason, and counted apart; one node's plain data-parallel
+runs are expressible (`gpus`). `held_out` rows are never used by the fit in
 `analysis.published_priors`: their errors are the honest ones.
 
 Duration is compared as seconds per optimizer step: "s/it" as published, tokens/s converted
@@ -52,6 +53,8 @@ class PublishedRun:
         lora_targets: "all-linear" or module names (HF names).
         logits_fp32: The loss upcasts the full logits to fp32.
         quantization: "none", or "nf4" (the base's linear layers in 4 bits: QLoRA).
+        gpus: GPUs the run trained on, data-parallel (all of them counted: several nodes
+            make it one number); its micro-batch, accumulation and memory are each GPU's.
         time_measure: "s/it", "tokens/s" or "s per 250 steps".
         time_value: The published number in that measure.
         memory_measure: "reserved" or "allocated" (as published, or as read; see notes).
@@ -90,11 +93,14 @@ class PublishedRun:
     held_out: bool = False
     quantization: str = "none"
     extra: dict[str, str] = field(default_factory=dict)
+    gpus: int = 1  # data-parallel processes; micro-batch, accumulation and memory per GPU
 
     @property
     def tokens_per_step(self) -> float:
-        """Tokens of one optimizer step (unpadded mean)."""
-        return self.micro_batch_size * self.gradient_accumulation_steps * self.tokens_per_sample
+        """Tokens of one optimizer step (unpadded mean), on all its GPUs (a published tokens/s
+        of several GPUs is read as their sum)."""
+        batch = self.micro_batch_size * self.gradient_accumulation_steps * self.gpus
+        return batch * self.tokens_per_sample
 
     @property
     def seconds_per_step(self) -> float:

@@ -89,7 +89,7 @@ def _setup(run: PublishedRun) -> dict[str, Any]:
         "max_length": run.max_length, "tokens_per_sample": run.tokens_per_sample,
         "longest_sample": run.longest_sample, "gradient_checkpointing": run.gradient_checkpointing,
         "attention": run.attention, "packing": run.packing, "lora_r": run.lora_r,
-        "lora_targets": targets, "logits_fp32": run.logits_fp32,
+        "lora_targets": targets, "logits_fp32": run.logits_fp32, "gpus": run.gpus,
     }  # fmt: skip
 
 
@@ -105,6 +105,21 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "median_abs_memory_error": _median_abs(r["memory_error"] for r in chosen),
             "memory_p90_holds": _share(r["memory_p90_holds"] for r in chosen),
         }
+    # Runs on several GPUs of one node (plain data parallel), apart: the issue-45 terms
+    # (all-reduce, the slowest GPU's wait, DDP's buckets) are judged on them alone.
+    several = [r for r in rows if r["setup"]["gpus"] > 1]
+    out["several_gpus"] = {
+        part: {
+            "points": len(chosen),
+            "time_inside_p10_p90": _share(r["time_inside"] for r in chosen),
+            "memory_p90_holds": _share(r["memory_p90_holds"] for r in chosen),
+        }
+        for part, chosen in (
+            ("in_sample", [r for r in several if r["expressible"] and not r["held_out"]]),
+            ("held_out", [r for r in several if r["expressible"] and r["held_out"]]),
+        )
+    }
+    out["several_gpus"]["apart"] = [r["name"] for r in several if not r["expressible"]]
     expressible = [r for r in rows if r["expressible"]]
     out["gpus"] = sorted({r["gpu"] for r in expressible})
     out["lengths"] = sorted({r["setup"]["max_length"] for r in expressible})
@@ -153,6 +168,20 @@ def main(argv: list[str] | None = None) -> int:
             f"median |p50 error| {s['median_abs_time_error']:.0%}; memory median |p50 error| "
             f"{s['median_abs_memory_error']:.0%}, p90 >= published {s['memory_p90_holds']:.0%}"
         )
+    many = result["several_gpus"]
+    print(
+        "several GPUs (one node, data-parallel): "
+        + "; ".join(
+            f"{part} {many[part]['points']} points"
+            + (
+                f", duration inside p10-p90 {many[part]['time_inside_p10_p90']:.0%}"
+                if many[part]["points"]
+                else ""
+            )
+            for part in ("in_sample", "held_out")
+        )
+        + f"; {len(many['apart'])} listed apart"
+    )
     print(
         f"GPUs: {', '.join(result['gpus'])}; lengths {result['lengths'][0]}..{result['lengths'][-1]}"
     )

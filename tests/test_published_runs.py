@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -149,3 +150,25 @@ def test_a_gpu_without_points_borrows_its_generations_speed() -> None:
     assert priors.utilisation_source(find_gpu("H100")) == "its"
     assert priors.utilisation_source(find_gpu("T4")) == "the pooled"
     assert fitted  # the stored fit has points of its own
+
+
+def test_a_row_on_several_gpus_replays_through_the_plans_data_parallel_terms() -> None:
+    """A row's `gpus` reaches the plan: per GPU the same step plus the all-reduce, memory per
+    GPU plus DDP's fp32 gradient bucket; rows on several GPUs are summarised apart."""
+    from benchmarks.published_runs import evaluate_rows, summary
+
+    priors = load()
+    assert priors is not None
+    cache = stored_profiles()
+    run = next(r for r in expressible_runs() if r.model == "mistral-7b-v0.1")
+    one = replay_with(run, priors, cache)
+    four = replay_with(dataclasses.replace(run, gpus=4), priors, cache)
+    model = cache[(run.model, setup_of(run).peft_targets)]
+    gradient_gib = 4 * run.lora_r * model.lora_parameters_per_rank / 2**30
+    assert 0 < four.seconds_p50 - one.seconds_p50 < 0.05 * one.seconds_p50
+    assert four.memory_p50_gib - one.memory_p50_gib == pytest.approx(gradient_gib, rel=0.05)
+    _, rows = evaluate_rows(cache=cache)
+    several = summary(rows)["several_gpus"]
+    # No published single-node DDP row yet: the Qwen README's 2 x 2 GPU rows are apart.
+    assert several["held_out"]["points"] == several["in_sample"]["points"] == 0
+    assert len(several["apart"]) == 6 and all("multinode" in n for n in several["apart"])
