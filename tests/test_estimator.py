@@ -408,8 +408,13 @@ def test_suggests_the_most_epochs_that_fit(tiny_model_dir: Path, demo_prepared: 
     )
     with pytest.raises(BadInputError, match=r"fewer epochs would fit: --epochs ") as info:
         check_space(estimator)
-    epochs = float(str(info.value).rsplit("--epochs ", 1)[1])
+    epochs = float(str(info.value).rsplit("--epochs ", 1)[1].split()[0])
     best = {**TIME_NEUTRAL_PARAMS, "micro_batch_size": 16, "gradient_accumulation_steps": 2}
+    # The same run on more GPUs is offered beside it, at the fewest that fit.
+    gpus = int(str(info.value).rsplit("--gpus-per-run ", 1)[1].rstrip(")"))
+    run = {**best, "max_length": 128, "lora_r": 4, "gradient_checkpointing": False}
+    assert estimator.verdict(run, gpus=gpus).feasible
+    assert gpus == 2 or not estimator.verdict(run, gpus=gpus // 2).feasible
     assert estimator.verdict({**best, "max_length": 128, "lora_r": 4,
                                "gradient_checkpointing": False}, epochs=epochs).feasible  # fmt: skip
     # Rounded down to two significant digits, so a little more no longer fits.
