@@ -47,7 +47,8 @@ def rung_candidates(
 ) -> list[optuna.trial.FrozenTrial]:
     """The trials rung `depth` continues: the `keep` best complete trials of the rung before
     (by value, then number), leaving out those already continued and those whose
-    configuration's full run reported back (`measured`: trial numbers)."""
+    configuration's full run reported back (`measured`: trial numbers). A rung chooses: it
+    leaves one of them behind at least, and continues none of a single one."""
     done = {t.user_attrs.get(PROMOTED_FROM_ATTR) for t in trials} - {None}
     before = [
         (value, t.number, t)
@@ -58,6 +59,7 @@ def rung_candidates(
         and t.user_attrs.get(PROMOTED_FROM_ATTR) not in measured
         and (value := trial_loss(t)) is not None
     ]
+    keep = min(keep, len(before) - 1)
     best = [t for _, _, t in sorted(before, key=lambda item: item[:2])[:keep]]
     return [t for t in best if t.number not in done]
 

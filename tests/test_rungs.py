@@ -73,12 +73,17 @@ def test_a_rung_takes_the_best_of_the_rung_before_once_and_not_what_a_full_run_m
     # The 2 best (3 and 1); trial 3's configuration had a full run: the next best instead.
     assert [t.number for t in rung_candidates(trials, 1, 2)] == [3, 1]
     assert [t.number for t in rung_candidates(trials, 1, 2, measured={3})] == [1, 2]
-    # Trial 1 continued (trial 5, rung 1): rung 1 does not queue it again, rung 2 takes it.
+    # Trial 1 continued (trial 5, rung 1): rung 1 does not queue it again. Rung 2 chooses
+    # nothing from one trial; from two, the better.
     _complete(study, 0.9, **{PROMOTED_FROM_ATTR: 1, RUNG_ATTR: 1, FRACTION_ATTR: 0.2})
     trials = study.get_trials(deepcopy=False)
     assert [t.number for t in rung_candidates(trials, 1, 2)] == [3]
+    assert rung_candidates(trials, 2, 1) == []
+    _complete(study, 1.2, **{PROMOTED_FROM_ATTR: 3, RUNG_ATTR: 1, FRACTION_ATTR: 0.2})
+    trials = study.get_trials(deepcopy=False)
     assert [t.number for t in rung_candidates(trials, 2, 1)] == [5]
-    assert [rung_of(t) for t in trials] == [0, 0, 0, 0, 0, 1]
+    assert [t.number for t in rung_candidates(trials, 2, 5)] == [5]  # one left behind at least
+    assert [rung_of(t) for t in trials] == [0, 0, 0, 0, 0, 1, 1]
 
 
 def test_a_study_continues_its_best_from_their_checkpoints_rung_by_rung(
