@@ -59,6 +59,9 @@ SHORT_TRIALS = 0.05
 # benchmarks/curve_replay.py chose it on recorded real LoRA curves (docs/curve-replay.md).
 DEFAULT_TRIAL_FRACTION = 0.02
 DEFAULT_RUNGS = ("6@0.12", "2@0.44")
+# The least a budget may shrink a first rung to, as a multiple of the trials' share: below
+# it the rung adds too little data to rank by.
+RUNG_STEP = 1.5
 
 
 def parse_rungs(entries: tuple[str, ...], fraction: float) -> tuple[tuple[int, float], ...]:
@@ -199,6 +202,13 @@ class SearchPlan:
         )
 
     @property
+    def default_shape(self) -> bool:
+        """Whether its rungs are the default ones (scaled or not): what the replayed
+        pick-by-budget curve (`analysis.search_quality`) measured."""
+        default = parse_rungs(DEFAULT_RUNGS, DEFAULT_TRIAL_FRACTION)
+        return bool(self.rungs) and tuple(map(tuple, self.rungs_asked)) == default
+
+    @property
     def training_full_runs(self) -> float:
         """The search's training in full runs: the trials' shares and what each rung adds."""
         total, before = self.trials * self.fidelity, self.fidelity
@@ -217,7 +227,7 @@ class SearchPlan:
         out = asdict(self)
         out["planned_hours"] = self.planned_hours
         out["training_full_runs"] = self.training_full_runs
-        out["expected_pick"] = expected_pick(self.training_full_runs, bool(self.rungs))
+        out["expected_pick"] = expected_pick(self.training_full_runs, self.default_shape)
         out["planned_cost"] = self.cost(self.planned_hours)
         out["full_run_cost_p50"] = self.cost(self.full_run_hours_p50)
         return out
@@ -265,7 +275,7 @@ class SearchPlan:
                 "  of which set-up and probe before the trials: "
                 f"{format_hours(self.before_trials_hours)}"
             )
-        lines.extend(pick_lines(self.training_full_runs, bool(self.rungs)))
+        lines.extend(pick_lines(self.training_full_runs, self.default_shape))
         full_cost = f", cost {self.cost(self.full_run_hours_p50):.2f}" if priced else ""
         gpus = self.full_run_gpus
         each = format_hours(self.full_run_hours_p50 / gpus)
@@ -365,12 +375,12 @@ def plan_search(
     held = tuple(rungs)
     if budget_hours is not None:
         left = max(0.0, (budget_hours - before_trials_hours) * 3600 - workers * cost.once)
+        total = left
         # The trials the first rung halves at their fraction first, the rungs scaled into
-        # the rest (priced from the lowest fidelity the plan may choose: an upper bound);
-        # the trials then sized on what the rungs leave.
+        # the rest; the trials then sized on what the rungs leave.
         room = left - _halved_trials(rungs, n_trials) * cost.seconds(max_fidelity)
-        held = rungs_within(cost, rungs, min_fidelity, room)
-        left -= rungs_seconds(cost, held, min_fidelity)
+        held = rungs_within(cost, rungs, max_fidelity, room)
+        left -= rungs_seconds(cost, held, max_fidelity)
         # The largest fidelity at which the trials asked for fit (at most ENOUGH_TRIALS of
         # them), within [min_fidelity, max_fidelity]; then as many as fit, up to n_trials.
         each = left / min(n_trials, ENOUGH_TRIALS)
@@ -379,6 +389,9 @@ def plan_search(
         fidelity = min(max_fidelity, max(min_fidelity, fidelity))
         if n_trials * cost.seconds(fidelity) > left * (1 + 1e-9):  # rounding: not a trial less
             trials = max(1, math.floor(left * (1 + 1e-9) / cost.seconds(fidelity)))
+        if fidelity < max_fidelity and held:  # shorter trials: each first rung adds more
+            spent = min(trials, n_trials) * cost.seconds(fidelity)
+            held = rungs_within(cost, held, fidelity, total - spent)
     return SearchPlan(
         budget_hours=budget_hours,
         source=source,
@@ -395,10 +408,7 @@ def plan_search(
         once_hours=cost.once / 3600,
         promote=sum(k for k, _ in held),
         promote_fraction=held[-1][1] if held else 0.0,
-        promote_hours=rungs_seconds(
-            cost, held, min_fidelity if budget_hours is not None else fidelity
-        )
-        / 3600,
+        promote_hours=rungs_seconds(cost, held, fidelity) / 3600,
         promote_asked=sum(k for k, _ in rungs),
         rungs=held,
         rungs_asked=tuple(rungs),
@@ -424,8 +434,8 @@ def rungs_within(
     cost: TrialCost, rungs: Sequence[tuple[int, float]], fidelity: float, room: float
 ) -> tuple[tuple[int, float], ...]:
     """`rungs` after trials at `fidelity`, their shares scaled down by one factor (their
-    trials kept) until they fit in `room` seconds; () where even the first rung at twice the
-    trials' share would not fit.
+    trials kept) until they fit in `room` seconds; () where even the first rung at
+    `RUNG_STEP` x the trials' share would not fit.
 
     Scaling keeps the schedule's shape: on recorded real LoRA curves (docs/curve-replay.md)
     the default rungs scaled into half their cost still picked a top-two configuration in
@@ -433,7 +443,7 @@ def rungs_within(
     """
     if not rungs or rungs_seconds(cost, rungs, fidelity) <= room * (1 + 1e-9):
         return tuple(rungs)
-    lowest = 2 * fidelity / rungs[0][1]  # the first rung at least doubles the trials' data
+    lowest = RUNG_STEP * fidelity / rungs[0][1]
 
     def scaled(factor: float) -> tuple[tuple[int, float], ...]:
         return tuple((k, float(f"{f * factor:.3g}")) for k, f in rungs)

@@ -150,20 +150,21 @@ def test_the_fixed_cost_comes_from_the_measured_trials_once_there_are_some() -> 
 
 def test_the_rungs_are_scaled_into_what_the_trials_at_their_fraction_leave() -> None:
     # --promote 2 at 0.3: each continues its trial, a trial's fixed cost and the share it
-    # adds, priced from the lowest fidelity the budget may choose (0.01): 2 x (0.1 h + 20 h x
-    # 0.29) = 11.8 h. Of 30 h, the 4 trials the rung halves at 0.1 leave 21.6: it fits, and
-    # the 10 trials are sized on the other 18.2 h.
+    # adds: 2 x (0.1 h + 20 h x 0.2) = 8.2 h. Of 30 h, the 4 trials the rung halves at 0.1
+    # leave 21.6: it fits, and the 10 trials at 0.1 (21 h) fit in the other 21.8 h.
     plan = _plan(COST, 30.0, promote=2, promote_fraction=0.3)
-    assert plan.rungs == ((2, 0.3),) and plan.promote_hours == pytest.approx(11.8)
-    assert plan.trials == 10 and plan.fidelity < 0.1
-    assert plan.planned_hours == pytest.approx(30.0)
-    assert "then the 2 best to 0.3 of their full run (--rungs): 11.8 h" in "\n".join(plan.lines())
-    # Of 15 h they leave 6.6: the rung moves down to what fits, its 2 trials kept.
+    assert plan.rungs == ((2, 0.3),) and plan.promote_hours == pytest.approx(8.2)
+    assert (plan.trials, plan.fidelity) == (10, 0.1)
+    assert plan.planned_hours == pytest.approx(29.2)
+    assert "then the 2 best to 0.3 of their full run (--rungs): 8.2 h" in "\n".join(plan.lines())
+    # Of 15 h they leave 6.6: the rung moves down to what fits, its 2 trials kept; the
+    # trials then go below 0.1, and the rung is priced again from their share.
     tight = _plan(COST, 15.0, promote=2, promote_fraction=0.3)
     ((keep, share),) = tight.rungs
-    assert keep == 2 and 0.02 < share < 0.3 and tight.trials == 10
-    assert tight.promote_hours == pytest.approx(2 * (0.1 + 20 * (share - 0.01)))
-    assert tight.promote_hours <= 6.6 * 1.000001 and tight.planned_hours <= 15.0 * 1.000001
+    assert keep == 2 and tight.fidelity * 1.5 <= share < 0.3 and tight.trials == 10
+    assert tight.fidelity < 0.1
+    assert tight.promote_hours == pytest.approx(2 * (0.1 + 20 * (share - tight.fidelity)))
+    assert tight.planned_hours <= 15.0 * 1.000001
     assert "it holds them at shorter shares" in "\n".join(tight.lines())
     # The measured trial cost refits the trials and the rungs around the same budget.
     refitted = refit(plan, COST.measured(36.0, 3), n_trials=10)
@@ -181,15 +182,16 @@ def test_the_rungs_are_scaled_into_what_the_trials_at_their_fraction_leave() -> 
 
 
 def test_a_budget_scales_all_rungs_by_one_factor_or_drops_them() -> None:
-    # 4 at 0.2 then 2 at 0.5 would take 27.8 h; 40 h less the 8 trials the first rung
-    # halves (16.8 h) leaves 23.2.
-    plan = _plan(COST, 40.0, rungs=((4, 0.2), (2, 0.5)))
+    # 4 at 0.2 then 2 at 0.5 would take 4 x 2.1 + 2 x 6.1 = 20.6 h; 32 h less the 8 trials
+    # the first rung halves (16.8 h) leaves 15.2.
+    plan = _plan(COST, 32.0, rungs=((4, 0.2), (2, 0.5)))
     assert [k for k, _ in plan.rungs] == [4, 2] and plan.promote_asked == 6
     (_, low), (_, high) = plan.rungs
     assert low < 0.2 and high / low == pytest.approx(2.5, rel=0.01)
-    assert plan.promote_hours <= 23.2 * 1.000001 and plan.planned_hours <= 40.0 * 1.000001
-    # 18 h leaves 1.2 h: not even the rungs at twice the trials' least share (2.6 h) fit.
-    none = _plan(COST, 18.0, rungs=((4, 0.2), (2, 0.5)))
+    assert plan.promote_hours <= 15.2 * 1.000001 and plan.planned_hours <= 32.0 * 1.000001
+    # 26 h leaves 9.2 h: not even the rungs with the first at 1.5 x the trials' share
+    # (0.15, then 0.375: 13.6 h) fit.
+    none = _plan(COST, 26.0, rungs=((4, 0.2), (2, 0.5)))
     assert none.rungs == () and none.promote == 0
     assert "it holds none of them" in "\n".join(none.lines())
     # Trials that alone take more than the budget leave the rungs nothing.
@@ -539,21 +541,25 @@ def test_analysis_plan_prints_the_search_plan_next_to_the_full_run(
     # Hours-long trials at 0.1 would not fit 10 into a tenth of the run: fidelity goes down.
     assert search["fidelity"] < 0.1
     assert search["search_and_run_hours_p50"] == pytest.approx(search["planned_hours"] + full_p50)
-    # Promotions come out of the budget first: two at 0.1 (a fifth of the run) of 40 %.
+    # Promotions come out of the budget first: two from 0.05 to 0.1 (each continues its
+    # trial: a twentieth of the run and a trial's fixed cost) of 40 %.
     more = ["--search-budget-pct", "40", "--trial-fraction", "0.05", "--promote", "2"]
     more += ["--promote-fraction", "0.1"]
     assert plan_main([*args[:-4], *more, "--json", str(out_json)]) == 0
     promoted = json.loads(out_json.read_text())["search"]
-    assert promoted["promote"] == 2  # each about a tenth of the run (its start-up is not)
-    assert 0.15 * full_p50 < promoted["promote_hours"] <= 0.2 * full_p50
+    assert promoted["promote"] == 2
+    assert 0.09 * full_p50 < promoted["promote_hours"] <= 0.12 * full_p50
     assert promoted["planned_hours"] <= 0.4 * full_p50 * 1.000001
-    assert "then the 2 best to 0.1 of their full run" in capsys.readouterr().out
-    # The default rungs, 6 then 2, scaled into 40 %: their trials kept, their shares lower.
-    assert plan_main([*args[:-4], "--search-budget-pct", "40", "--json", str(out_json)]) == 0
+    printed = capsys.readouterr().out
+    assert "then the 2 best to " in printed and "(2 to 0.1) do not fit the budget" in printed
+    # What a search of this size picked on recorded curves is the default rungs' measure.
+    assert promoted["expected_pick"] is None and "on recorded real LoRA curves" not in printed
+    # The default rungs, 6 then 2, scaled into 60 %: their trials kept, their shares lower.
+    assert plan_main([*args[:-4], "--search-budget-pct", "60", "--json", str(out_json)]) == 0
     default = json.loads(out_json.read_text())["search"]
     assert default["rungs_asked"] == [[6, 0.12], [2, 0.44]] and default["promote"] == 8
     (_, low), (_, high) = default["rungs"]
-    assert low < 0.12 and high < 0.44 and default["planned_hours"] <= 0.4 * full_p50 * 1.000001
+    assert low < 0.12 and high < 0.44 and default["planned_hours"] <= 0.6 * full_p50 * 1.000001
     printed = capsys.readouterr().out
     assert "it holds them at shorter shares" in printed
     # What that size bought on the recorded real curves, and what the whole schedule would.
