@@ -1,0 +1,83 @@
+"""benchmarks/curve_replay.py: recorded curves through the study's own decisions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.curve_replay import (
+    DEFAULT_CURVES,
+    Replay,
+    Strategy,
+    load_curves,
+    load_tiny_set,
+    main,
+)
+from hpo.pick import PROMOTED_FROM_ATTR, rung_of
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_smoke_replays_every_strategy_and_writes_its_rows(tmp_path: Path) -> None:
+    out = tmp_path / "replay.json"
+    assert main(["--smoke", "--json", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    rows = {r["strategy"]: r for r in payload["rows"]}
+    assert "reference run" in payload["not_replayed"]
+    default = rows["default"]
+    assert default["fraction"] is None and default["rungs"] == ["6@0.12", "2@0.44"]
+    # Studies of 6 at 0.02 of 750 steps (15 steps, one evaluation), 5 on to 90 (a rung
+    # leaves one behind at least) and 2 to 330 steps: each trial is charged the steps it
+    # adds, as a rung continues its checkpoint.
+    assert default["search_cost_full_runs"] == pytest.approx((6 * 15 + 5 * 75 + 2 * 240) / 750)
+    single = rows["0.1 of the run"]
+    assert single["fraction"] == 0.1 and single["rungs"] == []
+    # The default planned into smaller budgets, as the study plans it: the same rungs'
+    # trials at shorter shares, or none where even those do not fit.
+    for budget in (0.5, 0.75, 1.0):
+        scaled = rows[f"default within {budget:g} full runs"]
+        keeps = [int(r.split("@")[0]) for r in scaled["rungs"]]
+        assert keeps in ([6, 2], [])
+        shares = [float(r.split("@")[1]) for r in scaled["rungs"]]
+        assert all(s <= d for s, d in zip(shares, (0.12, 0.44), strict=False))
+    for row in payload["rows"]:
+        assert row["studies"] == 2 and row["study_size"] == 6
+        assert 0 <= row["pick_in_best_two"] <= 1 and row["regret"] >= 0
+        assert 0 <= row["regret_share_of_range"] <= 1
+        assert 0 <= row["band_coverage"] <= 1 and row["median_abs_pct_error"] >= 0
+
+
+def test_a_replayed_study_promotes_picks_and_predicts_as_the_study_does() -> None:
+    pool = load_curves(DEFAULT_CURVES)
+    assert len(pool.runs) == 200 and pool.runs[0].total_steps == 750
+    draw = list(range(8))
+    replay = Replay(pool, draw, Strategy.default())
+    outcome = replay.run()
+    trials = replay.study.get_trials(deepcopy=False)
+    assert [rung_of(t) for t in trials] == [0] * 8 + [1] * 6 + [2] * 2
+    # Rung 1 took the 6 lowest losses at 15 steps; the study picked from rung 2.
+    at_15 = sorted(draw, key=lambda i: pool.runs[i].losses[0])[:6]
+    assert sorted(t.user_attrs["replay_run"] for t in trials[8:14]) == sorted(at_15)
+    assert all(trials[t.user_attrs[PROMOTED_FROM_ATTR]].number < t.number for t in trials[8:])
+    finals = sorted(pool.runs[i].final for i in draw)
+    assert outcome.picked in {pool.runs[t.user_attrs["replay_run"]].final for t in trials[14:]}
+    assert finals[0] <= outcome.picked <= finals[-1]
+    assert len(outcome.errors) == 8 and all(abs(e) < 0.2 for e in outcome.errors)
+
+
+def test_recorded_tiny_model_sets_are_read_as_pools() -> None:
+    sets = sorted((REPO / "docs" / "measurements").glob("rank-fidelity-*.json"))
+    pools = [p for path in sets if (p := load_tiny_set(path)) is not None]
+    assert len(pools) >= 8
+    for pool in pools:
+        for run in pool.runs:
+            assert list(run.steps) == sorted(set(run.steps)) and run.steps[-1] <= run.total_steps
+            assert len(run.losses) == len(run.steps) and run.final > 0
+
+
+def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--curves", str(tmp_path / "none.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["--study-size", "1"]) == 2
