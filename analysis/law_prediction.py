@@ -200,15 +200,16 @@ def predict_final(
     # Per unit of the target's distance: what this study's curves measured where they could
     # be backtested (at least SPREAD_LOG_SD x their spread), else the priors.
     measured = max(checked.log_sd, SPREAD_LOG_SD * _log_spread(fit, curves)) if checked.checks else None
+    beyond_log_sd = EXTRAPOLATION_LOG_SD  # per unit beyond every curve's reach
     if measured is not None:
-        shaped_log_sd = measured
+        shaped_log_sd = beyond_log_sd = measured
     if not identified:
         prior = (EXTRAPOLATION_LOG_SD if measured is None else measured) * _distance(target)
     terms = (
         leave_out_log_spread(curves, fit, noise, groups),
         _own_points_log_shift(curves, fit, max_annealing, noise),
         max(noise, fit.residual_sd) / p50,
-        EXTRAPOLATION_LOG_SD * _beyond_the_curves(fit, curves) if identified else prior,
+        beyond_log_sd * _beyond_the_curves(fit, curves) if identified else prior,
         shaped_log_sd * _distance(target) if identified else 0.0,
     )
     half = log_half_width(Z90 * math.sqrt(sum(t**2 for t in terms)))

@@ -180,6 +180,7 @@ class Outcome:
     inside: list[bool] = field(default_factory=list)
     half_widths: list[float] = field(default_factory=list)  # 100 x ln(p90 / p50)
     low_half_widths: list[float] = field(default_factory=list)  # 100 x ln(p50 / p10)
+    picked_band: tuple[float, bool, float, float] | None = None  # the pick's: error, inside, widths
 
 
 class Replay:
@@ -292,6 +293,11 @@ class Replay:
             outcome.inside.append(band["p10"] <= actual <= band["p90"])
             outcome.half_widths.append(100 * math.log(band["p90"] / band["p50"]))
             outcome.low_half_widths.append(100 * math.log(band["p50"] / band["p10"]))
+            if number == picked.number:  # the band the preset carries
+                outcome.picked_band = (
+                    band["p50"] / actual - 1, band["p10"] <= actual <= band["p90"],
+                    outcome.half_widths[-1], outcome.low_half_widths[-1],
+                )  # fmt: skip
         return outcome
 
 
@@ -344,6 +350,20 @@ def row(strategy: Strategy, outcomes: list[Outcome], study_size: int) -> dict[st
         "band_coverage": statistics.mean(inside) if inside else None,
         "median_band_halfwidth_pct": statistics.median(widths) if widths else None,
         "median_band_low_halfwidth_pct": statistics.median(lows) if lows else None,
+        **_picked(outcomes),
+    }
+
+
+def _picked(outcomes: list[Outcome]) -> dict[str, Any]:
+    """The same of the picked configuration's end prediction alone: the preset's band."""
+    bands = [o.picked_band for o in outcomes if o.picked_band is not None]
+    if not bands:
+        return {}
+    return {
+        "pick_median_abs_pct_error": 100 * statistics.median(abs(b[0]) for b in bands),
+        "pick_band_coverage": statistics.mean(b[1] for b in bands),
+        "pick_median_band_halfwidth_pct": statistics.median(b[2] for b in bands),
+        "pick_median_band_low_halfwidth_pct": statistics.median(b[3] for b in bands),
     }
 
 
