@@ -44,7 +44,7 @@ from trainers.tiny import default_tiny_model  # noqa: E402
 FINISHED = tuple(STATE_NAMES)
 WORKER_FLAGS = [
     "--trial-fraction", "0.015", "--trial-evals", "2", "--eval-samples", "8",
-    "--profiles", "fast", "--pruner", "none",
+    "--profiles", "fast", "--pruner", "none", "--rungs", "none",
     "--heartbeat-seconds", "2", "--grace-seconds", "8",
 ]  # fmt: skip
 

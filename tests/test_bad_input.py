@@ -209,7 +209,7 @@ def test_study_name_with_another_space(
     base = [
         "--no-progress", "--model", str(tiny_model_dir), "--work-dir", str(tmp_path / "work"),
         "--study-name", "lr", "--n-trials", "1", "--trial-fraction", "0.015",
-        "--trial-evals", "2", "--eval-samples", "8", "--pruner", "none",
+        "--trial-evals", "2", "--eval-samples", "8", "--pruner", "none", "--rungs", "none",
     ]  # fmt: skip
     assert run_cli(main, [*base, "--profiles", "fast"]) == 0
     capsys.readouterr()

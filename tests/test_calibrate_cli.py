@@ -36,6 +36,7 @@ def recorded_study(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
             "profiles": ["fast"],
             "sampler": "random",
             "pruner": "none",
+            "rungs": "none",
         },
     )
     run_study(config, progress=False)

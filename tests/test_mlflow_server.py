@@ -50,6 +50,7 @@ def test_ui_shows_parent_children_params_and_histories(
                 "eval_samples": 8,
                 "profiles": ["fast"],
                 "pruner": "none",
+                "rungs": "none",
                 "tracking_uri": base,
                 "experiment_name": "ui-check-exp",
                 "space": unpacked_default_space(tmp_path),

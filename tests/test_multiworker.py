@@ -31,7 +31,7 @@ def _worker(tiny_model_dir: Path, work: Path, storage: str, tracking: str, *extr
         "hpo.study", "--no-progress", "--model", str(tiny_model_dir),
         "--work-dir", str(work), "--storage", storage, "--tracking-uri", tracking,
         "--trial-fraction", "0.015", "--trial-evals", "2", "--eval-samples", "8",
-        "--profiles", "fast", "--pruner", "none", "--json", str(work / "summary.json"), *extra,
+        "--profiles", "fast", "--pruner", "none", "--rungs", "none", "--json", str(work / "summary.json"), *extra,
         cwd=work,
     )  # fmt: skip
 

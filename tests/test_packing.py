@@ -239,9 +239,10 @@ def test_nf4_plan_fits_an_8b_model_on_a_24gb_card(
         out[mode] = capsys.readouterr().out
     weights = {m: float(o.split("weights ")[1].split(",")[0]) for m, o in out.items()}
     # 8.0 B weights: 15 GiB in bf16; NF4 for the 7 B in linear layers (~0.52 byte each)
-    # and the two 0.5 B embeddings in bf16: about a third.
+    # and the two 0.5 B embeddings in fp32, where PEFT's kbit preparation leaves them
+    # (3.4 + 3.7 GiB): about half.
     assert 14.5 < weights["none"] < 15.5
-    assert 4.5 < weights["nf4"] < 6.0
+    assert 6.5 < weights["nf4"] < 8.0
     assert "NF4 base" in out["nf4"]
     assert "fits: yes" in out["nf4"] and "fits: no" in out["none"]
     p50 = {m: o.split("p50 ")[1].split(",")[0] for m, o in out.items()}

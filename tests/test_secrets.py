@@ -70,7 +70,7 @@ def test_no_password_in_stores_files_or_output(tiny_model_dir: Path, tmp_path: P
             "hpo.study", "--no-progress", "--model", str(tiny_model_dir), "--work-dir", str(work),
             "--storage", storage, "--tracking-uri", tracking, "--study-name", "secret",
             "--n-trials", "2", "--trial-fraction", "0.015", "--trial-evals", "2",
-            "--eval-samples", "8", "--profiles", "fast", "--pruner", "none",
+            "--eval-samples", "8", "--profiles", "fast", "--pruner", "none", "--rungs", "none",
             "--json", str(tmp_path / "study.json"),
             cwd=tmp_path, timeout=600,
         )  # fmt: skip

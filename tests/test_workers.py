@@ -122,7 +122,7 @@ def _study_args(tiny_model_dir: Path, work: Path, *extra: str) -> list[str]:
     return [
         "--no-progress", "--model", str(tiny_model_dir),
         "--work-dir", str(work), "--trial-evals", "2", "--eval-samples", "8",
-        "--profiles", "fast", "--pruner", "none", "--study-name", "w", *extra,
+        "--profiles", "fast", "--pruner", "none", "--rungs", "none", "--study-name", "w", *extra,
     ]  # fmt: skip
 
 
