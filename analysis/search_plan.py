@@ -27,8 +27,8 @@ from common.fmt import format_hours
 
 # Why 50 %: benchmarks/curve_replay.py on 200 recorded LoRA runs of a pre-trained model
 # (docs/curve-replay.md): the default rungs scaled into half a full run of search picked a
-# top-two configuration of 12 in about 72 % of studies, into one full run 82 %, unscaled
-# (about 1.5) 91 %; at a tenth of a full run no trial reaches the curves' first evaluation.
+# top-two configuration of 12 in 58 % of studies, into one full run 75 %, unscaled (1.48)
+# 86 %; at a tenth of a full run no trial reaches the curves' first evaluation.
 # Below an hour of full run the fixed costs of a trial (start-up, evaluations, a save) are
 # minutes and would not fit in any share of it, so the default applies only from there; a
 # flag always applies.
@@ -438,8 +438,9 @@ def rungs_within(
     `RUNG_STEP` x the trials' share would not fit.
 
     Scaling keeps the schedule's shape: on recorded real LoRA curves (docs/curve-replay.md)
-    the default rungs scaled into half their cost still picked a top-two configuration in
-    about 72 % of studies, where fewer trials on the same rungs picked about 37 %.
+    the default rungs scaled into a third of their cost picked a top-two configuration in 58 %
+    of replayed studies; in a first screen of the same curves fewer trials on the same rungs
+    picked about 37 % at that cost.
     """
     if not rungs or rungs_seconds(cost, rungs, fidelity) <= room * (1 + 1e-9):
         return tuple(rungs)
