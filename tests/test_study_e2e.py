@@ -34,6 +34,7 @@ def small_config(work: Path, tiny_model_dir: Path, **overrides: object):
         "profiles": ["fast"],
         "sampler": "random",
         "pruner": "median",
+        "rungs": "none",  # the trials asked for, each once: what this file counts
         "seed": 3,
     }
     values.update(overrides)
@@ -202,7 +203,10 @@ def test_study_cli_json(tiny_model_dir: Path, tmp_path: Path) -> None:
                 "mlflow_experiment_id", "mlflow_parent_run_id", "elapsed_seconds"):  # fmt: skip
         assert key in payload, key
     assert payload["study_name"] == "cli"
-    assert sum(payload["states"].values()) == 2
+    # The default rungs: of 2 trials the better goes on (a rung leaves one behind), the
+    # second rung has one configuration to choose from and runs none.
+    assert payload["states"] == {**payload["states"], "complete": 3}
+    assert sum(payload["states"].values()) == 3
     assert Path(payload["preset_path"]).is_file()
     assert "workflowType=machine_learning" in proc.stdout
     assert "mlflow server --backend-store-uri" in proc.stdout
