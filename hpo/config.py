@@ -411,6 +411,7 @@ class StudyConfig:
         out.pop("storage")
         out["profiles"] = list(self.profiles) if self.profiles else None
         out["objectives"] = list(self.objectives)
+        out["rungs"] = list(self.trial.rungs)  # as JSON stores it
         return out
 
 
