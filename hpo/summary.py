@@ -58,9 +58,9 @@ class StudySummary:
     tracking_spool: str | None = None
     # The search's plan against what it spent (hours, cost) and which limit ended it.
     search: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # What the best trial's score is: "prediction" (the full run's predicted final loss) or
-    # "loss_at_fidelity" (its loss at the trials' share of the data, where the prediction
-    # was less sure than the study's promise).
+    # What the best trial's score is: "prediction" (the full run's predicted final loss),
+    # "loss_at_fidelity" (its loss at the trials' share of the data) or
+    # "loss_one_doubling_on" (the last rung's: its loss one doubling on).
     best_scored_by: str | None = None
     # The loss-shape reference run (`hpo.reference_run`): what it ran, spent and fitted.
     reference_run: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -200,6 +200,8 @@ def _print_best(summary: StudySummary) -> None:
     what = (
         "its full run's predicted final validation loss, before correction"
         if by_prediction
+        else "its validation loss one doubling on from its last rung's share of the data"
+        if summary.best_scored_by == "loss_one_doubling_on"
         else "its validation loss at the trials' share of the data"
     )
     print(f"best trial {summary.best_trial}: score {summary.best_value:.4f} ({what})")

@@ -22,6 +22,10 @@ def _summary(scored_by: str | None) -> StudySummary:
         ("prediction", "its full run's predicted final validation loss"),
         (None, "its full run's predicted final validation loss"),  # a study from before
         ("loss_at_fidelity", "its validation loss at the trials' share of the data"),
+        (
+            "loss_one_doubling_on",
+            "its validation loss one doubling on from its last rung's share of the data",
+        ),
     ],
 )
 def test_the_best_score_is_named_for_what_it_is(
