@@ -26,10 +26,15 @@ through a decay of its own: the reference run, a full run that reported back):
   another's than several do, and the jackknife cannot measure it.
 
 Before the shape is identified no curve in the study says how a run ends, and the band
-adds the extrapolation error measured on `benchmarks/rank_fidelity.py`
-(`EXTRAPOLATION_LOG_SD` per unit of ln(S1 at the end / S1 at the last point)): wide and
-honest. That term also decides whether a prediction may rank trials
-(`hpo.final_loss.TRUSTED_LOG_HALF_WIDTH`), whichever band is shown.
+adds an extrapolation error per unit of ln(S1 at the end / S1 at the last point).
+Everywhere the study's curves can be backtested (`backtest`: half of each curve predicting
+its other half), the per-unit errors above are what that backtest measured, at least
+`SPREAD_LOG_SD` x the spread of the curves' predicted ends: as wide as this study's curves
+are unpredictable (on recorded real LoRA curves the tiny-model priors made the band 100x
+its error, docs/curve-replay.md). The priors (`EXTRAPOLATION_LOG_SD`, `SHAPED_LOG_SD`,
+`ONE_SHAPE_LOG_SD`) stay where fewer than 3 curves can be cut. The prior's error also
+bounds whether a prediction may rank trials (`hpo.final_loss.TRUSTED_LOG_HALF_WIDTH`),
+with the backtest's own verdict on whether the law ranks better than the last losses.
 
 Pure numpy/scipy: imports nothing from the project but `analysis.loss_law` and
 `analysis.curve_noise`.
@@ -160,11 +165,12 @@ def predict_final(
     is its value at the end. The band adds in quadrature, in log space: the spread of the
     prediction over refits that leave groups of curves out (at most `groups`), the shift
     when the target's last point is left out, the fit's residual sd, and the extrapolation
-    error prior: while no curve went through a decay (C unidentified), at the target's whole
-    distance (the larger of `backtest_log_sd` and `EXTRAPOLATION_LOG_SD` per unit of
-    distance); after, `EXTRAPOLATION_LOG_SD` per unit of distance beyond the curves' reach
-    and `SHAPED_LOG_SD` (`ONE_SHAPE_LOG_SD` where one curve alone went through a decay) per
-    unit of the target's whole distance.
+    error per unit of distance: what the study's own `backtest` measured (at least
+    `SPREAD_LOG_SD` x the spread of the curves' predicted ends) where 3 curves can be cut,
+    else the priors. While no curve went through a decay (C unidentified) it applies over
+    the target's whole distance (prior `EXTRAPOLATION_LOG_SD`); after, over the distance
+    beyond the curves' reach (prior `EXTRAPOLATION_LOG_SD`) and the target's whole distance
+    (prior `SHAPED_LOG_SD`, `ONE_SHAPE_LOG_SD` where one curve alone went through a decay).
 
     Args:
         target: The trial's curve.
@@ -406,13 +412,6 @@ def backtest(
         return Backtest()
     better = _rank_agreement(law, observed) > _rank_agreement(last, observed)
     return Backtest(float(np.quantile(ratios, _BACKTEST_QUANTILE)) / Z90, better, len(ratios))
-
-
-def backtest_log_sd(
-    curves: Sequence[CurveData], max_annealing: float, noise: float, start: JointFit | None = None
-) -> float:
-    """`backtest(...).log_sd`: the law's log error per unit of extrapolation distance."""
-    return backtest(curves, max_annealing, noise, start).log_sd
 
 
 def _rank_agreement(predicted: Sequence[float], observed: Sequence[float]) -> float:
