@@ -14,7 +14,7 @@ the calibration file lands where `python -m hpo.study` looks for it (the work di
 Full runs report back (`--full-run FILE`, the `--json` file of `python -m trainers.train`,
 or every full run of an MLflow experiment with `--tracking-uri`): their final validation
 loss against the trial's prediction fits the loss correction, and their step times join
-the time fit (`analysis.full_runs`). A study also reads its experiment's full runs itself
+the time fit (`analysis.calibration.full_runs`). A study also reads its experiment's full runs itself
 when it starts.
 """
 
@@ -32,13 +32,13 @@ from typing import Any
 
 from analysis.calibration.file import Calibration, load, load_for
 from analysis.calibration.fit import fit
+from analysis.calibration.full_runs import FullRun, absorb, from_mlflow, read_report
 from analysis.calibration.measurements import RunMeasurements
-from analysis.full_runs import FullRun, absorb, from_mlflow, read_report
-from analysis.hardware import HardwareInfo, fingerprint, prior_coefficients
-from analysis.planning import probe_spec
-from analysis.records import TRIAL_ATTR, read_trial_record
+from analysis.calibration.records import TRIAL_ATTR, read_trial_record
+from analysis.planning.fits import probe_spec
 from analysis.studies import load_study
-from analysis.timemodel import ModelProfile
+from analysis.timemodel.hardware import HardwareInfo, fingerprint, prior_coefficients
+from analysis.timemodel.model import ModelProfile
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.flags import study_parser
@@ -209,7 +209,7 @@ def calibrate_from_results(
     results: Iterable[Mapping[str, Any]], hardware: HardwareInfo
 ) -> Calibration:
     """Fit from trainer result dicts of one model on `hardware`."""
-    from analysis.machine import profile_from_result
+    from analysis.timemodel.machine import profile_from_result
 
     results = list(results)
     if not results:
@@ -323,7 +323,7 @@ def _mlflow_full_runs(tracking_uri: str, experiment_name: str) -> list[FullRun]:
 
 
 def _probe(args: argparse.Namespace) -> tuple[Calibration, float]:
-    from analysis.machine import this_machine
+    from analysis.timemodel.machine import this_machine
     from trainers.data.paths import demo_data_path
     from trainers.tiny import default_tiny_model
 

@@ -23,16 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from analysis.gpus import KNOWN_GPUS, GpuSpec, custom_gpu, find_gpu
-from analysis.interconnect import DEFAULT_LINK, LINKS
-from analysis.plan_inputs import (
-    lengths_from_count,
-    lengths_from_data,
-    load_model_config,
-    shipped_configs,
-)
-from analysis.plan_report import gpu_count_report, plan_lines, plan_report
-from analysis.planning import (
+from analysis.planning.fits import (
     Fit,
     RunShape,
     Target,
@@ -41,13 +32,22 @@ from analysis.planning import (
     gpu_counts,
     toggled_checkpointing,
 )
-from analysis.run_setup import (
+from analysis.planning.inputs import (
+    lengths_from_count,
+    lengths_from_data,
+    load_model_config,
+    shipped_configs,
+)
+from analysis.planning.output import gpu_count_report, plan_lines, plan_report
+from analysis.search.schedule import DEFAULT_RUNGS, DEFAULT_TRIAL_FRACTION, parse_rungs
+from analysis.timemodel.gpus import KNOWN_GPUS, GpuSpec, custom_gpu, find_gpu
+from analysis.timemodel.interconnect import DEFAULT_LINK, LINKS
+from analysis.timemodel.run_setup import (
     ATTENTION_KERNELS,
     MEMORY_MEASURES,
     MemoryTerms,
     RunSetup,
 )
-from analysis.search_plan import DEFAULT_RUNGS, DEFAULT_TRIAL_FRACTION, parse_rungs
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError
 from common.files import write_json
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = _gpu(args)
     config_path = _config_path(args.model_config)
     config = load_model_config(config_path)
-    from analysis.machine import config_profile
+    from analysis.timemodel.machine import config_profile
     from search_spaces.families import space_for_model_type
 
     space = space_for_model_type(config.model_type, args.space)
@@ -320,7 +320,7 @@ def _gpu_list(given: str) -> list[int]:
 
 def _memory_terms() -> MemoryTerms:
     """The memory terms fitted to published runs, else the textbook ones."""
-    from analysis import fitted_priors
+    from analysis.priors import fitted as fitted_priors
 
     fitted = fitted_priors.load()
     return fitted.memory if fitted is not None else MemoryTerms()
@@ -405,8 +405,8 @@ def _chosen(args: argparse.Namespace, space: Any, target: Target) -> Fit:
 
 
 def _search(args: argparse.Namespace, chosen: Fit) -> dict[str, Any]:
-    """The study's plan before the run (analysis.search_plan), and both together."""
-    from analysis.search_plan import plan_search_for_run
+    """The study's plan before the run (analysis.search.schedule), and both together."""
+    from analysis.search.schedule import plan_search_for_run
 
     full = chosen.estimate
     plan = plan_search_for_run(

@@ -18,8 +18,8 @@ from typing import Any
 
 from analysis.calibrate import PROBE_DESIGN, ProbeConfig, calibrate_from_results, run_probes
 from analysis.calibration.file import Calibration
-from analysis.planning import plan_of_spec, probe_spec
-from analysis.timemodel import Estimate, Plan, predict
+from analysis.planning.fits import plan_of_spec, probe_spec
+from analysis.timemodel.model import Estimate, Plan, predict
 from benchmarks._common import median
 from trainers.spec import TrainSpec
 
@@ -159,7 +159,7 @@ def calibrate(
     model: str, data: str, work: Path, design: Sequence[ProbeConfig] = PROBE_DESIGN
 ) -> dict[str, Any]:
     """Run the probe design and fit."""
-    from analysis.machine import this_machine
+    from analysis.timemodel.machine import this_machine
 
     started = time.perf_counter()
     probes = run_probes(model, data, design, work_dir=work / "probes")

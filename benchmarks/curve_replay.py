@@ -43,9 +43,9 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analysis.loss_correction import LossCorrection  # noqa: E402
-from analysis.search_plan import TrialCost, plan_search  # noqa: E402
-from analysis.search_quality import QUALITY_FILE  # noqa: E402
+from analysis.curves.correction import LossCorrection  # noqa: E402
+from analysis.search.quality import QUALITY_FILE  # noqa: E402
+from analysis.search.schedule import TrialCost, plan_search  # noqa: E402
 from benchmarks._common import table, write_results  # noqa: E402
 from common import files  # noqa: E402
 from hpo.config import StudyConfig, TrialConfig  # noqa: E402
@@ -409,7 +409,7 @@ def _chosen(name: str, only: str | None) -> bool:
 
 
 def write_quality(pool: Pool, rows: list[dict[str, Any]], chosen: list[Strategy]) -> None:
-    """The default schedule's pick by budget, for `analysis.search_quality`."""
+    """The default schedule's pick by budget, for `analysis.search.quality`."""
     budgets = []
     for strategy, r in zip(chosen, rows, strict=True):
         if strategy.name == "default" or strategy.budget is not None:

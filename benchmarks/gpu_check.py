@@ -7,7 +7,7 @@ In about 5-8 minutes on one GPU, side by side in one process, it measures:
 1. `trainers.loop.run.train` against a bare PyTorch loop in bf16 (tokens/s, alternating;
    the comparison of `benchmarks/trainer_throughput.py`);
 2. the model FLOPs utilisation (MFU) of the LoRA step against the GPU's dense bf16 peak
-   (the FLOPs of `analysis.timemodel`: 4N per token for frozen weights, 6P for adapters);
+   (the FLOPs of `analysis.timemodel.model`: 4N per token for frozen weights, 6P for adapters);
 3. the time model, calibrated by the probe design, on held-out configurations: duration
    (p50 and p10-p90) and peak memory (p50 and p90) against what they measured;
 4. torch.compile on against off (last, skipped when the budget is spent).
@@ -32,10 +32,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analysis.calibrate import PROBE_DESIGN  # noqa: E402
-from analysis.hardware import cpu_matmul_flops, gpu_peak_flops  # noqa: E402
-from analysis.machine import model_profile  # noqa: E402
-from analysis.timemodel import ModelProfile  # noqa: E402
-from analysis.workload import adapter_flops, attention_flops, frozen_flops  # noqa: E402
+from analysis.timemodel.hardware import cpu_matmul_flops, gpu_peak_flops  # noqa: E402
+from analysis.timemodel.machine import model_profile  # noqa: E402
+from analysis.timemodel.model import ModelProfile  # noqa: E402
+from analysis.timemodel.workload import adapter_flops, attention_flops, frozen_flops  # noqa: E402
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
 from benchmarks._held_out import HELD_OUT, calibrate, synthetic_data  # noqa: E402
 from benchmarks.time_model_accuracy import held_out_row  # noqa: E402

@@ -2,13 +2,13 @@
 
     python benchmarks/gpu_scale.py [--model-config mistral-7b-v0.1 ...] [--json FILE]
 
-`analysis.plan` predicts a 7B run from published runs (`analysis.published_priors`); this
+`analysis.plan` predicts a 7B run from published runs (`analysis.priors.fit`); this
 measures what `trainers.train`'s own loop does with such a model on this GPU, setup by setup,
 and replays each setup through the plan's code exactly as a published row is replayed
 (`replay_with`): seconds per optimizer step (p10-p50-p90) and peak memory (p50, p90,
 allocated and reserved), next to the measured values.
 
-The model is the shipped config (`analysis/model_configs/`, no weights) with random weights
+The model is the shipped config (`analysis/planning/model_configs/`, no weights) with random weights
 made on the GPU in bf16 and saved, so that the trainer loads it through its normal path (the
 weights' values change neither time nor memory). Its tokens come from the tiny tokenizer
 (ids below every shipped vocabulary). Every setup trains `--steps` optimizer steps on rows
@@ -37,10 +37,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analysis.fitted_priors import GIB, PublishedPriors, load  # noqa: E402
-from analysis.gpus import KNOWN_GPUS  # noqa: E402
-from analysis.published_priors import replay_with  # noqa: E402
-from analysis.published_runs import PublishedRun  # noqa: E402
+from analysis.priors.fit import replay_with  # noqa: E402
+from analysis.priors.fitted import GIB, PublishedPriors, load  # noqa: E402
+from analysis.priors.published_runs import PublishedRun  # noqa: E402
+from analysis.timemodel.gpus import KNOWN_GPUS  # noqa: E402
 from benchmarks._common import machine, table, write_json  # noqa: E402
 from benchmarks._held_out import synthetic_data  # noqa: E402
 from benchmarks.gpu_check import require_cuda  # noqa: E402
@@ -91,7 +91,7 @@ SMOKE_SETUPS = (
 
 
 def gpu_name_for(device_name: str) -> str:
-    """The `analysis.gpus` name of the device CUDA reports.
+    """The `analysis.timemodel.gpus` name of the device CUDA reports.
 
     Raises:
         BadInputError: A GPU the plan does not know.
@@ -138,7 +138,7 @@ def build_model(config_name: str, out: Path, *, smoke: bool) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from analysis.plan_inputs import load_model_config, shipped_configs
+    from analysis.planning.inputs import load_model_config, shipped_configs
     from trainers.tiny import build_tokenizer
 
     config = load_model_config(shipped_configs()[config_name])
@@ -250,7 +250,7 @@ def compare(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-config", nargs="+", default=["mistral-7b-v0.1"],
-                        help="shipped configs (analysis/model_configs) to measure")  # fmt: skip
+                        help="shipped configs (analysis/planning/model_configs) to measure")  # fmt: skip
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps per setup")
     parser.add_argument("--json", default="gpu-scale.json", help="results file")
     parser.add_argument("--budget-minutes", type=float, default=9.0, help="skip what would overrun")

@@ -82,7 +82,7 @@ class Task:
 def calibrate(model: str, data: str, work: Path) -> None:
     """Fit the time model on this machine from the probe design (`analysis.calibrate --probe`)."""
     from analysis.calibrate import calibrate_from_results, run_probes
-    from analysis.machine import this_machine
+    from analysis.timemodel.machine import this_machine
 
     with tempfile.TemporaryDirectory(prefix="probe-", dir=work) as folder:
         # The whole design: under load a budget-cut probe (3 runs) mis-predicted 10x.

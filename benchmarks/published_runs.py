@@ -1,8 +1,8 @@
 """The plan against published LoRA runs: `python -m benchmarks.published_runs [--json FILE]`.
 
-Each published measurement (`analysis.published_runs`) is replayed through the plan's own
-code (`analysis.published_priors.replay`: `analysis.planning.plan_of_shape`, the time model's
-`predict`, `analysis.run_setup` memory) with the priors fitted to the rows not held out,
+Each published measurement (`analysis.priors.published_runs`) is replayed through the plan's own
+code (`analysis.priors.fit.replay`: `analysis.planning.fits.plan_of_shape`, the time model's
+`predict`, `analysis.timemodel.run_setup` memory) with the priors fitted to the rows not held out,
 and printed with the plan's p10/p50/p90 seconds per optimizer step, p50/p90 peak memory, the
 errors and whether the published value falls inside. Rows the plan cannot express are
 listed apart with the reason. `--write-priors` stores the fit where `analysis.plan` reads it.
@@ -16,9 +16,9 @@ import statistics
 import sys
 from typing import Any
 
-from analysis.fitted_priors import PublishedPriors, priors_path, profiles_to_store
-from analysis.published_priors import fit, replay_with
-from analysis.published_runs import PUBLISHED_RUNS, PublishedRun
+from analysis.priors.fit import fit, replay_with
+from analysis.priors.fitted import PublishedPriors, priors_path, profiles_to_store
+from analysis.priors.published_runs import PUBLISHED_RUNS, PublishedRun
 from benchmarks._common import table, write_json
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.files import write_json as write_file

@@ -9,8 +9,8 @@ times on the same 200 validation samples. The full runs are shared, only the tri
 
 Per fraction the trials are scored as a study would score them, one after the other: trial
 i's prediction (`hpo.final_loss.predict_final_loss`, the schedule-aware law of
-`analysis.loss_law` fitted jointly with trials 0..i-1, warm-started from trial i-1's fit,
-its band from `analysis.law_prediction`) is what the study records for it.
+`analysis.curves.law` fitted jointly with trials 0..i-1, warm-started from trial i-1's fit,
+its band from `analysis.curves.law_prediction`) is what the study records for it.
 Reported per fraction: `spearman` of the study's score (the uncorrected p50 where the
 prediction is sure enough to rank, else the loss at the trial's fidelity: `hpo.objective`)
 against the full runs' final losses, and of the p50 and the loss at fidelity alone, the
@@ -60,8 +60,8 @@ from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import analysis.lr_schedule  # noqa: E402
-from analysis.loss_correction import fit_loss_correction  # noqa: E402
+import analysis.curves.lr_schedule  # noqa: E402
+from analysis.curves.correction import fit_loss_correction  # noqa: E402
 from benchmarks._common import machine, table, write_json  # noqa: E402
 from hpo.config import FullRunConfig, StudyConfig, TrialConfig  # noqa: E402
 from hpo.prepare import prepare  # noqa: E402
@@ -220,7 +220,7 @@ def predictions(
     in the first of those trials' search time). With `warm`, each fit starts from the last
     trial's, as in a study (`hpo.final_loss`); without, every fit starts cold. `attrs`, when
     given, gets each trial's user attributes as the study stores them."""
-    from analysis.loss_correction import LossCorrection
+    from analysis.curves.correction import LossCorrection
     from hpo.final_loss import TrialCurve, predict_final_loss
     from hpo.reference_run import REFERENCE_AFTER
 
@@ -273,7 +273,7 @@ def _refit(
 ) -> dict[str, Any]:
     """`before` (trial `index`'s record) with its end prediction, uncorrected: refitted with
     the other trials' `attrs` and the study's shape curves in `study_attrs`."""
-    from analysis.loss_correction import LossCorrection
+    from analysis.curves.correction import LossCorrection
     from hpo.final_loss import study_prediction
 
     started = time.perf_counter()
@@ -298,7 +298,7 @@ def promotion(
     trial (`hpo.pick.standing_trials`: a promoted trial replaces its first). For each, the
     pick's rank and regret, its end prediction's |error| and whether its full run lies in
     its band, and the search's seconds (the promoted trials' included)."""
-    from analysis.loss_correction import LossCorrection
+    from analysis.curves.correction import LossCorrection
     from hpo.final_loss import (
         LAW_CURVE_ATTR,
         REFERENCE_KEY,
@@ -446,7 +446,7 @@ def report(
     model = payload.get("model") or f"tiny llama, pretrain_steps {payload['pretrain_steps']}"
     print(
         f"{len(rows)} configurations, {model}, {data}, forward power "
-        f"{analysis.lr_schedule.FORWARD_POWER:g}"
+        f"{analysis.curves.lr_schedule.FORWARD_POWER:g}"
     )
     short = ["fraction", "spearman", "sp.p50", "sp.fidelity", "pick", "pick p50", "regret", "med err %", "p90 err %",
              "med err corr %", "coverage", "half-width %", "fallbacks", "search s", "fit s"]  # fmt: skip
@@ -623,9 +623,9 @@ def add_fractions(payload: dict[str, Any], fractions: str) -> dict[str, Any]:
 def add_full_run_curves(payload: dict[str, Any], evals: int) -> dict[str, Any]:
     """`payload` with every recorded configuration's full run trained again, evaluated
     `evals` times on the way, its curve recorded as a full run reports it back to the study
-    (`analysis.full_runs.FullRun.shape_curve`). The training is the recorded one: its final
+    (`analysis.calibration.full_runs.FullRun.shape_curve`). The training is the recorded one: its final
     loss is checked against the recorded (an evaluation changes no weight nor data order)."""
-    from analysis.full_runs import FullRun
+    from analysis.calibration.full_runs import FullRun
     from trainers.loop.run import train
 
     with recorded_setup(payload) as (config, prepared, work):
@@ -725,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--forward-power", type=float, default=None,
         help="score with S1 adding (rate / peak) ** P per step (default: the law's "
-        "analysis.lr_schedule.FORWARD_POWER; 1: the paper's area under the rate)",
+        "analysis.curves.lr_schedule.FORWARD_POWER; 1: the paper's area under the rate)",
     )  # fmt: skip
     parser.add_argument(
         "--promote", type=int, default=2,
@@ -797,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.forward_power is not None:
         if not 0.0 < args.forward_power <= 1.0:
             parser.error(f"--forward-power must lie in (0, 1], but got {args.forward_power}")
-        analysis.lr_schedule.FORWARD_POWER = args.forward_power
+        analysis.curves.lr_schedule.FORWARD_POWER = args.forward_power
     trains = args.redo_references or args.add_fractions or args.full_run_curves
     if args.threads and (trains or not args.rescore):
         import torch
@@ -814,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         payload = collect(args)
     scores = report(payload, promote=args.promote, promote_fraction=args.promote_fraction)
-    power = analysis.lr_schedule.FORWARD_POWER
+    power = analysis.curves.lr_schedule.FORWARD_POWER
     write_json(args.json, {**payload, "forward_power": power, "scores": scores})
     return 0
 

@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analysis.calibration import fit as fit_module  # noqa: E402
-from analysis.hardware import HardwareInfo  # noqa: E402
+from analysis.timemodel.hardware import HardwareInfo  # noqa: E402
 from benchmarks._common import median, table, write_json  # noqa: E402
 from common.cli import run_cli  # noqa: E402
 from common.errors import BadInputError  # noqa: E402
@@ -61,8 +61,8 @@ def _fitted_together() -> Iterator[None]:
 def refit(raw: dict[str, Any], work: Path) -> list[dict[str, Any]]:
     """One row per held-out run and fit: predicted p10/p50/p90 against measured."""
     from analysis.calibrate import calibrate_from_results
-    from analysis.planning import plan_of_spec
-    from analysis.timemodel import predict
+    from analysis.planning.fits import plan_of_spec
+    from analysis.timemodel.model import predict
     from benchmarks._held_out import HELD_OUT, held_out_spec, lengths_of, synthetic_data
     from trainers.tiny import build_tokenizer
 

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analysis.calibration.file import Calibration  # noqa: E402
 from analysis.calibration.measurements import WARMUP_MICRO_STEPS  # noqa: E402
-from analysis.planning import plan_of_spec  # noqa: E402
-from analysis.timemodel import Plan, predict  # noqa: E402
+from analysis.planning.fits import plan_of_spec  # noqa: E402
+from analysis.timemodel.model import Plan, predict  # noqa: E402
 from benchmarks._common import machine, table, write_json  # noqa: E402
 from benchmarks._held_out import (  # noqa: E402
     HELD_OUT,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from analysis.interconnect import DEFAULT_LINK, LINKS
-from analysis.search_plan import DEFAULT_RUNGS, DEFAULT_TRIAL_FRACTION, parse_rungs
+from analysis.search.schedule import DEFAULT_RUNGS, DEFAULT_TRIAL_FRACTION, parse_rungs
+from analysis.timemodel.interconnect import DEFAULT_LINK, LINKS
 from common.checks import require, require_choice, require_int
 from common.config import from_mapping, knob, part, same_as, to_mapping
 from common.errors import BadInputError
@@ -76,7 +76,7 @@ class Budget(RunWindow):
         None,
         "The search's GPU-hours as a percentage of the full run's predicted p50 in "
         "GPU-hours (its hours x gpus_per_run; with search_hours: the smaller). Default: 50 % "
-        "once that is an hour or more (analysis/search_plan.py says why); below that, no "
+        "once that is an hour or more (analysis/search/schedule.py says why); below that, no "
         "budget.",
         above=0,
         at_most=1000,

@@ -23,15 +23,20 @@ from typing import TYPE_CHECKING, Any
 from analysis.calibrate import run_probes
 from analysis.calibration.file import Calibration
 from analysis.calibration.fit import fit, update
+from analysis.calibration.full_runs import FullRun, absorb
 from analysis.calibration.measurements import RunMeasurements
-from analysis.full_runs import FullRun, absorb
-from analysis.hardware import HardwareInfo, cpu_matmul_flops, fingerprint, prior_coefficients
-from analysis.loss_correction import LossCorrection
-from analysis.machine import model_profile, this_machine
-from analysis.planning import plan_of_spec
-from analysis.records import TRIAL_ATTR, trial_record
-from analysis.timemodel import Coefficients, Estimate, ModelProfile, Plan, predict
-from analysis.workload import weight_bytes
+from analysis.calibration.records import TRIAL_ATTR, trial_record
+from analysis.curves.correction import LossCorrection
+from analysis.planning.fits import plan_of_spec
+from analysis.timemodel.hardware import (
+    HardwareInfo,
+    cpu_matmul_flops,
+    fingerprint,
+    prior_coefficients,
+)
+from analysis.timemodel.machine import model_profile, this_machine
+from analysis.timemodel.model import Coefficients, Estimate, ModelProfile, Plan, predict
+from analysis.timemodel.workload import weight_bytes
 from hpo.calibration_file import CalibrationFile
 from hpo.final_loss import correction_summary
 from hpo.predictions import (
@@ -378,7 +383,7 @@ class StudyEstimator:
 def save_cost_known(runs: Sequence[RunMeasurements]) -> bool:
     """Whether `runs` measured enough checkpoint saves to fit what a save costs.
 
-    A save costs a fixed time plus a time per adapter parameter (`analysis.timemodel`):
+    A save costs a fixed time plus a time per adapter parameter (`analysis.timemodel.model`):
     `TIMED_SAVES_NEEDED` measured saves of at least two adapter sizes fit both terms. Workers
     share the calibration file, so what one measured counts for all; runs that fall out of
     the stored ones bring the trials' saves back.

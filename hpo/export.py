@@ -15,8 +15,8 @@ import optuna
 import yaml
 
 from analysis.calibration.file import load_for
-from analysis.learning_curve import CurveFit
-from analysis.loss_correction import LossCorrection
+from analysis.curves.correction import LossCorrection
+from analysis.curves.extrapolate import CurveFit
 from analysis.studies import load_study
 from common.cli import EXIT_OK, check_writable, run_cli
 from common.errors import BadInputError

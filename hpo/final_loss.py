@@ -1,7 +1,7 @@
 """A trial's validation curve -> the predicted final validation loss of its full run.
 
 The trial is the start of its full run, so its evaluations are the first points of the full
-run's curve, on the full run's learning-rate schedule. `analysis.loss_law` places them on
+run's curve, on the full run's learning-rate schedule. `analysis.curves.law` places them on
 that schedule (the areas S1/S2 of Tissue et al.'s law at each evaluated step and at the full
 run's last step) and fits them together with the study's other trials' curves (`peers`),
 which share the model and data and so the loss's shape. The study's loss correction, fitted
@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from analysis.curve_noise import Z90
-from analysis.law_prediction import LawPrediction, fit_shared, predict_final
-from analysis.learning_curve import CurveFit
-from analysis.loss_correction import LossCorrection
-from analysis.loss_law import CurveData, JointFit, curve_data, warm_start
-from analysis.lr_schedule import learning_rates, warmup_steps
+from analysis.curves.correction import LossCorrection
+from analysis.curves.extrapolate import CurveFit
+from analysis.curves.law import CurveData, JointFit, curve_data, warm_start
+from analysis.curves.law_prediction import LawPrediction, fit_shared, predict_final
+from analysis.curves.lr_schedule import learning_rates, warmup_steps
+from analysis.curves.noise import Z90
 
 CURVE_ATTR = "val_curve"  # [[samples_seen, val_loss], ...] of a trial
 FIT_ATTR = "curve_fit"  # the uncorrected prediction (CurveFit.to_dict)
@@ -309,7 +309,7 @@ class FinalLoss:
         extrapolation_log_sd: The law's extrapolation error (log sd) at this trial's
             distance from its full run's end.
         law_ranks_better: The study's backtest found its law ranks the curves' later points
-            better than their last losses (`analysis.law_prediction.Backtest`).
+            better than their last losses (`analysis.curves.law_prediction.Backtest`).
         correction: The loss correction applied (`LossCorrection.for_shape` of the study's).
     """
 

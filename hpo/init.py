@@ -181,7 +181,7 @@ def inspect(model: str, data: str) -> Findings:
     Raises:
         BadInputError: The data cannot be read, or the model has no usable tokenizer.
     """
-    from analysis.machine import model_profile, this_machine
+    from analysis.timemodel.machine import model_profile, this_machine
     from hpo.prepare import model_context
     from trainers.data.dataset import DataSpec, load_tokenized
     from trainers.model.lora import load_tokenizer

@@ -27,7 +27,7 @@ from typing import Any
 
 import optuna
 
-from analysis.full_runs import FULL_RUN_ROLE, MEASURED_PREFIX
+from analysis.calibration.full_runs import FULL_RUN_ROLE, MEASURED_PREFIX
 
 log = logging.getLogger(__name__)
 

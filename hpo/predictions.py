@@ -13,12 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from analysis.timemodel import BAND_PARTS, Coefficients, Estimate
+from analysis.timemodel.model import BAND_PARTS, Coefficients, Estimate
 from common.fmt import format_duration
 
 if TYPE_CHECKING:
     from analysis.calibration.file import Calibration
-    from analysis.hardware import HardwareInfo
+    from analysis.timemodel.hardware import HardwareInfo
     from hpo.config import Budget
 
 GIB = 2**30

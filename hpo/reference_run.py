@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from analysis.search_plan import TrialCost
+from analysis.search.schedule import TrialCost
 from common.redact import redact
 from common.workdir import WorkDir
 from hpo.final_loss import (
@@ -50,7 +50,7 @@ from trainers.run_spec import run_spec
 from trainers.spec import TrainSpec, full_run_steps
 
 if TYPE_CHECKING:
-    from analysis.full_runs import FullRun
+    from analysis.calibration.full_runs import FullRun
     from hpo.objective import StudyContext
 
 log = logging.getLogger(__name__)

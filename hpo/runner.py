@@ -448,7 +448,7 @@ def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator, study: op
     """Full runs of this experiment that reported back correct this study's predictions;
     this study's own ones join its loss law's shared fit with their whole curve, and what
     they measured is kept against the trial they came from (`hpo.measured`)."""
-    from analysis.full_runs import from_mlflow
+    from analysis.calibration.full_runs import from_mlflow
 
     try:  # what its own full runs measured: the pick compares it with the predictions
         client, experiment = tracker.client, str(tracker.experiment_id)

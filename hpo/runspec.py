@@ -4,7 +4,7 @@
 into the full run's `TrainSpec`; `trial_spec` cuts a trial out of it, and `train_spec` does
 both for one configuration. The objective trains its trial with them, `hpo.export` writes
 the full run into the preset, and the estimator predicts through them (then
-`analysis.planning.plan_of_spec`).
+`analysis.planning.fits.plan_of_spec`).
 
 A trial is the start of its own full run: the same schedule (warm-up and decay horizon
 from the full run's step count), the same data order, cut short after `trial.fraction` of

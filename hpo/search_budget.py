@@ -1,6 +1,6 @@
 """The study's own budget: planned before the first trial, kept during the study.
 
-The plan (`analysis.search_plan`) sizes the trials from the time model's prediction of a
+The plan (`analysis.search.schedule`) sizes the trials from the time model's prediction of a
 typical feasible configuration, with a trial's fixed cost as this study's trials measured
 it once there are some (refitted after every trial), the prior before. The ledger counts
 from launch to exit: this session's own wall clock since its process started (set-up, a
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from analysis.search_plan import SearchPlan, TrialCost, plan_search_for_run, refit, trial_cost
-from analysis.timemodel import Estimate, predict
+from analysis.search.schedule import SearchPlan, TrialCost, plan_search_for_run, refit, trial_cost
+from analysis.timemodel.model import Estimate, predict
 from common.mlflow_store import metric
 from hpo.config import StudyConfig
 from hpo.states import trials_snapshot

@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 
 from analysis.report.rows import END_PREDICTIONS_ATTR
-from analysis.search_quality import pick_lines
+from analysis.search.quality import pick_lines
 from common.fmt import format_duration, format_hours
 from common.redact import redact
 from common.workdir import WorkDir

@@ -1,7 +1,7 @@
 """A small real Optuna study shaped like the ones `python -m hpo.study` leaves, for report tests.
 
 Trials are added with `study.add_trial` and carry the user attributes the objective records
-(validation curves fitted by `analysis.learning_curve.fit_curve`, estimates, timings), so a
+(validation curves fitted by `analysis.curves.extrapolate.fit_curve`, estimates, timings), so a
 report is drawn from the same shapes without training anything.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from analysis.learning_curve import fit_curve
+from analysis.curves.extrapolate import fit_curve
 
 FULL_RUN_SAMPLES = 6400
 PROFILES = {"fast": (16, 1), "balanced": (8, 2), "quality": (4, 4)}

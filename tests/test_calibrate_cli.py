@@ -10,8 +10,8 @@ import pytest
 
 from analysis.calibrate import ProbeConfig, calibrate_from_results, main, run_probes
 from analysis.calibration.file import load
-from analysis.machine import this_machine
-from analysis.records import TRIAL_ATTR
+from analysis.calibration.records import TRIAL_ATTR
+from analysis.timemodel.machine import this_machine
 from common.cli import run_cli
 from common.workdir import CALIBRATION_FILE
 from hpo.config import load_config

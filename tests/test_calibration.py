@@ -12,9 +12,9 @@ from analysis.calibration.fit import fit, update
 from analysis.calibration.measurements import RunMeasurements
 from analysis.calibration.robust_fit import leave_one_out_fits, robust_positive_fit
 from analysis.calibration.spread import configuration
-from analysis.hardware import fingerprint, prior_coefficients
-from analysis.timemodel import Coefficients, ModelProfile, Plan, predict
-from analysis.workload import (
+from analysis.timemodel.hardware import fingerprint, prior_coefficients
+from analysis.timemodel.model import Coefficients, ModelProfile, Plan, predict
+from analysis.timemodel.workload import (
     NF4_STEP_FACTOR,
     activation_bytes,
     adapter_flops,

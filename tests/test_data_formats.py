@@ -234,7 +234,7 @@ def test_the_cache_is_keyed_by_the_saved_folders_fingerprint(
 
 def test_the_plans_character_estimate_reads_every_format(tmp_path: Path) -> None:
     """`analysis.plan --data` without a tokenizer: the same lengths from Parquet as from JSONL."""
-    from analysis.plan_inputs import lengths_from_data
+    from analysis.planning.inputs import lengths_from_data
 
     def lengths(path: Path) -> tuple[int, ...]:
         return lengths_from_data(str(path), max_length=64, tokenizer_dir=None)[0]

@@ -15,10 +15,10 @@ from mlflow import MlflowClient
 
 from analysis.calibration.file import load
 from analysis.calibration.fit import fit
-from analysis.hardware import HardwareInfo, prior_coefficients
-from analysis.machine import model_profile, this_machine
-from analysis.records import TRIAL_ATTR
-from analysis.timemodel import Coefficients
+from analysis.calibration.records import TRIAL_ATTR
+from analysis.timemodel.hardware import HardwareInfo, prior_coefficients
+from analysis.timemodel.machine import model_profile, this_machine
+from analysis.timemodel.model import Coefficients
 from common.errors import BadInputError
 from common.workdir import CALIBRATION_FILE
 from hpo.config import StudyConfig

@@ -22,11 +22,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from analysis.hardware import prior_coefficients
-from analysis.machine import config_profile, model_profile, this_machine
-from analysis.plan_inputs import load_model_config
-from analysis.planning import plan_of_spec
-from analysis.timemodel import predict
+from analysis.planning.fits import plan_of_spec
+from analysis.planning.inputs import load_model_config
+from analysis.timemodel.hardware import prior_coefficients
+from analysis.timemodel.machine import config_profile, model_profile, this_machine
+from analysis.timemodel.model import predict
 from benchmarks._held_out import lengths_of
 from search_spaces import LogUniform, load_space
 from search_spaces.families import (

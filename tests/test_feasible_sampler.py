@@ -12,8 +12,8 @@ from typing import Any
 import optuna
 import pytest
 
-from analysis.machine import model_profile
-from analysis.timemodel import Coefficients
+from analysis.timemodel.machine import model_profile
+from analysis.timemodel.model import Coefficients
 from hpo.feasible_sampler import (
     ATTEMPTS,
     REDRAWN_ATTR,

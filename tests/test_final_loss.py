@@ -11,11 +11,11 @@ import optuna
 import pytest
 from optuna.storages.journal import JournalFileBackend
 
-from analysis.law_prediction import LawPrediction
-from analysis.learning_curve import CurveFit
-from analysis.loss_correction import LossCorrection
-from analysis.loss_law import JointFit
-from analysis.lr_schedule import learning_rates, schedule_areas
+from analysis.curves.correction import LossCorrection
+from analysis.curves.extrapolate import CurveFit
+from analysis.curves.law import JointFit
+from analysis.curves.law_prediction import LawPrediction
+from analysis.curves.lr_schedule import learning_rates, schedule_areas
 from hpo.final_loss import (
     COLD_FIT_EVERY,
     LAW_CURVE_ATTR,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.hardware import gpu_peak_flops
-from analysis.timemodel import ModelProfile
+from analysis.timemodel.hardware import gpu_peak_flops
+from analysis.timemodel.model import ModelProfile
 from benchmarks.gpu_check import flops_per_token, mfu, require_cuda
 from common.errors import BadInputError
 

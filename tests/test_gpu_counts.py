@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.hardware import HardwareInfo, prior_coefficients
-from analysis.interconnect import LINKS, allreduce_seconds, expected_max_normal
-from analysis.planning import RunShape, per_gpu_shape
-from analysis.timemodel import ModelProfile, Plan, memory_breakdown, predict
+from analysis.planning.fits import RunShape, per_gpu_shape
+from analysis.timemodel.hardware import HardwareInfo, prior_coefficients
+from analysis.timemodel.interconnect import LINKS, allreduce_seconds, expected_max_normal
+from analysis.timemodel.model import ModelProfile, Plan, memory_breakdown, predict
 from tests.cli import run_module
 
 MODEL = ModelProfile(

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from analysis.hardware import HardwareInfo
-from analysis.interconnect import LINKS
-from analysis.search_plan import plan_search_for_run
-from analysis.timemodel import Coefficients, Estimate, ModelProfile
+from analysis.search.schedule import plan_search_for_run
+from analysis.timemodel.hardware import HardwareInfo
+from analysis.timemodel.interconnect import LINKS
+from analysis.timemodel.model import Coefficients, Estimate, ModelProfile
 from hpo.config import StudyConfig, load_config
 from hpo.estimator import StudyEstimator
 from hpo.export import write_preset

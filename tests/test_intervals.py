@@ -15,7 +15,7 @@ from analysis.calibration.file import Calibration, load
 from analysis.calibration.fit import fit
 from analysis.calibration.measurements import RunMeasurements
 from analysis.calibration.spread import configuration
-from analysis.timemodel import Z90, Coefficients, Estimate, Plan, predict
+from analysis.timemodel.model import Z90, Coefficients, Estimate, Plan, predict
 from tests.test_calibration import CONFIGS, CPU, MODEL, PLAN, PRIOR, TRUTH, runs, synthetic_run
 
 # The same configuration measured again and again while the machine's speed wanders, as a

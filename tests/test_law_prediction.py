@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis.curve_noise import Z90
-from analysis.law_prediction import (
+from analysis.curves.law import CurveData, JointFit, curve_data, fit_joint
+from analysis.curves.law_prediction import (
     EXTRAPOLATION_LOG_SD,
     JOINT,
     MAX_LOG_HALF_WIDTH,
@@ -24,8 +24,8 @@ from analysis.law_prediction import (
     leave_out_log_spread,
     predict_final,
 )
-from analysis.loss_law import CurveData, JointFit, curve_data, fit_joint
-from analysis.lr_schedule import learning_rates, schedule_areas
+from analysis.curves.lr_schedule import learning_rates, schedule_areas
+from analysis.curves.noise import Z90
 
 SHARED = (1.5, 4.0, 0.7, 2.0, 0.004)  # L0, D, alpha, beta, C: the annealing term is real
 NOISE = 0.004
@@ -155,7 +155,7 @@ def test_the_one_curve_through_a_decay_stays_in_every_leave_out_refit() -> None:
 def test_the_analytic_jacobian_is_the_laws_derivative() -> None:
     from scipy.optimize._numdiff import approx_derivative
 
-    from analysis.loss_law import law_jacobian
+    from analysis.curves.law import law_jacobian
 
     curves, _ = _trials(3, 0.2, seed=15)
     s1 = np.concatenate([c.s1 for c in curves])

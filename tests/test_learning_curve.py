@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis.learning_curve import CurveFit, fit_curve, power_law
-from analysis.loss_correction import SHAPED_SHRINK_RUNS, LossCorrection, fit_loss_correction
+from analysis.curves.correction import SHAPED_SHRINK_RUNS, LossCorrection, fit_loss_correction
+from analysis.curves.extrapolate import CurveFit, fit_curve, power_law
 
 LINEAR_X = np.arange(1, 13) * 2e5  # an evaluation every 200k tokens
 PARAMETER_SETS = [

@@ -117,10 +117,10 @@ def test_the_plan_counts_the_levers_a_run_asks_for(
 def test_the_time_model_drops_the_logits_under_liger_and_keeps_the_step_time() -> None:
     import dataclasses
 
-    from analysis.hardware import prior_coefficients
-    from analysis.machine import this_machine
-    from analysis.planning import plan_of_spec
-    from analysis.timemodel import ModelProfile, memory_breakdown, predict
+    from analysis.planning.fits import plan_of_spec
+    from analysis.timemodel.hardware import prior_coefficients
+    from analysis.timemodel.machine import this_machine
+    from analysis.timemodel.model import ModelProfile, memory_breakdown, predict
     from trainers.spec import TrainSpec
 
     model = ModelProfile(total_parameters=7_000_000_000, n_layers=32, hidden_size=4096,

@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from analysis.law_prediction import FALLBACK, JOINT, OWN, predict_final
-from analysis.loss_law import CurveData, JointFit, curve_data, fit_joint
-from analysis.lr_schedule import FORWARD_POWER, learning_rates, schedule_areas, warmup_steps
+from analysis.curves.law import CurveData, JointFit, curve_data, fit_joint
+from analysis.curves.law_prediction import FALLBACK, JOINT, OWN, predict_final
+from analysis.curves.lr_schedule import FORWARD_POWER, learning_rates, schedule_areas, warmup_steps
 
 SHARED = (1.5, 4.0, 0.7, 2.0, 0.0)  # L0, D, alpha, beta, C
 

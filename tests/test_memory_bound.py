@@ -17,9 +17,9 @@ import pytest
 
 from analysis.calibrate import ProbeConfig, calibrate_from_results
 from analysis.calibration.file import Calibration
-from analysis.machine import this_machine
-from analysis.planning import plan_of_spec, probe_spec
-from analysis.timemodel import Estimate, predict
+from analysis.planning.fits import plan_of_spec, probe_spec
+from analysis.timemodel.machine import this_machine
+from analysis.timemodel.model import Estimate, predict
 from benchmarks._held_out import lengths_of, synthetic_data
 from trainers.loop.run import train
 from trainers.tiny import ARCHS, build_tiny
@@ -103,8 +103,8 @@ def test_recorded_accuracy_runs_stay_under_the_p90_calibrated_from_their_probes(
     under the predicted p90 of its configuration."""
     import json
 
-    from analysis.hardware import HardwareInfo
-    from analysis.timemodel import Plan, memory_breakdown
+    from analysis.timemodel.hardware import HardwareInfo
+    from analysis.timemodel.model import Plan, memory_breakdown
 
     runs = json.loads(recorded.read_text())
     hardware = HardwareInfo(**runs["hardware"])

@@ -16,8 +16,8 @@ import pytest
 
 from analysis.calibration.fit import fit
 from analysis.calibration.measurements import RunMeasurements, first_seen
-from analysis.timemodel import predict
-from analysis.workload import expected_new_shapes
+from analysis.timemodel.model import predict
+from analysis.timemodel.workload import expected_new_shapes
 from tests.test_calibration import PRIOR, TRUTH, micro_seconds
 from tests.test_timemodel import CPU, MODEL, plan
 

@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 
 from analysis.calibrate import main as calibrate_main
 from analysis.calibration.file import load
-from analysis.learning_curve import CurveFit
+from analysis.curves.extrapolate import CurveFit
 from analysis.report.rows import END_PREDICTIONS_ATTR
 from common.cli import run_cli
 from hpo.config import StudyConfig, load_config
@@ -358,7 +358,7 @@ def test_bad_objective_settings_name_the_field(field: str, value: Any, message: 
 
 def test_full_runs_fold_into_the_calibration_once(studied: Studied, tmp_path: Path) -> None:
     from analysis.calibration.file import LossRun
-    from analysis.full_runs import FullRun, absorb
+    from analysis.calibration.full_runs import FullRun, absorb
 
     report = studied.full_run
     base = load(Path(studied.config.work_dir) / "calibration.json")

@@ -165,7 +165,7 @@ def test_packed_run_trains_on_real_tokens(tiny_model_dir: Path, tmp_path: Path) 
 
 
 def _plan(packing: str, device: str = "cuda", precision: str = "bf16") -> Any:
-    from analysis.timemodel import ModelProfile, Plan
+    from analysis.timemodel.model import ModelProfile, Plan
 
     rng = random.Random(1)
     return Plan(
@@ -192,8 +192,8 @@ def _plan(packing: str, device: str = "cuda", precision: str = "bf16") -> Any:
 
 
 def test_time_model_counts_packed_sequences_and_real_tokens() -> None:
-    from analysis.hardware import HardwareInfo, prior_coefficients
-    from analysis.timemodel import predict
+    from analysis.timemodel.hardware import HardwareInfo, prior_coefficients
+    from analysis.timemodel.model import predict
 
     padded, packed = _plan("none"), _plan("padding_free")
     h100 = prior_coefficients(HardwareInfo("cuda", "NVIDIA H100", 80 * 2**30, 16, "bf16"))
@@ -253,9 +253,9 @@ def test_packed_attention_is_priced_as_the_trainer_runs_it() -> None:
     """SDPA with the block-diagonal mask computes whole rows, on a GPU too (not per sample)."""
     import dataclasses
 
-    from analysis.hardware import HardwareInfo, prior_coefficients
-    from analysis.timemodel import predict
-    from analysis.workload import attention_flops
+    from analysis.timemodel.hardware import HardwareInfo, prior_coefficients
+    from analysis.timemodel.model import predict
+    from analysis.timemodel.workload import attention_flops
     from trainers.model.runtime import ATTENTION_KERNEL, per_sample_attention
 
     assert ATTENTION_KERNEL == "sdpa" and not per_sample_attention()

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from analysis.calibration.file import VERSION, Calibration
-from analysis.gpus import KNOWN_GPUS, find_gpu, peak_of
-from analysis.hardware import fingerprint, gpu_peak_flops
-from analysis.machine import config_profile
 from analysis.plan import main
-from analysis.plan_inputs import lengths_from_count, load_model_config, shipped_configs
-from analysis.planning import RunShape, coefficients_for, evaluate, plan_of_shape
-from analysis.timemodel import ModelProfile, memory_breakdown, predict
+from analysis.planning.fits import RunShape, coefficients_for, evaluate, plan_of_shape
+from analysis.planning.inputs import lengths_from_count, load_model_config, shipped_configs
+from analysis.timemodel.gpus import KNOWN_GPUS, find_gpu, peak_of
+from analysis.timemodel.hardware import fingerprint, gpu_peak_flops
+from analysis.timemodel.machine import config_profile
+from analysis.timemodel.model import ModelProfile, memory_breakdown, predict
 from common.cli import run_cli
 from tests.cli import run_module
 from trainers.data.paths import demo_data_path

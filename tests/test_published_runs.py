@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from analysis.fitted_priors import load, stored_profiles
-from analysis.gpus import find_gpu
-from analysis.machine import config_profile
-from analysis.plan_inputs import load_model_config, shipped_configs
-from analysis.published_priors import replay_with, setup_of
-from analysis.published_runs import PUBLISHED_RUNS, expressible_runs
-from analysis.run_setup import ATTENTION_KERNELS, MEMORY_MEASURES, RunSetup
+from analysis.planning.inputs import load_model_config, shipped_configs
+from analysis.priors.fit import replay_with, setup_of
+from analysis.priors.fitted import load, stored_profiles
+from analysis.priors.published_runs import PUBLISHED_RUNS, expressible_runs
+from analysis.timemodel.gpus import find_gpu
+from analysis.timemodel.machine import config_profile
+from analysis.timemodel.run_setup import ATTENTION_KERNELS, MEMORY_MEASURES, RunSetup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ TIME_MEASURES = ("s/it", "tokens/s", "s per 250 steps")
 
 @pytest.mark.parametrize("run", PUBLISHED_RUNS, ids=lambda r: r.name)
 def test_every_row_names_its_source_setup_and_measure(run: object) -> None:
-    from analysis.published_runs import PublishedRun
+    from analysis.priors.published_runs import PublishedRun
 
     assert isinstance(run, PublishedRun)
     # A published page, or this project's own measurement file (benchmarks/gpu_scale.py).
@@ -81,9 +81,9 @@ def test_setup_fields_move_memory_the_way_published_tables_do() -> None:
     """Eager attention adds quadratic memory, fp32 logits and reserved memory add more."""
     import dataclasses
 
-    from analysis.plan_inputs import lengths_from_count
-    from analysis.planning import RunShape, plan_of_shape
-    from analysis.run_setup import MemoryTerms, peak_memory
+    from analysis.planning.fits import RunShape, plan_of_shape
+    from analysis.planning.inputs import lengths_from_count
+    from analysis.timemodel.run_setup import MemoryTerms, peak_memory
 
     model = stored_profiles()[("qwen-7b", "auto")]
     gpu = find_gpu("A100-80GB")
@@ -131,7 +131,7 @@ def test_bad_setup_field_exits_2_naming_it(
 def test_a_gpu_without_points_borrows_its_generations_speed() -> None:
     import dataclasses
 
-    from analysis.gpus import custom_gpu
+    from analysis.timemodel.gpus import custom_gpu
 
     priors = load()
     assert priors is not None

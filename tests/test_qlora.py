@@ -86,8 +86,8 @@ def test_nf4_weight_term_holds_a_loaded_4bit_base_at_16_bit_training(tiny_model_
     """Whatever the training precision, kbit preparation leaves the unquantized parameters
     (embeddings, head, norms) in fp32: the plan's weight term must hold what is loaded."""
     pytest.importorskip("bitsandbytes")
-    from analysis.machine import model_profile
-    from analysis.workload import weight_bytes
+    from analysis.timemodel.machine import model_profile
+    from analysis.timemodel.workload import weight_bytes
     from trainers.model.quantization import load_quantized
 
     model = load_quantized(str(tiny_model_dir), device="cpu", precision="bf16")

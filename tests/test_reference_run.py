@@ -9,8 +9,8 @@ import numpy as np
 import optuna
 import pytest
 
-from analysis.loss_law import JointFit
-from analysis.search_plan import TrialCost
+from analysis.curves.law import JointFit
+from analysis.search.schedule import TrialCost
 from hpo.final_loss import SHAPE_CURVE_PREFIX, TrialCurve, predict_final_loss, shared_shape
 from hpo.reference_run import (
     REFERENCE_ATTR,
@@ -62,7 +62,7 @@ def test_the_reference_run_identifies_the_annealing_term(tmp_path: Path) -> None
     target = trials[0]
     data = target.data()
     truth = float(JointFit(SHARED, (2.0,), 0.0, 0).loss(0, data.s1_end, data.s2_end))
-    from analysis.loss_correction import LossCorrection
+    from analysis.curves.correction import LossCorrection
 
     def p50(peers: list[TrialCurve]) -> float:
         final = predict_final_loss(
@@ -133,7 +133,7 @@ def _report(study: str, status: str = "finished", data: str = "/d/data.jsonl") -
 
 
 def test_full_runs_of_the_study_join_the_shared_fit_with_their_whole_curve() -> None:
-    from analysis.full_runs import FullRun
+    from analysis.calibration.full_runs import FullRun
     from hpo.final_loss import study_peers
     from hpo.reference_run import add_full_run_curves
 

@@ -384,7 +384,7 @@ def test_a_full_runs_own_report_gives_its_band(tmp_path: Path) -> None:
 
 
 def test_the_report_lists_the_full_runs_that_reported_back() -> None:
-    from analysis.full_runs import MEASURED_PREFIX
+    from analysis.calibration.full_runs import MEASURED_PREFIX
     from analysis.report.document import measured_line
 
     assert measured_line({"other": 1}) is None

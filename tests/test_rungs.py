@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from analysis.search_plan import DEFAULT_RUNGS, parse_rungs
+from analysis.search.schedule import DEFAULT_RUNGS, parse_rungs
 from common.errors import BadInputError
 from hpo.config import TrialConfig, load_config
 from hpo.final_loss import CURVE_ATTR, LAW_CURVE_ATTR, loss_one_doubling_on

@@ -19,9 +19,9 @@ import optuna
 import pytest
 import yaml
 
-from analysis.machine import model_profile, this_machine
-from analysis.planning import plan_of_spec
-from analysis.timemodel import Plan
+from analysis.planning.fits import plan_of_spec
+from analysis.timemodel.machine import model_profile, this_machine
+from analysis.timemodel.model import Plan
 from common.cli import run_cli
 from hpo.config import StudyConfig, load_config
 from hpo.estimator import StudyEstimator
@@ -304,8 +304,8 @@ def chat(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.mark.parametrize("packing", ["padding_free", "none"])
 def test_a_packed_trial_counts_the_packers_sequences(chat: Any, packing: str) -> None:
-    from analysis.hardware import prior_coefficients
-    from analysis.timemodel import predict
+    from analysis.timemodel.hardware import prior_coefficients
+    from analysis.timemodel.model import predict
     from trainers.loop.trainer_setup import training_items
     from trainers.spec import full_run_steps
 

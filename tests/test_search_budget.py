@@ -1,4 +1,4 @@
-"""The search budget: planned before the first trial (analysis.search_plan), kept during the
+"""The search budget: planned before the first trial (analysis.search.schedule), kept during the
 study (hpo.search_budget): a trial that would cross it stops at its next evaluation, the study
 ends when it is spent whatever n_trials says, and the parent MLflow run records plan and spend.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 import pytest
 
-from analysis.search_plan import (
+from analysis.search.schedule import (
     DEFAULT_SEARCH_BUDGET_PCT,
     ENOUGH_TRIALS,
     MIN_FIDELITY,
@@ -24,7 +24,7 @@ from analysis.search_plan import (
     refit,
     trial_cost,
 )
-from analysis.timemodel import predict
+from analysis.timemodel.model import predict
 from common.fmt import format_hours
 from hpo.config import load_config
 from hpo.estimator import StudyEstimator

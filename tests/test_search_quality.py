@@ -1,10 +1,10 @@
-"""analysis.search_quality: a plan's size read off the replayed pick-by-budget curve."""
+"""analysis.search.quality: a plan's size read off the replayed pick-by-budget curve."""
 
 from __future__ import annotations
 
 import pytest
 
-from analysis.search_quality import expected_pick
+from analysis.search.quality import expected_pick
 
 TABLE = {
     "curves": "test curves",

@@ -9,15 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.hardware import (
+from analysis.timemodel.hardware import (
     HardwareInfo,
     cpu_matmul_flops,
     fingerprint,
     peak_flops,
     prior_coefficients,
 )
-from analysis.timemodel import Coefficients, ModelProfile, Plan, predict
-from analysis.workload import expected_padded_tokens
+from analysis.timemodel.model import Coefficients, ModelProfile, Plan, predict
+from analysis.timemodel.workload import expected_padded_tokens
 from common.errors import BadInputError
 from trainers.spec import TrainSpec, optimizer_steps
 

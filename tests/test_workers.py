@@ -59,8 +59,8 @@ def test_gpu_assignment_refuses(n_workers: int, gpus: list[str], expected: str) 
 
 def test_the_fingerprint_is_per_gpu_kind() -> None:
     """A worker's hardware fingerprint names the GPU it sees, not which index or how many."""
-    from analysis.hardware import HardwareInfo, fingerprint
-    from analysis.timemodel import ModelProfile
+    from analysis.timemodel.hardware import HardwareInfo, fingerprint
+    from analysis.timemodel.model import ModelProfile
 
     model = ModelProfile(total_parameters=10**6, n_layers=2, hidden_size=64, vocab_size=512,
                          lora_parameters_per_rank=256)  # fmt: skip

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from analysis.calibration.measurements import RunMeasurements
-from analysis.hardware import HardwareInfo
-from analysis.loss_correction import LossCorrection, fit_loss_correction
-from analysis.timemodel import Coefficients, ModelProfile
+from analysis.curves.correction import LossCorrection, fit_loss_correction
+from analysis.timemodel.hardware import HardwareInfo
+from analysis.timemodel.model import Coefficients, ModelProfile
 from common.errors import BadInputError
 from common.files import write_atomic
 

@@ -20,9 +20,9 @@ from analysis.calibration.measurements import RunMeasurements
 from analysis.calibration.memory import fit_memory, memory_margin
 from analysis.calibration.robust_fit import robust_positive_fit
 from analysis.calibration.spread import configuration, step_spread
-from analysis.hardware import HardwareInfo, fingerprint, prior_coefficients
-from analysis.timemodel import Coefficients, ModelProfile
-from analysis.workload import adapter_flops, attention_flops, frozen_flops
+from analysis.timemodel.hardware import HardwareInfo, fingerprint, prior_coefficients
+from analysis.timemodel.model import Coefficients, ModelProfile
+from analysis.timemodel.workload import adapter_flops, attention_flops, frozen_flops
 
 
 def _micro_rates(c: Coefficients) -> np.ndarray:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.workload import LEVER_STEP_FACTOR, NF4_STEP_FACTOR
+from analysis.timemodel.workload import LEVER_STEP_FACTOR, NF4_STEP_FACTOR
 from common.errors import BadInputError
 from trainers.spec import QUANTIZATION_MODES, eval_batch_size
 
@@ -45,7 +45,7 @@ class RunMeasurements:
         eval_samples: Samples per evaluation (0 = unknown).
         quantization: The base's weights: "none", or "nf4" (QLoRA). An NF4 run's steps are
             slower and its weights smaller: the fit takes both out, so that one set of
-            coefficients serves both kinds of run (`analysis.workload.NF4_STEP_FACTOR`).
+            coefficients serves both kinds of run (`analysis.timemodel.workload.NF4_STEP_FACTOR`).
         micro_step_new_shape: True where the micro-batch's padded length had not been seen
             earlier in the run. On a GPU such a step pays one-off costs (the allocator's new
             blocks, cuBLAS and attention kernel choices): 0.25-2 s against 0.1 s on an H100
@@ -169,7 +169,7 @@ class RunMeasurements:
     @property
     def step_factor(self) -> float:
         """How much slower this run's micro-steps are than the same run's unquantized and
-        without speed levers (`analysis.workload`)."""
+        without speed levers (`analysis.timemodel.workload`)."""
         factor = NF4_STEP_FACTOR if self.quantization == "nf4" else 1.0
         for lever in self.levers:
             factor *= LEVER_STEP_FACTOR[lever]

@@ -14,9 +14,9 @@ from analysis.calibration.robust_fit import (
     leave_one_out_fits,
     robust_positive_fit,
 )
-from analysis.hardware import HardwareInfo
-from analysis.timemodel import Coefficients, ModelProfile
-from analysis.workload import activation_bytes, static_memory_bytes
+from analysis.timemodel.hardware import HardwareInfo
+from analysis.timemodel.model import Coefficients, ModelProfile
+from analysis.timemodel.workload import activation_bytes, static_memory_bytes
 
 # Peak memory: a held-out run's log(measured / predicted) has about this sd before any is
 # seen (worth two runs); the p90 never sits less than 5 % above the median (on CPU the

@@ -9,7 +9,7 @@ import numpy as np
 from scipy.stats import t as student_t
 
 from analysis.calibration.measurements import RunMeasurements
-from analysis.timemodel import Coefficients
+from analysis.timemodel.model import Coefficients
 
 _RUN_SD_PRIOR = 0.12  # run-to-run sd of step time before seeing repeats (5-13 % here)
 _RUN_SD_FLOOR = 0.05

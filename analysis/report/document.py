@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import analysis.report.loss_plots as loss_plots
 import analysis.report.machine_plots as machine_plots
 import analysis.report.search_plots as search_plots
-from analysis.full_runs import MEASURED_PREFIX
+from analysis.calibration.full_runs import MEASURED_PREFIX
 from analysis.report.canvas import Section
 from analysis.report.rows import (
     END_PREDICTIONS_ATTR,

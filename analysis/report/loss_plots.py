@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from analysis.learning_curve import CurveFit
+from analysis.curves.extrapolate import CurveFit
 from analysis.report.canvas import CYCLE, Section, fmt, new_figure, save
 from analysis.report.pareto import cheapest_within, pareto_front
 from analysis.report.rows import TrialRow, finite

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from analysis.fitted_priors import load
+    from analysis.priors.fitted import load
     from benchmarks._held_out import synthetic_data
     from trainers.loop.inputs import RunInputs
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     record.set("gpu", gpu)
     priors = load()
     if priors is None:
-        raise BadInputError("no published priors stored (analysis/published_priors.json)")
+        raise BadInputError("no published priors stored (analysis/priors/published_priors.json)")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     data = str(synthetic_data(work / "scale-data.jsonl", samples=300 if args.smoke else 6000))
@@ -117,21 +117,21 @@ if __name__ == "__main__":
 def predictions(gpus: tuple[str, ...] = ("H100", "H200")) -> dict[str, Any]:
     """The plan's replay of every lease setup on each GPU, before anything is measured.
 
-    The same replay `compare` makes of a measured row (`analysis.published_priors`), with
+    The same replay `compare` makes of a measured row (`analysis.priors.fit`), with
     nothing measured: seconds per optimizer step p10/p50/p90, tokens/s at the p50 and peak
     memory p50/p90 (allocated and reserved). The levers part's pairs run without the lever at
     these shapes too; a lever's own effect has no prior (a factor of 1 until measured).
     """
     import dataclasses
 
-    from analysis.fitted_priors import load
-    from analysis.published_priors import replay_with
+    from analysis.priors.fit import replay_with
+    from analysis.priors.fitted import load
     from benchmarks.gpu_scale import as_row
     from benchmarks.lease.levers import MODEL, PAIRS
 
     priors = load()
     if priors is None:
-        raise BadInputError("no published priors stored (analysis/published_priors.json)")
+        raise BadInputError("no published priors stored (analysis/priors/published_priors.json)")
     setups = [(name, s) for name, group in SETUPS.items() for s in group]
     setups += [(MODEL, s) for _, s in PAIRS.values() if (MODEL, s) not in setups]
     cache: dict = {}
@@ -150,4 +150,4 @@ def predictions(gpus: tuple[str, ...] = ("H100", "H200")) -> dict[str, Any]:
                        seconds_p90=plan.seconds_p90, tokens_per_second_p50=tokens / plan.seconds_p50)  # fmt: skip
             rows.append(row)
     return {"what": "analysis.plan's replay of every lease setup, before the lease measured it",
-            "priors": "analysis/published_priors.json", "rows": rows}  # fmt: skip
+            "priors": "analysis/priors/published_priors.json", "rows": rows}  # fmt: skip

@@ -119,11 +119,11 @@ def requested_levers(
     device_kind: str,
     measured_faster: frozenset[str] = MEASURED_FASTER,
 ) -> tuple[str, ...]:
-    """The levers a plan counts before the model is at hand (`analysis.planning`).
+    """The levers a plan counts before the model is at hand (`analysis.planning.fits`).
 
     What `choose_levers` turns on where the model allows it: "on" (Liger only on CUDA), or
     "auto" for a lever measured faster, on CUDA. A model the fast path does not apply to
-    runs without it; its step factor (`analysis.workload.LEVER_STEP_FACTOR`) is 1 until a
+    runs without it; its step factor (`analysis.timemodel.workload.LEVER_STEP_FACTOR`) is 1 until a
     lease measures it, so the plan is the same either way.
     """
     cuda = device_kind == "cuda"

@@ -8,7 +8,7 @@ at 8,192 tokens is 4.6 GiB per fp32 copy), the allocator's reserved memory over 
 hold (what nvidia-smi and most tables report), and the length distribution (peak memory
 follows the longest micro-batch, throughput the mean). `RunSetup` carries them, and
 `peak_memory` turns a plan plus a setup into peak bytes by part, with the memory terms
-fitted to published runs (`analysis.published_priors`).
+fitted to published runs (`analysis.priors.fit`).
 
 Pure Python over the time model's types: no torch.
 """
@@ -19,9 +19,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from analysis.interconnect import DEFAULT_LINK, GRADIENT_BYTES, find_link
-from analysis.timemodel import ModelProfile, Plan
-from analysis.workload import PRECISION_BYTES, weight_bytes
+from analysis.timemodel.interconnect import DEFAULT_LINK, GRADIENT_BYTES, find_link
+from analysis.timemodel.model import ModelProfile, Plan
+from analysis.timemodel.workload import PRECISION_BYTES, weight_bytes
 from common.errors import BadInputError
 from trainers.spec import QUANTIZATION_MODES
 
@@ -82,7 +82,7 @@ class RunSetup:
         packing: Samples are packed into full max_length rows (no padding, every row full).
         quantization: "none", or "nf4": the base's linear layers in 4 bits (QLoRA).
         interconnect: The link between the GPUs of a data-parallel run
-            (`analysis.interconnect.LINKS`).
+            (`analysis.timemodel.interconnect.LINKS`).
     """
 
     attention: str = "sdpa"

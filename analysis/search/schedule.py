@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from analysis.search_quality import expected_pick, pick_lines
-from analysis.timemodel import Estimate
+from analysis.search.quality import expected_pick, pick_lines
+from analysis.timemodel.model import Estimate
 from common.checks import require
 from common.errors import BadInputError
 from common.fmt import format_hours
@@ -36,7 +36,7 @@ DEFAULT_SEARCH_BUDGET_PCT = 50.0
 DEFAULT_BUDGET_FROM_HOURS = 1.0
 # The lowest fidelity the loss-prediction benchmark measured (rank_fidelity: 0.01-0.1).
 MIN_FIDELITY = 0.01
-# The joint loss-law fit needs at least three points on a curve (analysis/loss_law.py).
+# The joint loss-law fit needs at least three points on a curve (analysis/curves/law.py).
 MIN_FIT_EVALS = 3
 # The fidelity is lowered to make room for the trials asked for, but not for more than this
 # many: past it, longer trials are worth more than more of them. `hpo_efficiency.py`, 2
@@ -204,7 +204,7 @@ class SearchPlan:
     @property
     def default_shape(self) -> bool:
         """Whether its rungs are the default ones (scaled or not): what the replayed
-        pick-by-budget curve (`analysis.search_quality`) measured."""
+        pick-by-budget curve (`analysis.search.quality`) measured."""
         default = parse_rungs(DEFAULT_RUNGS, DEFAULT_TRIAL_FRACTION)
         return bool(self.rungs) and tuple(map(tuple, self.rungs_asked)) == default
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.timemodel import DEVICE_KINDS, Coefficients, ModelProfile
-from analysis.workload import PRECISION_BYTES
+from analysis.timemodel.model import DEVICE_KINDS, Coefficients, ModelProfile
+from analysis.timemodel.workload import PRECISION_BYTES
 from common.checks import require
 
 # Dense peak FLOP/s (half precision tensor cores, fp32 without TF32), from vendor data sheets.

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from analysis.curve_noise import MAD_TO_SD, Z90
-from analysis.learning_curve import CurveFit, integer, number, rounded_dict
+from analysis.curves.extrapolate import CurveFit, integer, number, rounded_dict
+from analysis.curves.noise import MAD_TO_SD, Z90
 from common.config import require_keys
 
 CORRECTION_VERSION = 1

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from analysis.hardware import HardwareInfo
-from analysis.timemodel import ModelProfile
+from analysis.timemodel.hardware import HardwareInfo
+from analysis.timemodel.model import ModelProfile
 from common.errors import BadInputError
 
 

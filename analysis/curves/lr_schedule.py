@@ -2,7 +2,7 @@
 
 S1(s) is the forward area up to optimizer step s, S2(s) the annealing area (Tissue et al.,
 "Scaling Law with Learning Rate Annealing", arXiv 2408.11029), both in units of the run's
-peak rate: what `analysis.loss_law` fits the loss against. The paper's S1 sums the rate;
+peak rate: what `analysis.curves.law` fits the loss against. The paper's S1 sums the rate;
 here each step adds its rate to the power `FORWARD_POWER` (see there).
 
 Pure numpy: imports nothing from the project.

@@ -1,5 +1,5 @@
 """The robust least-squares fit of the saturating power law a + b * t ** (-c), and the
-residual bootstrap of its prediction (`analysis.learning_curve` decides when to use them).
+residual bootstrap of its prediction (`analysis.curves.extrapolate` decides when to use them).
 
 Pure numpy/scipy: imports nothing from the project.
 """

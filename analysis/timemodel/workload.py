@@ -1,6 +1,6 @@
 """What a run's steps cost in work: tokens per micro-batch, FLOPs, and bytes of memory.
 
-The physical features the time model (`analysis.timemodel`) turns into seconds and bytes
+The physical features the time model (`analysis.timemodel.model`) turns into seconds and bytes
 with its coefficients, and that a calibration (`analysis.calibration`) fits them to: the
 padded tokens of a micro-batch under dynamic padding or packing, the matmul FLOPs of the
 frozen weights, the adapters and attention, and the memory of weights, adapters, optimizer
@@ -21,7 +21,7 @@ PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 class ModelSize(Protocol):
-    """The sizes of a model the features read (`analysis.timemodel.ModelProfile`)."""
+    """The sizes of a model the features read (`analysis.timemodel.model.ModelProfile`)."""
 
     @property
     def total_parameters(self) -> int: ...

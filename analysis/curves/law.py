@@ -5,7 +5,7 @@ Tissue et al., "Scaling Law with Learning Rate Annealing" (NeurIPS 2025, arXiv 2
     L(s) = L0 + A * S1(s) ** (-alpha) - C * S2(s)
 
 S1(s) is the forward area up to optimizer step s: in the paper the area under the
-learning-rate curve; here the sum of eta_i ** `analysis.lr_schedule.FORWARD_POWER` (0.5),
+learning-rate curve; here the sum of eta_i ** `analysis.curves.lr_schedule.FORWARD_POWER` (0.5),
 because in fine-tuning runs a step at a lower rate moves the loss nearly as far as one at the
 peak (measured there). S2(s) is the annealing area: a momentum-weighted sum of the rate's
 drops, m_i = decay * m_(i-1) + (eta_(i-1) - eta_i), S2(s) = sum of m_i up to s. Both are in
@@ -13,16 +13,16 @@ units of the run's peak rate (a step at the peak rate adds 1 to S1), so A absorb
 configuration learns per step and C is the loss one unit of annealing removes.
 
 A trial is the start of its full run: it knows the full run's whole schedule (warm-up,
-decay, step count) from `analysis.lr_schedule.learning_rates`, which reproduces transformers' schedulers, so
+decay, step count) from `analysis.curves.lr_schedule.learning_rates`, which reproduces transformers' schedulers, so
 the law predicts the loss at the full run's last step with its decay included.
 
 The study's trials share the model and the data, so the exponent, the annealing
 coefficient and the loss floor L0 are shared: `fit_joint` fits all trials at once, each
 keeping its own amplitude A. A 6-point curve then borrows the shape the other trials
-show. `analysis.law_prediction` turns the fit into a trial's prediction and its band.
+show. `analysis.curves.law_prediction` turns the fit into a trial's prediction and its band.
 
-Pure numpy/scipy: imports nothing from the project but `analysis.curve_noise` and
-`analysis.lr_schedule`.
+Pure numpy/scipy: imports nothing from the project but `analysis.curves.noise` and
+`analysis.curves.lr_schedule`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import least_squares
 
-from analysis.curve_noise import MAD_TO_SD, chord_deviations
-from analysis.lr_schedule import ANNEALING_DECAY, schedule_areas
+from analysis.curves.lr_schedule import ANNEALING_DECAY, schedule_areas
+from analysis.curves.noise import MAD_TO_SD, chord_deviations
 
 FloatArray = NDArray[np.float64]
 

@@ -1,6 +1,6 @@
 """The priors `analysis.plan` starts from, as fitted to published LoRA runs, and their file.
 
-`analysis.published_priors` fits them (`python -m benchmarks.published_runs --write-priors`)
+`analysis.priors.fit` fits them (`python -m benchmarks.published_runs --write-priors`)
 and stores them in `published_priors.json`; this module reads them and turns them into the
 time model's coefficients for a GPU. It imports nothing of the planning, so the planning can
 import it.
@@ -16,10 +16,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from analysis.gpus import KNOWN_GPUS, GpuSpec, peak_of
-from analysis.hardware import prior_coefficients
-from analysis.run_setup import MemoryTerms
-from analysis.timemodel import Coefficients, ModelProfile
+from analysis.timemodel.gpus import KNOWN_GPUS, GpuSpec, peak_of
+from analysis.timemodel.hardware import prior_coefficients
+from analysis.timemodel.model import Coefficients, ModelProfile
+from analysis.timemodel.run_setup import MemoryTerms
 
 GIB = 2**30
 PRIORS_FILE = "published_priors.json"
@@ -30,7 +30,7 @@ class PublishedPriors:
     """What the fit to published runs gives a plan on a GPU it has not measured.
 
     Attributes:
-        utilisation: Fraction of the dense peak per GPU name (`analysis.gpus`) that had points.
+        utilisation: Fraction of the dense peak per GPU name (`analysis.timemodel.gpus`) that had points.
         pooled_utilisation: For a GPU of a generation with no points: the median over all
             fitted points.
         micro_fixed_seconds: Per micro-step overhead beyond FLOPs (kernel launches, hooks).
@@ -95,7 +95,7 @@ class PublishedPriors:
 
 def priors_path() -> Path:
     """Where the fitted priors are stored (inside the package)."""
-    return Path(str(resources.files("analysis").joinpath(PRIORS_FILE)))
+    return Path(str(resources.files("analysis.priors").joinpath(PRIORS_FILE)))
 
 
 def stored_profiles(path: str | Path | None = None) -> dict[tuple[str, Any], ModelProfile]:

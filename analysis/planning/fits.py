@@ -6,8 +6,8 @@ through it, so a prediction is always of the run that trains. `plan_of_shape` pl
 full run of a `RunShape` (the choices that set a run's duration and memory) with a study's
 defaults, for `python -m analysis.plan`; `probe_spec` is a short measured run of one
 shape. Runs are built by `trainers.run_spec.run_spec`, the one translation of a choice into
-a `TrainSpec`. The model's profile comes from `analysis.machine`, the data's token lengths
-from `analysis.plan_inputs`, the prediction from `analysis.timemodel.predict`.
+a `TrainSpec`. The model's profile comes from `analysis.timemodel.machine`, the data's token lengths
+from `analysis.planning.inputs`, the prediction from `analysis.timemodel.model.predict`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis import fitted_priors
 from analysis.calibration.file import Calibration, load
-from analysis.gpus import GpuSpec, peak_of
-from analysis.hardware import HardwareInfo, prior_coefficients
-from analysis.run_setup import ATTENTION_RATE, MemoryTerms, RunSetup, peak_memory
-from analysis.timemodel import Coefficients, Estimate, ModelProfile, Plan, predict
+from analysis.priors import fitted as fitted_priors
+from analysis.timemodel.gpus import GpuSpec, peak_of
+from analysis.timemodel.hardware import HardwareInfo, prior_coefficients
+from analysis.timemodel.model import Coefficients, Estimate, ModelProfile, Plan, predict
+from analysis.timemodel.run_setup import ATTENTION_RATE, MemoryTerms, RunSetup, peak_memory
 from trainers.model.levers import requested_levers
 from trainers.run_spec import Settings, run_spec
 from trainers.spec import (
@@ -201,7 +201,7 @@ def coefficients_for(
         where = (
             f"priors for {gpu.name} ({peak / 1e12:g} TFLOP/s {gpu.precision} peak; {kind} "
             f"utilisation {fitted.utilisation_for(gpu):.2f} fitted to "
-            f"{len(fitted.fitted_points)} measured runs (analysis/published_runs.json), band "
+            f"{len(fitted.fitted_points)} measured runs (analysis/priors/published_runs.json), band "
             f"x{math.exp(fitted.log_p10):.2f}-x{math.exp(fitted.log_p90):.2f})"
         )
     return prior, where + (f"; not calibrated there ({'; '.join(notes)})" if notes else "")
@@ -255,7 +255,7 @@ def evaluate(
     """Predict one run; it fits when its p90 memory and its p90 duration do.
 
     With a `setup` (attention kernel, logits precision, longest sample, memory measure) the
-    peak memory is `analysis.run_setup.peak_memory` with `memory` terms, and the attention
+    peak memory is `analysis.timemodel.run_setup.peak_memory` with `memory` terms, and the attention
     kernel sets the attention FLOPs' rate; without one, the time model's own memory estimate.
     """
     plan = plan_of_shape(shape, model, lengths, gpu)

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from analysis.calibration.measurements import RunMeasurements
-from analysis.hardware import HardwareInfo
-from analysis.timemodel import ModelProfile
+from analysis.timemodel.hardware import HardwareInfo
+from analysis.timemodel.model import ModelProfile
 
 TRIAL_ATTR = "time_model_run"  # user attribute of a trained trial: hardware, model, run
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from analysis.planning import Fit, Target, plan_of_shape
-from analysis.run_setup import MemoryTerms, RunSetup, memory_parts
+from analysis.planning.fits import Fit, Target, plan_of_shape
+from analysis.timemodel.run_setup import MemoryTerms, RunSetup, memory_parts
 from common.fmt import format_duration
 
 GIB = 2**30
@@ -163,7 +163,7 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
 def gpu_count_report(
     fits: list[Fit], fastest: Fit | None, cheapest: Fit | None, price: float | None
 ) -> dict[str, Any]:
-    """The run on each GPU count (`analysis.planning.gpu_counts`), JSON-ready."""
+    """The run on each GPU count (`analysis.planning.fits.gpu_counts`), JSON-ready."""
     return {
         "runs": [
             {"gpus": f.shape.gpus, **_fit_dict(f, price),

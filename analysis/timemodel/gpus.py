@@ -1,6 +1,6 @@
 """GPUs a plan can be made for before any of them is at hand: name, memory, precision.
 
-The peak FLOP/s come from the time model's table (`analysis.timemodel.gpu_peak_flops`), looked
+The peak FLOP/s come from the time model's table (`analysis.timemodel.model.gpu_peak_flops`), looked
 up by the name CUDA reports, so a plan uses the same priors a study on that GPU would start
 from, and a calibration measured there (same device name) is found again.
 """
@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from analysis.hardware import HardwareInfo, gpu_peak_flops
+from analysis.timemodel.hardware import HardwareInfo, gpu_peak_flops
 from common.errors import BadInputError
 
 GIB = 2**30

@@ -1,5 +1,5 @@
 """One evaluation's noise read off learning curves without a model, and the constants of
-the robust bands built from it (shared by `analysis.learning_curve` and `analysis.loss_law`).
+the robust bands built from it (shared by `analysis.curves.extrapolate` and `analysis.curves.law`).
 
 Pure numpy: imports nothing from the project.
 """

@@ -1,11 +1,11 @@
 """Published LoRA fine-tuning measurements of time and peak memory, each with its setup.
 
 Every row says where it was published (URL and the table or line), the model (a config
-shipped in `analysis/model_configs/`), the setup as published and what was measured. Rows
+shipped in `analysis/planning/model_configs/`), the setup as published and what was measured. Rows
 the plan cannot express (4-bit base weights, trained embeddings, sharded or multi-node
 training, DPO) are kept with the reason, and counted apart; one node's plain data-parallel
 runs are expressible (`gpus`). `held_out` rows are never used by the fit in
-`analysis.published_priors`: their errors are the honest ones.
+`analysis.priors.fit`: their errors are the honest ones.
 
 Duration is compared as seconds per optimizer step: "s/it" as published, tokens/s converted
 with the tokens of one step, "s per 250 steps" divided by 250.
@@ -36,8 +36,8 @@ class PublishedRun:
         name: Short label.
         source: URL.
         where: The table, row and column (or file and field) the numbers are in.
-        model: Name of a config in `analysis/model_configs/`.
-        gpu: A `analysis.gpus` name.
+        model: Name of a config in `analysis/planning/model_configs/`.
+        gpu: A `analysis.timemodel.gpus` name.
         framework: Training code as published.
         precision: Training precision.
         micro_batch_size: Samples (or packed rows) per micro-step.
@@ -159,7 +159,7 @@ def _qwen_rows(qwen: Mapping[str, Any], texts: Mapping[str, str]) -> Iterator[Pu
 
 
 def _load() -> tuple[PublishedRun, ...]:
-    data = json.loads(resources.files("analysis").joinpath(RUNS_FILE).read_text("utf-8"))
+    data = json.loads(resources.files("analysis.priors").joinpath(RUNS_FILE).read_text("utf-8"))
     texts = data["texts"]
     return (
         *_qwen_rows(data["qwen"], texts),

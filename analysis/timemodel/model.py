@@ -2,9 +2,9 @@
 
 Full-run seconds = start-up + data loading + warm-up + optimizer steps x (accumulation x
 (micro-step time + loop overhead) + optimizer-step time) + evaluations + checkpoint saves.
-Every term is a small linear model over physical features (`analysis.workload`: FLOPs of
+Every term is a small linear model over physical features (`analysis.timemodel.workload`: FLOPs of
 the frozen weights and of the adapters, attention, parameters, tokens) whose coefficients
-are either priors from the device's peak FLOP/s (`analysis.hardware.prior_coefficients`) or
+are either priors from the device's peak FLOP/s (`analysis.timemodel.hardware.prior_coefficients`) or
 fitted to measured steps (`analysis.calibration`).
 
 Pure numpy (and the step count of `trainers.spec`): importable without torch.
@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from analysis.interconnect import (
+from analysis.timemodel.interconnect import (
     DEFAULT_LINK,
     GRADIENT_BYTES,
     allreduce_seconds,
     find_link,
     straggler_seconds,
 )
-from analysis.workload import (
+from analysis.timemodel.workload import (
     LEVER_STEP_FACTOR,
     NF4_LOG_P10,
     NF4_LOG_P90,
@@ -127,8 +127,8 @@ class Plan:
             `trainers.model.quantization`): `weight_bytes` and `NF4_STEP_FACTOR`.
         gpus: Processes (GPUs) training the run data-parallel: each runs
             `micro_batch_size` x `gradient_accumulation_steps` samples per optimizer step,
-            then the adapter's gradients are all-reduced (`analysis.interconnect`).
-        interconnect: The link between the GPUs (a name in `analysis.interconnect.LINKS`).
+            then the adapter's gradients are all-reduced (`analysis.timemodel.interconnect`).
+        interconnect: The link between the GPUs (a name in `analysis.timemodel.interconnect.LINKS`).
         levers: The speed levers the run uses (`trainers.model.levers`): their step factors
             (`LEVER_STEP_FACTOR`), and no stored logits under Liger's fused loss.
     """

@@ -22,7 +22,7 @@ VALIDATION_FRACTION = 0.1  # as a study holds out by default
 
 def shipped_configs() -> dict[str, Path]:
     """The published model configurations shipped with the package, by file stem."""
-    folder = Path(str(resources.files("analysis").joinpath("model_configs")))
+    folder = Path(str(resources.files("analysis.planning").joinpath("model_configs")))
     return {path.stem: path for path in sorted(folder.glob("*.json"))}
 
 

@@ -24,12 +24,12 @@ always gets a finite, ordered p10 <= p50 <= p90.
 
 What the trial's curve cannot show is the end of the full run's schedule: the learning
 rate's decay in the last part of a run lowers the loss below any extrapolation of its
-start. That systematic gap is not modelled here; `analysis.loss_correction`, fitted from
+start. That systematic gap is not modelled here; `analysis.curves.correction`, fitted from
 full runs' measured final losses against their trials' predictions, absorbs it (and any
 other bias of the extrapolation) as one multiplicative factor with its own spread.
 
-Pure numpy/scipy: imports nothing from the project but its fit (`analysis.power_law_fit`) and
-noise estimate (`analysis.curve_noise`).
+Pure numpy/scipy: imports nothing from the project but its fit (`analysis.curves.power_law_fit`) and
+noise estimate (`analysis.curves.noise`).
 """
 
 from __future__ import annotations
@@ -43,14 +43,14 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.stats import t as student_t
 
-from analysis.curve_noise import MAD_TO_SD, Z90, chord_deviations
-from analysis.power_law_fit import N_PARAMETERS, best_fit, bootstrap_spread
+from analysis.curves.noise import MAD_TO_SD, Z90, chord_deviations
+from analysis.curves.power_law_fit import N_PARAMETERS, best_fit, bootstrap_spread
 from common.config import require_keys
 
 FloatArray = NDArray[np.float64]
 
 POWER_LAW = "power_law"
-# How `analysis.law_prediction` made a prediction it records as a CurveFit (see there).
+# How `analysis.curves.law_prediction` made a prediction it records as a CurveFit (see there).
 LAW_METHODS = ("joint", "own")
 FITTED = (POWER_LAW, *LAW_METHODS)
 FALLBACKS = ("too_few_points", "flat", "rising", "poor_fit", "fallback")
@@ -109,7 +109,7 @@ class CurveFit:
 
     Attributes:
         method: "power_law", or the fallback used: "too_few_points", "flat", "rising",
-            "poor_fit"; for a prediction of `analysis.law_prediction`, "joint", "own" or
+            "poor_fit"; for a prediction of `analysis.curves.law_prediction`, "joint", "own" or
             "fallback" (its curve parameters are then the constant p50).
         reason: Why the fallback was used, in one line ("" for a fitted method).
         a: Asymptotic loss of the power law; for a fallback, its constant level.

@@ -1,16 +1,16 @@
 """Priors fitted to published LoRA runs: per-GPU utilisation, memory terms, and their band.
 
-`replay` predicts one published run through the plan's own code (`analysis.planning.evaluate`
+`replay` predicts one published run through the plan's own code (`analysis.planning.fits.evaluate`
 with a `RunSetup`), `fit` fits the priors to the rows not held out, robustly (medians and
 least absolute log errors); `python -m benchmarks.published_runs --write-priors` stores them
-in `published_priors.json`, which `analysis.fitted_priors` reads for `analysis.plan`.
+in `published_priors.json`, which `analysis.priors.fitted` reads for `analysis.plan`.
 
 Time: seconds per optimizer step = rest + accumulation x fixed + FLOP time / utilisation;
 one utilisation per GPU kind (the median over its points; kinds without points take the
 median of all), one fixed seconds per micro-step for all. The band is the spread (min to
 max) of the leave-one-out errors of the fitted points: a point's error is measured with
 priors fitted without it, so the band is what a new setup sees, not what the fit memorised.
-Memory: `analysis.run_setup.MemoryTerms`, its p90 the largest under-prediction.
+Memory: `analysis.timemodel.run_setup.MemoryTerms`, its p90 the largest under-prediction.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from analysis.fitted_priors import GIB, PublishedPriors, with_utilisation
-from analysis.gpus import find_gpu, peak_of
-from analysis.hardware import prior_coefficients
-from analysis.published_runs import PublishedRun
-from analysis.run_setup import MemoryTerms, RunSetup, memory_parts, peak_memory
-from analysis.timemodel import ModelProfile, predict
+from analysis.priors.fitted import GIB, PublishedPriors, with_utilisation
+from analysis.priors.published_runs import PublishedRun
+from analysis.timemodel.gpus import find_gpu, peak_of
+from analysis.timemodel.hardware import prior_coefficients
+from analysis.timemodel.model import ModelProfile, predict
+from analysis.timemodel.run_setup import MemoryTerms, RunSetup, memory_parts, peak_memory
 
 REPLAY_STEPS = 20  # optimizer steps a replay plans (the per-step time does not depend on it)
 MEMORY_MARGIN = 0.01  # log: 1 %, so that rounding never puts a fitted peak above p90
@@ -67,7 +67,7 @@ def replay(
     log_p90: float,
     memory: MemoryTerms,
 ) -> Replay:
-    """Predict `run` with the plan's code: `analysis.planning` shapes, `predict`, memory terms.
+    """Predict `run` with the plan's code: `analysis.planning.fits` shapes, `predict`, memory terms.
 
     Args:
         run: The published row.
@@ -78,8 +78,8 @@ def replay(
         log_p90: Band's upper end.
         memory: Memory terms.
     """
-    from analysis.plan_inputs import lengths_from_count
-    from analysis.planning import RunShape, plan_of_shape
+    from analysis.planning.fits import RunShape, plan_of_shape
+    from analysis.planning.inputs import lengths_from_count
 
     gpu = find_gpu(run.gpu)
     setup = setup_of(run)
@@ -127,8 +127,8 @@ def replay(
 
 def profile_for(run: PublishedRun, cache: dict[tuple[str, Any], ModelProfile]) -> ModelProfile:
     """The meta-device profile of the run's shipped config with its LoRA targets (cached)."""
-    from analysis.machine import config_profile
-    from analysis.plan_inputs import load_model_config, shipped_configs
+    from analysis.planning.inputs import load_model_config, shipped_configs
+    from analysis.timemodel.machine import config_profile
 
     setup = setup_of(run)
     key = (run.model, setup.peft_targets)
@@ -281,8 +281,8 @@ def fit(
 
 
 def _memory_plan(run: PublishedRun, model: ModelProfile) -> Any:
-    from analysis.plan_inputs import lengths_from_count
-    from analysis.planning import RunShape, plan_of_shape
+    from analysis.planning.fits import RunShape, plan_of_shape
+    from analysis.planning.inputs import lengths_from_count
 
     shape = RunShape(
         run.micro_batch_size, run.gradient_accumulation_steps, run.max_length, run.lora_r,

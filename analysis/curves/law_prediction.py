@@ -1,7 +1,7 @@
 """A trial's predicted loss at its full run's end, from the law fitted across the study, and
 its p10-p90 band.
 
-`analysis.loss_law` fits the schedule-aware law to all curves at once; this module decides
+`analysis.curves.law` fits the schedule-aware law to all curves at once; this module decides
 when that fit can be trusted (or falls back), and how wide the band is. The band comes from
 the fit's own uncertainty once the study has identified its loss shape (some curve went
 through a decay of its own: the reference run, a full run that reported back):
@@ -36,8 +36,8 @@ its error, docs/curve-replay.md). The priors (`EXTRAPOLATION_LOG_SD`, `SHAPED_LO
 bounds whether a prediction may rank trials (`hpo.final_loss.TRUSTED_LOG_HALF_WIDTH`),
 with the backtest's own verdict on whether the law ranks better than the last losses.
 
-Pure numpy/scipy: imports nothing from the project but `analysis.loss_law` and
-`analysis.curve_noise`.
+Pure numpy/scipy: imports nothing from the project but `analysis.curves.law` and
+`analysis.curves.noise`.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.curve_noise import Z90
-from analysis.loss_law import CurveData, JointFit, fit_joint, noise_sd
+from analysis.curves.law import CurveData, JointFit, fit_joint, noise_sd
+from analysis.curves.noise import Z90
 
 JOINT, OWN, FALLBACK = "joint", "own", "fallback"
 METHODS = (JOINT, OWN, FALLBACK)
@@ -72,7 +72,7 @@ WARM_MAX_NFEV = 100  # a fit from the last trial's parameters moves little
 # benchmark's coverage with it is not an independent test). A study's own backtest measures
 # only short extrapolations (half a trial's curve to its end), which miss most of this
 # error, so it can only raise it. Measured again with the tempered area
-# (analysis.lr_schedule.FORWARD_POWER 0.5; 2026-11-25, all 22 recorded sets: fresh and
+# (analysis.curves.lr_schedule.FORWARD_POWER 0.5; 2026-11-25, all 22 recorded sets: fresh and
 # pre-trained, both data sets, 3k and 30k records, fractions 0.01-0.3, no reference run,
 # 672 fitted predictions): the 80th percentile per set was 0.15-0.60 (pre-trained
 # prompt/completion 0.40-0.60, the rest 0.15-0.42), 0.31 pooled; 0.45 x Z90 covers 96 %
@@ -176,7 +176,7 @@ def predict_final(
         target: The trial's curve.
         peers: The other curves of the study.
         groups: The most refits the jackknife makes.
-        start: An earlier fit of these curves (`analysis.loss_law.warm_start`, in the order
+        start: An earlier fit of these curves (`analysis.curves.law.warm_start`, in the order
             peers then target): one fit from it, capped at `WARM_MAX_NFEV` evaluations,
             instead of the two-start fit.
 
