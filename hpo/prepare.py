@@ -47,6 +47,11 @@ def prepare(config: StudyConfig) -> Prepared:
     model_type = family_model_type(model_path)
     space = given_space or space_for_model_type(model_type)
     log.info("%s", describe_choice(model_type, config.space))
+    if "gpus" in space.domains and config.budget.gpus_per_run > 1:
+        raise BadInputError(
+            f"budget.gpus_per_run {config.budget.gpus_per_run} and the space's gpus both set "
+            "the full run's GPU count: keep one (the space's to search it)"
+        )
     allowed = config.profiles or tuple(space.profile_names)
     unknown = [p for p in allowed if p not in space.profile_names]
     if unknown:

@@ -119,6 +119,8 @@ def summarize(
     refit = refits.get(best.number) if correction is not None else None
     summary.best_estimate = estimate_section(study, best, correction=correction, refit=refit)
     summary.best_params = {k: best.user_attrs[k] for k in _BEST_KEYS if k in best.user_attrs}
+    if "gpus" in best.params:  # a searched GPU count: the pick's own node size
+        summary.launch_note = launch_note(int(best.params["gpus"]), config.device)
     preset = export_study(
         study,
         WorkDir(config.work_dir).preset(config.study_name),

@@ -262,13 +262,18 @@ def candidates(space: SearchSpace, profiles: Sequence[str]) -> Iterator[dict[str
     ranks = _values(space.domains.get("lora_r"), default=8)
     # Packing and a 4-bit base change steps, speed and memory: each value the space searches.
     words = [_words(space, key) for key in ("packing", "quantization")]
-    for name in profiles:
+    # A searched GPU count moves time, memory and cost; without one the study's count holds.
+    gpus: list[dict[str, int]] = [{}]
+    if "gpus" in space.domains:
+        gpus = [{"gpus": n} for n in _values(space.domains["gpus"], default=1)]
+    for name, node in itertools.product(profiles, gpus):
         profile = space.profiles[name]
         for mb, ga, rank, packing, quantization in itertools.product(
             profile.micro_batch_size, profile.gradient_accumulation_steps, ranks, *words
         ):
             yield {
                 **TIME_NEUTRAL_PARAMS,
+                **node,
                 "profile": name,
                 "micro_batch_size": mb,
                 "gradient_accumulation_steps": ga,
@@ -304,8 +309,10 @@ def _fastest(
 def _more_gpus(estimator: StudyEstimator, profiles: Sequence[str]) -> tuple[int, Verdict] | None:
     """The fewest GPUs per full run, of `GPU_COUNTS` above the study's, at which something
     fits, and the fastest's verdict there."""
+    space = estimator.prepared.space.domains.get("gpus")
+    most = max(estimator.config.budget.gpus_per_run, *_values(space, default=1))
     for gpus in GPU_COUNTS:
-        if gpus <= estimator.config.budget.gpus_per_run:
+        if gpus <= most:
             continue
         verdict, _ = _fastest(estimator, profiles, gpus=gpus)
         if verdict.feasible:

@@ -116,6 +116,7 @@ def params_from_trial_params(trial_params: Mapping[str, Any], space: SearchSpace
     alpha = config["lora_alpha_ratio"] * config["lora_r"]
     config["lora_alpha"] = int(alpha) if float(alpha).is_integer() else alpha
     effective = int(config["micro_batch_size"]) * int(config["gradient_accumulation_steps"])
+    effective *= int(config.get("gpus", 1))  # a searched GPU count is part of the batch
     base = float(config["learning_rate"])
     config["base_learning_rate"] = base
     config["learning_rate"] = base * space.learning_rate_factor(effective)

@@ -13,6 +13,11 @@ section that replaces the packaged profiles::
     packing: {choice: [none, padding_free]}
     quantization: {choice: [none, nf4]}
 
+``gpus: {choice: [1, 2, 4, 8]}`` lets the search choose how many GPUs of one node each
+configuration's full run trains on (data-parallel); the window, memory per GPU and the cost
+(N x price x hours) are judged on that N. Without it, every full run uses the study's
+``budget.gpus_per_run``.
+
 ``packing`` and ``quantization`` take the trainer's words (``trainers.spec``): ``none`` or
 ``padding_free`` (samples packed into sequences of ``max_length``), ``none`` or ``nf4`` (QLoRA's
 4-bit base). A space without them trains unpacked on the full-precision base. A space's
@@ -68,6 +73,11 @@ RULES: dict[str, _Rule] = {
     "lora_dropout": _Rule(0.0, 1.0, open_high=True),
     "weight_decay": _Rule(0.0, 1.0, required=False),
     "warmup_ratio": _Rule(0.0, 1.0, open_high=True, required=False),
+    # GPUs the full run trains on, data-parallel on one node: searched only where the
+    # space names it (the study's `budget.gpus_per_run` otherwise). Per-GPU batch and
+    # accumulation stay the profile's, so N is part of the effective batch: a trial trains
+    # on one GPU with the accumulation x N and stays the start of its full run.
+    "gpus": _Rule(1, 64, integer=True, required=False),
 }
 LR_SCALINGS = ("sqrt", "linear", "none")
 # Measured on the tiny model (benchmarks/lr_scaling.py, README): neither sqrt nor linear
