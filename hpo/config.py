@@ -87,7 +87,8 @@ class Budget(RunWindow):
         "GPUs the full run trains on, data-parallel on one node (trainers.train --gpus N). "
         "The window, memory (per GPU) and cost (N x price x hours) are judged for the full "
         "run on N; each trial trains on one GPU with the accumulation x N, the same effective "
-        "batch and steps, so it stays the start of its full run.",
+        "batch and steps, so it stays the start of its full run. To search N instead, give "
+        "the space a gpus: {choice: [1, 2, 4, 8]} and leave this at 1.",
         at_least=1,
         ask="GPUs the full run trains on (data-parallel, one node)",
     )
