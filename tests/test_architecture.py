@@ -1,4 +1,5 @@
-"""The layers stay as DESIGN.md draws them, and no module imports itself in a circle.
+"""The layers stay as the README draws them, every module is on the module map
+(docs/design/layout.md), and no module imports itself in a circle.
 
 Every import counts: module level, inside functions, and type-only imports under
 `TYPE_CHECKING` (a cycle of type-only imports is still a knot a reader has to untie).
@@ -152,11 +153,20 @@ def test_no_import_from_a_higher_layer(package: str) -> None:
     assert not wrong, "\n".join(wrong)
 
 
-# -- the README's layout says the same ------------------------------------------------------
+# -- the README's layer map and the docs' module map say the same ----------------------------
+MODULE_MAP = ROOT / "docs" / "design" / "layout.md"
+
+
 def readme_layout() -> str:
-    """The README's `## Layout` section."""
+    """The README's `## Layout` section: the layer arrows."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     return text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+
+
+def module_map() -> str:
+    """The module map's `## Modules` section (docs/design/layout.md)."""
+    text = MODULE_MAP.read_text(encoding="utf-8")
+    return text.split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
 
 
 def test_the_readme_draws_the_allowed_imports() -> None:
@@ -168,11 +178,11 @@ def test_the_readme_draws_the_allowed_imports() -> None:
     assert drawn == ALLOWED
 
 
-def test_the_readme_layout_names_every_module_and_only_those() -> None:
+def test_the_module_map_names_every_module_and_only_those() -> None:
     """Each package's own modules are named under it; a sub-package by its folder."""
     named: dict[str, set[str]] = {package: set() for package in PACKAGES}
     package = None
-    for line in readme_layout().splitlines():
+    for line in module_map().splitlines():
         top = re.match(r"(\w+)/\s", line)
         if top:
             package = top[1] if top[1] in PACKAGES else None
@@ -184,7 +194,7 @@ def test_the_readme_layout_names_every_module_and_only_those() -> None:
         folder = ROOT / package
         own = {p.name for p in folder.glob("*.py")} - {"__init__.py", "__main__.py"}
         own |= {f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()}
-        wrong += [f"{package}/{name}: not in the README" for name in sorted(own - named[package])]
+        wrong += [f"{package}/{name}: not in {MODULE_MAP.name}" for name in sorted(own - named[package])]
         there = {p.name for p in folder.rglob("*.py")} | {f"{p.name}/" for p in folder.rglob("*")}
         wrong += [f"{package}/…/{name}: no such module" for name in sorted(named[package] - there)]
     assert not wrong, "\n".join(wrong)
