@@ -244,7 +244,7 @@ class StudyConfig:
     data: str | None = knob(
         None,
         "Training data: a JSONL, Parquet, CSV or JSON file or a Dataset.save_to_disk folder "
-        "(README: Data). Default: the bundled demo data.",
+        "(docs: Your data formats). Default: the bundled demo data.",
     )
     space: str | None = knob(
         None,

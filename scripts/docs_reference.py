@@ -117,29 +117,55 @@ def _flag_rows(command: Command) -> Iterator[tuple[str, list[argparse.Action]]]:
         ]
         actions = [a for a in actions if "--help" not in a.option_strings]
         if actions:
-            yield (group.title or "options"), actions
+            yield ("flags" if group.title in (None, "options") else group.title), actions
 
 
 def _default(action: argparse.Action) -> str:
     if action.default in (None, argparse.SUPPRESS) or isinstance(action.default, bool):
         return ""
-    if isinstance(action.default, (list, tuple)):
-        return " ".join(str(v) for v in action.default)
-    return str(action.default)
+    return _value(action.default)
+
+
+def _value(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return "" if value is None or isinstance(value, bool) else str(value)
+
+
+def _flag_row(
+    formatter: argparse.HelpFormatter,
+    action: argparse.Action,
+    field: dataclasses.Field[Any] | None,
+) -> str:
+    """One table row: the flag, its help, its default, its bounds or choices."""
+    flags = ", ".join(f"`{o}`" for o in action.option_strings)
+    metavar = action.metavar if isinstance(action.metavar, str) else None
+    plain = action.option_strings[-1].lstrip("-").replace("-", "_").upper()
+    if metavar and action.nargs != 0 and metavar != plain:  # only a metavar that says more
+        flags += f" `{metavar}`"
+    help_text = formatter._expand_help(action) if action.help else ""  # type: ignore[attr-defined]
+    default = _default(action)
+    if field is not None:  # a config field's flag: its default from the field, not the help
+        if field.default is not dataclasses.MISSING:
+            default = _value(field.default)
+            help_text = help_text.removesuffix(f" Default: {field.default}.")
+    limits = _bounds(field)
+    if action.choices:
+        limits = " \\| ".join(str(c) for c in action.choices)
+    if action.required:
+        help_text = "Required. " + help_text
+    return f"| {flags} | {_cell(help_text)} | {_cell(default)} | {_cell(limits)} |"
 
 
 def command_page(command: Command) -> str:
     formatter = command.parser._get_formatter()
     usage = command.parser.format_usage().strip().removeprefix("usage: ")
-    lines = [
-        f"# `python -m {command.module}`",
-        "",
-        f"{command.parser.description or command.summary}",
-        "",
-    ]
+    title = command.entry or f"python -m {command.module}"
+    lines = [f"# {title}", "", f"{command.parser.description or command.summary}", ""]
     if command.entry:
-        lines += [f"Also `{command.entry}` (the `hpo` command, installed with the package).", ""]
-    lines += ["```text", usage, "```", ""]
+        lines += [f"`{command.entry}` is `python -m {command.module}` (the `hpo` command).", ""]
+    if usage.count("\n") < 4:  # a long usage line only repeats the tables below
+        lines += ["```text", usage, "```", ""]
     positionals = [a for a in command.parser._actions if not a.option_strings]
     for action in positionals:
         lines.append(
@@ -149,21 +175,10 @@ def command_page(command: Command) -> str:
         lines += ["", f"## {title}", "", "| flag | what it sets | default | bounds or choices |"]
         lines.append("|---|---|---|---|")
         for action in actions:
-            flags = ", ".join(f"`{o}`" for o in action.option_strings)
-            if action.metavar and action.nargs != 0:
-                flags += f" `{action.metavar if isinstance(action.metavar, str) else ' '.join(action.metavar)}`"
             field = next(
                 (command.fields[o] for o in action.option_strings if o in command.fields), None
             )
-            limits = _bounds(field)
-            if action.choices:
-                limits = " \\| ".join(str(c) for c in action.choices)
-            help_text = formatter._expand_help(action) if action.help else ""
-            if action.required:
-                help_text = "Required. " + help_text
-            lines.append(
-                f"| {flags} | {_cell(help_text)} | {_cell(_default(action))} | {_cell(limits)} |"
-            )
+            lines.append(_flag_row(formatter, action, field))
     return "\n".join(lines) + "\n"
 
 

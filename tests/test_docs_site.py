@@ -63,7 +63,7 @@ def chromium(url: str, tmp_path: Path, *mode: str) -> subprocess.CompletedProces
         [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
          "--no-first-run", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
-         "--window-size=1200,900", "--virtual-time-budget=5000", *mode, url],
+         "--window-size=1400,900", "--virtual-time-budget=5000", *mode, url],
         capture_output=True, text=True, timeout=90,
     )  # fmt: skip
 
@@ -95,7 +95,7 @@ def test_a_page_renders_in_headless_chromium(
     proc = chromium(url, tmp_path, f"--screenshot={shot}")
     assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
     pixels = imread(shot)[..., :3]
-    assert pixels.shape[:2] == (900, 1200)
+    assert pixels.shape[:2] == (900, 1400)
     colours = np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0)
     assert len(colours) > 16, "the screenshot is (nearly) blank"
     header = np.all(np.abs(pixels[:40] - HEADER_RGB) < 0.03, axis=-1)
