@@ -121,15 +121,17 @@ def _flag_rows(command: Command) -> Iterator[tuple[str, list[argparse.Action]]]:
 
 
 def _default(action: argparse.Action) -> str:
-    if action.default in (None, argparse.SUPPRESS) or isinstance(action.default, bool):
-        return ""
+    if action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
+        return ""  # a switch (store_true) is off unless given
     return _value(action.default)
 
 
 def _value(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)
-    return "" if value is None or isinstance(value, bool) else str(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "" if value is None else str(value)
 
 
 def _flag_row(
@@ -226,6 +228,120 @@ def study_yaml_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _section_rows(cls: type, keep: Any, prefix: str) -> Iterator[str]:
+    """Rows of `cls`'s fields that `keep(name)` admits, each under `prefix`."""
+    from common.config import part_type
+
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if not keep(field.name):
+            continue
+        nested = part_type(cls, field)
+        if nested is not None:
+            yield from _section_rows(nested, lambda _: True, f"{prefix}{field.name}.")
+            continue
+        default = "" if field.default is dataclasses.MISSING else _value(field.default)
+        yield (
+            f"| `{prefix}{field.name}` | {_cell(_type_name(hints[field.name]))} | "
+            f"{_cell(default)} | {_cell(_bounds(field))} | {_cell(field.metadata.get('help', ''))} |"
+        )
+
+
+def preset_page() -> str:
+    from trainers import preset
+    from trainers.spec import LoraSpec, TrainSpec
+
+    data_fields = set(preset._DATA_FIELDS)
+    not_training = set(preset._NOT_TRAINING)
+    help_of = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(TrainSpec)}
+    lines = [
+        "# Preset file",
+        "",
+        "What `hpo.export` writes and `python -m trainers.train --preset FILE` runs (format",
+        f"version {preset.PRESET_VERSION}). Every `training` key is also a flag of",
+        "[hpo train](train.md) (`micro_batch_size` -> `--micro-batch-size`); a flag given",
+        "overrides the file. The `training` section holds the full run's own settings",
+        "(recovery, early stopping, checkpoint cadence included). Generated from",
+        "`trainers.spec.TrainSpec` and `trainers.preset`; the defaults are a run's without a preset.",
+        "",
+        "| key | type | default | bounds | what it sets |",
+        "|---|---|---|---|---|",
+        "| `version` | int | | | The preset format's version. |",
+        f"| `model.path` | str | | | {_cell(help_of['model'])} |",
+        *_section_rows(LoraSpec, lambda _: True, "lora."),
+        f"| `data.path` | str | | | {_cell(help_of['data'])} |",
+        *_section_rows(TrainSpec, lambda name: name in data_fields, "data."),
+        *_section_rows(TrainSpec, lambda name: name not in not_training, "training."),
+        "",
+        "Written beside them, read back but not settings: `launch` (the command and the GPUs it",
+        "runs on), `estimate` (the study's duration, memory and final-loss bands, the loss",
+        "correction applied: [scoring](../concepts/scoring.md)) and `provenance` (study, trial,",
+        "storage, MLflow run, work dir, the rule that picked it).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def search_space_page() -> str:
+    import search_spaces.domains
+    import search_spaces.space
+
+    root = ROOT / "search_spaces"
+    families = sorted(p.stem for p in (root / "families").glob("*.yaml"))
+    lines = [
+        "# Search space YAML (`--space`)",
+        "",
+        "A study searches the space of its model's family (`search_spaces/families/<family>.yaml`,",
+        f"picked by `model_type`: {', '.join(families)}), else `search_spaces/default.yaml`;",
+        "`--space FILE` replaces it. Generated from `search_spaces/space.py`,",
+        "`search_spaces/domains.py` and the shipped files.",
+        "",
+        "## The file",
+        "",
+        _docstring(search_spaces.space.__doc__),
+        "",
+        "## Domains",
+        "",
+        _docstring(search_spaces.domains.__doc__),
+        "",
+        "## The default space (`search_spaces/default.yaml`)",
+        "",
+        "```yaml",
+        (root / "default.yaml").read_text(encoding="utf-8").rstrip(),
+        "```",
+        "",
+        "## The profiles (`search_spaces/profiles.yaml`)",
+        "",
+        "```yaml",
+        (root / "profiles.yaml").read_text(encoding="utf-8").rstrip(),
+        "```",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _docstring(text: str | None) -> str:
+    """A module docstring as Markdown: its reST literal blocks (``::``) fenced."""
+    out: list[str] = []
+    fenced = False
+    for line in (text or "").strip().splitlines():
+        if fenced and line and not line.startswith("    "):
+            while out[-1] == "":
+                out.pop()
+            out += ["```", ""]
+            fenced = False
+        if fenced:
+            if line or out[-1] != "```yaml":  # no blank first line in the block
+                out.append(line[4:])
+            continue
+        if line.rstrip().endswith("::"):
+            out += [line.rstrip()[:-1], "", "```yaml"]
+            fenced = True
+            continue
+        out.append(line.replace("``", "`").replace(":func:", ""))
+    if fenced:
+        out.append("```")
+    return "\n".join(out)
+
+
 def index_page(found: list[Command]) -> str:
     lines = [
         "# Reference",
@@ -244,14 +360,23 @@ def index_page(found: list[Command]) -> str:
         lines.append(
             f"| {entry} | [`{command.module}`]({command.name}.md) | {_cell(command.summary)} |"
         )
-    lines += ["", "The study's YAML keys: [Study YAML](study-yaml.md)."]
+    lines += [
+        "",
+        "The files a user writes or edits: [Study YAML](study-yaml.md) (`--config`),",
+        "[Preset file](preset.md) (`--preset`), [Search space YAML](search-space.md) (`--space`).",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def pages() -> dict[str, str]:
     """Page file name -> its Markdown."""
     found = commands()
-    out = {"index.md": index_page(found), "study-yaml.md": study_yaml_page()}
+    out = {
+        "index.md": index_page(found),
+        "study-yaml.md": study_yaml_page(),
+        "preset.md": preset_page(),
+        "search-space.md": search_space_page(),
+    }
     out.update({f"{c.name}.md": command_page(c) for c in found})
     return out
 
