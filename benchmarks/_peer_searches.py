@@ -24,7 +24,7 @@ import optuna
 from common.workdir import WorkDir
 from hpo.config import StudyConfig
 from hpo.prepare import Prepared
-from hpo.runspec import train_spec
+from hpo.trial_runs import full_run
 from search_spaces import sample
 
 PEER_TRIAL_STEPS = 30  # a fixed-step trial, as a user would set `max_steps`
@@ -35,12 +35,11 @@ def trial_spec(
     config: StudyConfig, params: dict[str, Any], prepared: Prepared, output_dir: Path
 ) -> Any:
     """The configuration's training, cut to `PEER_TRIAL_STEPS` with its own schedule."""
-    spec = train_spec(
+    spec = full_run(
         config,
         params,
         model=prepared.model_path,
         data=prepared.data_path,
-        full_run=True,
         output_dir=str(output_dir),
     )
     return dataclasses.replace(

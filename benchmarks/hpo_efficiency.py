@@ -302,7 +302,7 @@ def loss_at_checkpoint(spec: Any, step: int) -> float | None:
 
 def verdicts(task: Task, method: str, search: dict[str, Any], work: Path) -> dict[int, Any]:
     """The full run of every configuration that was the method's pick at some point."""
-    from hpo.runspec import train_spec
+    from hpo import trial_runs
     from trainers.preset import load_preset
 
     changes = curves.picks_over_time(search["records"])
@@ -312,12 +312,11 @@ def verdicts(task: Task, method: str, search: dict[str, Any], work: Path) -> dic
             continue
         output = str(work / f"full-{method}-{number}")
         final = index == len(changes) - 1
-        spec = train_spec(
+        spec = trial_runs.full_run(
             task.config,
             search["params"][number],
             model=task.prepared.model_path,
             data=task.prepared.data_path,
-            full_run=True,
             output_dir=output,
         )
         if method == "hpo" and final and search["preset"] is not None:

@@ -66,7 +66,7 @@ from benchmarks._common import machine, table, write_json  # noqa: E402
 from hpo.config import FullRunConfig, StudyConfig, TrialConfig  # noqa: E402
 from hpo.prepare import prepare  # noqa: E402
 from hpo.reference_run import REFERENCE_AFTER  # noqa: E402
-from hpo.runspec import train_spec  # noqa: E402
+from hpo.trial_runs import full_run, trial_runs  # noqa: E402
 from search_spaces import load_space, sample  # noqa: E402
 from trainers.spec import DEVICES  # noqa: E402
 from trainers.tiny import default_tiny_model  # noqa: E402
@@ -117,9 +117,7 @@ def run_config(
     from trainers.loop.run import train
 
     common = {"model": prepared.model_path, "data": prepared.data_path}
-    full_spec = train_spec(
-        config, params, **common, full_run=True, output_dir=str(work / f"full-{index}")
-    )
+    full_spec = full_run(config, params, **common, output_dir=str(work / f"full-{index}"))
     full_spec = dataclasses.replace(full_spec, eval_interval=0, checkpoint_interval=0)
     trials = {
         str(fraction): run_trial(config, params, prepared, work, index, fraction)
@@ -152,11 +150,11 @@ def run_trial(
     schedule, same data order), its evaluations and wall time."""
     from trainers.loop.run import train
 
-    spec = train_spec(
-        config, params, model=prepared.model_path, data=prepared.data_path, full_run=False,
+    spec = trial_runs(
+        config, params, model=prepared.model_path, data=prepared.data_path,
         train_samples=prepared.train_samples, fraction=fraction,
         output_dir=str(work / f"trial-{index}-{fraction}"),
-    )  # fmt: skip
+    ).trial  # fmt: skip
     started = time.perf_counter()
     result = train(spec)
     return {
@@ -186,9 +184,9 @@ def run_reference(
     from hpo.reference_run import reference_curve, reference_spec
     from trainers.loop.run import train
 
-    full_spec = train_spec(
+    full_spec = full_run(
         config, row["params"], model=prepared.model_path, data=prepared.data_path,
-        full_run=True, output_dir=str(work / f"reference-{row['config']}-{fraction}"),
+        output_dir=str(work / f"reference-{row['config']}-{fraction}"),
     )  # fmt: skip
     spec = reference_spec(
         full_spec, row["full_run_steps"], fraction=fraction, evals=2 * config.trial.evals
@@ -631,9 +629,9 @@ def add_full_run_curves(payload: dict[str, Any], evals: int) -> dict[str, Any]:
     with recorded_setup(payload) as (config, prepared, work):
         rows = []
         for row in payload["rows"]:
-            spec = train_spec(
+            spec = full_run(
                 config, row["params"], model=prepared.model_path, data=prepared.data_path,
-                full_run=True, output_dir=str(work / f"full-{row['config']}"),
+                output_dir=str(work / f"full-{row['config']}"),
             )  # fmt: skip
             interval = max(1, row["full_run_steps"] // evals)
             spec = dataclasses.replace(spec, eval_interval=interval, checkpoint_interval=0)

@@ -46,11 +46,10 @@ from hpo.predictions import (
     rounded,
     verdict_of,
 )
-from hpo.runspec import trial_spec
 from hpo.trial_attrs import set_user_attrs
+from hpo.trial_runs import trial_runs
 from search_spaces.space import gate_quantization
-from trainers.run_spec import run_spec
-from trainers.spec import TrainSpec, full_run_steps
+from trainers.spec import TrainSpec
 
 if TYPE_CHECKING:
     import optuna
@@ -149,7 +148,7 @@ class StudyEstimator:
         gpus: int | None = None,
     ) -> tuple[TrainSpec, TrainSpec]:
         """The full run a configuration becomes (on `budget.gpus_per_run` GPUs), and the
-        trial cut from it (on one GPU: `hpo.runspec.on_one_gpu`).
+        trial cut from it (on one GPU: `hpo.trial_runs.trial_runs`).
 
         Args:
             params: A complete configuration (`search_spaces.sample`).
@@ -161,12 +160,14 @@ class StudyEstimator:
             params = {**params, "max_length": max_length}
         if gpus is not None:
             params = {**params, "gpus": gpus}
-        full = run_spec(
-            params, self.config, model=self.prepared.model_path, data=self.prepared.data_path
+        runs = trial_runs(
+            self.config,
+            params,
+            model=self.prepared.model_path,
+            data=self.prepared.data_path,
+            train_lengths=self.train_lengths,
         )
-        own = trial_spec(
-            self.config, full, full_run_steps(full, self.train_lengths(full.max_length))
-        )
+        full, own = runs.full_run, runs.trial
         if epochs is None:
             return full, own
         return dataclasses.replace(full, epochs=epochs), dataclasses.replace(own, epochs=epochs)

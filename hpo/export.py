@@ -33,11 +33,10 @@ from hpo.final_loss import (
     study_prediction,
 )
 from hpo.pick import measured_standing, pick_trial, score_order, standing_trials
-from hpo.runspec import stored_config
 from hpo.states import FINISHED_STATES
 from hpo.storage import make_storage, redact
+from hpo.trial_runs import full_run, stored_config
 from trainers.preset import launch_command, preset_dict
-from trainers.run_spec import run_spec
 from trainers.spec import TrainSpec
 
 if TYPE_CHECKING:
@@ -59,8 +58,8 @@ PARAM_KEYS = (
 )
 
 
-def full_run_spec(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> TrainSpec:
-    """The full training the trial's configuration becomes (all epochs).
+def exported_full_run(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> TrainSpec:
+    """The full training the trial's configuration becomes (all epochs, `hpo.trial_runs`).
 
     `preset_dict` adds the full run's recovery, early stopping and checkpoint cadence where
     this sets none, with the defaults `trainers.train` runs with.
@@ -72,9 +71,9 @@ def full_run_spec(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Train
             f"trial {trial.number} of '{study.study_name}' was not recorded by hpo.study "
             f"(missing {', '.join(missing) or MODEL_ATTR})"
         )
-    return run_spec(
-        attrs,
+    return full_run(
         stored_config(study.user_attrs.get(CONFIG_ATTR) or {}),
+        attrs,
         model=study.user_attrs[MODEL_ATTR],
         data=study.user_attrs[DATA_ATTR],
     )
@@ -240,7 +239,7 @@ def build_preset(
     if work_dir:  # the full run trains under it (trainers.train.default_output_dir)
         provenance["work_dir"] = str(Path(work_dir).resolve())
     return preset_dict(
-        full_run_spec(study, trial),
+        exported_full_run(study, trial),
         estimate=estimate_section(
             study, trial, correction=current_correction(study, trial), refit=refit
         ),

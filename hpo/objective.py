@@ -28,15 +28,14 @@ from hpo.final_loss import (
 )
 from hpo.pick import FRACTION_ATTR, PROMOTED_FROM_ATTR, rung_of
 from hpo.prepare import Prepared
-from hpo.runspec import trial_spec
 from hpo.states import trials_snapshot
 from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
 from hpo.trial_attrs import set_user_attrs
+from hpo.trial_runs import trial_runs
 from search_spaces import sample
 from trainers.events import EvalInfo, TrainingCallback
 from trainers.result import TrainResult
-from trainers.run_spec import run_spec
-from trainers.spec import TrainSpec, full_run_steps
+from trainers.spec import TrainSpec
 
 if TYPE_CHECKING:
     from hpo.search_budget import BudgetKeeper
@@ -178,17 +177,18 @@ class Objective:
                 set_user_attrs(trial, {"state_reason": reason, DUPLICATE_OF_ATTR: twin})
                 raise optuna.TrialPruned(reason)
         params = sample(trial, prepared.space, config.profiles)
-        full_run = run_spec(params, config, model=prepared.model_path, data=prepared.data_path)
-        steps = full_run_steps(full_run, ctx.estimator.train_lengths(full_run.max_length))
         fraction = self._fraction(trial)
-        # The trial's one spec: the feasibility check, the time model and the trainer take it.
-        own = trial_spec(
+        # The trial's one pair: the feasibility check, the time model and the trainer take it.
+        runs = trial_runs(
             config,
-            full_run,
-            steps,
+            params,
+            model=prepared.model_path,
+            data=prepared.data_path,
+            train_lengths=ctx.estimator.train_lengths,
             fraction=fraction,
             output_dir=WorkDir(config.work_dir).trial(trial.number),
         )
+        full_run, own, steps = runs.full_run, runs.trial, runs.full_run_steps
         # A trial saves once at its end only to time the save; once the calibration knows
         # what a save costs, that save is skipped (and said so).
         timed_save = not ctx.estimator.knows_checkpoint_cost()

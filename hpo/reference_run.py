@@ -44,9 +44,8 @@ from hpo.final_loss import (
     trial_curve,
 )
 from hpo.measured import same_data
-from hpo.runspec import on_one_gpu
 from hpo.states import FINISHED_STATES, trial_loss
-from trainers.run_spec import run_spec
+from hpo.trial_runs import full_run, on_one_gpu
 from trainers.spec import TrainSpec, full_run_steps
 
 if TYPE_CHECKING:
@@ -194,13 +193,13 @@ class ReferenceRun:
             WorkDir(config.work_dir).trial(best.number).with_name(f"reference-{best.number:03d}")
         )
         # A trial's user attributes hold its sampled configuration.
-        full_run = run_spec(
-            best.user_attrs, config, model=prepared.model_path, data=prepared.data_path,
+        full = full_run(
+            config, best.user_attrs, model=prepared.model_path, data=prepared.data_path,
             output_dir=str(output),
         )  # fmt: skip
-        steps = full_run_steps(full_run, ctx.estimator.train_lengths(full_run.max_length))
+        steps = full_run_steps(full, ctx.estimator.train_lengths(full.max_length))
         spec = reference_spec(
-            full_run, steps, fraction=fraction, evals=_EVALS_PER_TRIAL_EVALS * config.trial.evals
+            full, steps, fraction=fraction, evals=_EVALS_PER_TRIAL_EVALS * config.trial.evals
         )
         started = time.perf_counter()
         try:

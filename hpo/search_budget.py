@@ -14,7 +14,7 @@ half a trial (`BudgetKeeper.after_trial`). The reserve is the longest close a se
 this study measured, before any the smaller of this session's set-up and 5 % of the budget.
 
 A full run on N GPUs (`budget.gpus_per_run`) is still searched on one: trials train on one GPU
-(`hpo.runspec.on_one_gpu`), so the ledger's seconds are GPU-seconds as they are, a trial's
+(`hpo.trial_runs.on_one_gpu`), so the ledger's seconds are GPU-seconds as they are, a trial's
 planned cost is a share of the full run's work on that one GPU, and a budget set as a
 percentage is of the full run's GPU-hours (N x its hours: what it costs).
 """
@@ -101,7 +101,7 @@ def typical_full_run(estimator: StudyEstimator) -> Any:
 
 def typical_runs(estimator: StudyEstimator) -> tuple[Estimate, Estimate | None]:
     """The typical configuration's full run (`typical_full_run`), and, where it trains on
-    several GPUs, the same run on the trials' one GPU (`hpo.runspec.on_one_gpu`): a trial's
+    several GPUs, the same run on the trials' one GPU (`hpo.trial_runs.on_one_gpu`): a trial's
     cost is a share of that; None on one GPU."""
     verdict, params = _typical(estimator)
     full = verdict.full_run

@@ -29,7 +29,7 @@ def unpacked_default_space(folder: Path) -> str:
 
     Packed, the bundled data's short samples make a small share of a run one or two optimizer
     steps: a trial of one evaluation point. Tests that follow a trial's curve use this space;
-    packed trials' steps and shares are tested in test_runspec.py and test_packing.py.
+    packed trials' steps and shares are tested in test_trial_runs.py and test_packing.py.
     """
     text = Path(str(resources.files("search_spaces") / "default.yaml")).read_text()
     assert PACKING_CHOICE in text, "the default space no longer samples packing this way"

@@ -25,7 +25,7 @@ from trainers.data.paths import demo_data_path
 from trainers.loop import checkpoint
 from trainers.loop.early_stopping import EarlyStopping, advise
 from trainers.spec import TrainSpec
-from trainers.train import DEFAULT_EARLY_STOPPING_PATIENCE, full_run_spec, main
+from trainers.train import DEFAULT_EARLY_STOPPING_PATIENCE, main, with_full_run_defaults
 
 
 def _train_in(folder: Path, argv: list[str]) -> int:
@@ -149,9 +149,9 @@ def _experiment_ids(client: Any) -> list[str]:
 def test_full_runs_stop_early_by_default_and_trials_do_not() -> None:
     spec = TrainSpec(model="m", data="d.jsonl")
     assert spec.early_stopping_patience == 0  # a trial: the pruner judges it
-    assert full_run_spec(spec, {}).early_stopping_patience == DEFAULT_EARLY_STOPPING_PATIENCE
+    assert with_full_run_defaults(spec, {}).early_stopping_patience == DEFAULT_EARLY_STOPPING_PATIENCE
     off = TrainSpec(model="m", data="d.jsonl", early_stopping_patience=0)
-    assert full_run_spec(off, {"early_stopping_patience": 0}).early_stopping_patience == 0
+    assert with_full_run_defaults(off, {"early_stopping_patience": 0}).early_stopping_patience == 0
 
 
 @pytest.mark.parametrize(

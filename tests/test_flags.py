@@ -184,18 +184,18 @@ def test_study_flags_override_only_what_they_name(tmp_path: Path) -> None:
 
 
 def test_train_flags_build_the_full_run_spec() -> None:
-    from trainers.train import build_parser, full_run_spec, load_run
+    from trainers.train import build_parser, load_run, with_full_run_defaults
 
     parser, flags = build_parser()
     argv = ["--model", "m", "--data", "d.jsonl", "--lora-r", "4", "--lora-targets", "q,v"]
     given = flags.given(parser.parse_args([*argv, "--max-rollbacks", "1", "--compile"]))
-    spec = full_run_spec(load_run(None, given).spec, given)
+    spec = with_full_run_defaults(load_run(None, given).spec, given)
     assert spec.lora.r == 4 and spec.lora.target_modules == ("q", "v") and spec.compile
     assert spec.recovery.enabled and spec.recovery.max_rollbacks == 1  # on for a full run
     assert spec.checkpoint_minutes == 30.0  # no checkpoint setting: every 30 min
 
     given = flags.given(parser.parse_args([*argv, "--no-recovery", "--checkpoint-interval", "5"]))
-    spec = full_run_spec(load_run(None, given).spec, given)
+    spec = with_full_run_defaults(load_run(None, given).spec, given)
     assert not spec.recovery.enabled and spec.checkpoint_minutes == 0.0
 
 

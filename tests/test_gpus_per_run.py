@@ -20,7 +20,7 @@ from hpo.config import StudyConfig, load_config
 from hpo.estimator import StudyEstimator
 from hpo.export import write_preset
 from hpo.prepare import Prepared
-from hpo.runspec import on_one_gpu, train_spec
+from hpo.trial_runs import full_run, on_one_gpu, trial_runs
 from hpo.what_fits import TIME_NEUTRAL_PARAMS
 from search_spaces import load_space
 from tests.cli import run_module
@@ -108,8 +108,8 @@ def _estimator(config: StudyConfig) -> HandEstimator:
 
 def test_the_trial_trains_on_one_gpu_at_its_full_runs_batch_and_steps() -> None:
     config = _config(gpus_per_run=4)
-    full = train_spec(config, PARAMS, model="m", data="d", full_run=True)
-    trial = train_spec(config, PARAMS, model="m", data="d", full_run=False, train_samples=1000)
+    runs = trial_runs(config, PARAMS, model="m", data="d", train_samples=1000)
+    full, trial = runs.full_run, runs.trial
     assert (full.gpus, full.micro_batch_size, full.gradient_accumulation_steps) == (4, 4, 2)
     assert (trial.gpus, trial.micro_batch_size, trial.gradient_accumulation_steps) == (1, 4, 8)
     assert trial.effective_batch_size == full.effective_batch_size == 32
@@ -192,8 +192,7 @@ def test_the_search_budget_is_a_share_of_the_full_runs_gpu_hours() -> None:
 
 def test_the_preset_carries_its_gpus_and_the_command_that_starts_them(tmp_path: Path) -> None:
     config = _config(gpus_per_run=4)
-    full = train_spec(config, PARAMS, model=str(tmp_path), data=str(tmp_path / "d.jsonl"),
-                      full_run=True)  # fmt: skip
+    full = full_run(config, PARAMS, model=str(tmp_path), data=str(tmp_path / "d.jsonl"))
     path = write_preset(preset_dict(full, estimate={}, provenance={}), tmp_path / "p s.yaml")
     text = path.read_text(encoding="utf-8")
     raw = yaml.safe_load(text)

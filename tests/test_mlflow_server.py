@@ -12,7 +12,7 @@ import pytest
 
 from hpo.config import load_config
 from hpo.runner import run_study
-from hpo.runspec import trial_schedule
+from hpo.trial_runs import trial_schedule
 from tests.servers import mlflow_server
 from tests.spaces import unpacked_default_space
 

@@ -41,8 +41,8 @@ from hpo.measured import measured_by_trial
 from hpo.objective import DUPLICATE_OF_ATTR
 from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial, standing_trials
 from hpo.runner import run_study
-from hpo.runspec import trial_schedule
 from hpo.summary import StudySummary
+from hpo.trial_runs import trial_schedule
 from tests.configs import short_study
 from tests.spaces import unpacked_default_space
 from trainers.train import main as train_main
@@ -79,7 +79,7 @@ class Studied:
 def studied(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Studied:
     work = tmp_path_factory.mktemp("objective")
     # Unpacked: packed, this half epoch of short samples is a few optimizer steps and a trial
-    # one step (one point); packed trials' share of their run is tested in test_runspec.py.
+    # one step (one point); packed trials' share of their run is tested in test_trial_runs.py.
     config = _config(work, tiny_model_dir, space=unpacked_default_space(work))
     summary = run_study(config, progress=False)
     assert summary.preset_path

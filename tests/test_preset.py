@@ -2,7 +2,7 @@
 
 The preset file is written with `preset_dict` and read back the way `trainers.train` reads it
 (`load_run`), so what a user reads in `training` is what the run gets. The whole round trip
-through a study's export and a real run is in `tests/test_runspec.py`.
+through a study's export and a real run is in `tests/test_trial_runs.py`.
 """
 
 from __future__ import annotations

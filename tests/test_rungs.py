@@ -21,7 +21,7 @@ from hpo.pick import (
     rung_of,
 )
 from hpo.runner import run_study
-from hpo.runspec import trial_schedule
+from hpo.trial_runs import trial_schedule
 from tests.configs import short_study
 from tests.spaces import unpacked_default_space
 

@@ -16,7 +16,7 @@ import yaml
 
 from common.errors import BadInputError
 from hpo.config import StudyConfig
-from hpo.export import full_run_spec
+from hpo.export import exported_full_run
 from hpo.runner import run_study
 from hpo.what_fits import candidates
 from search_spaces import load_space
@@ -84,7 +84,7 @@ def test_a_study_searches_the_gpu_count_and_its_preset_carries_the_picks(
     trained = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert trained and {t.params["gpus"] for t in study.trials} <= {1, 2}
     for t in trained:
-        assert full_run_spec(study, t).gpus == t.params["gpus"]  # what its preset would run
+        assert exported_full_run(study, t).gpus == t.params["gpus"]  # what its preset would run
         attrs = t.user_attrs
         n = t.params["gpus"]
         assert attrs["effective_batch_size"] == (

@@ -3,7 +3,7 @@
 YAML with a `version` and the sections `model`, `lora`, `data`, `training`, `estimate`
 and `provenance`. `hpo.export` writes it; `trainers.train --preset` reads it. Its
 `training` section is what the full run does, recovery, early stopping and checkpoint
-cadence included: `full_run_spec` fills them in when the preset is written and again, from
+cadence included: `with_full_run_defaults` fills them in when the preset is written and again, from
 the same defaults, for a run without a preset.
 """
 
@@ -63,7 +63,7 @@ class Preset:
         return {**self.stated, **flags, "recovery": recovery}
 
 
-def full_run_spec(spec: TrainSpec, given: Mapping[str, Any]) -> TrainSpec:
+def with_full_run_defaults(spec: TrainSpec, given: Mapping[str, Any]) -> TrainSpec:
     """A full run's defaults over `spec`: checkpoints, recovery and early stopping on.
 
     The one place these defaults are decided: `preset_dict` writes them into a preset and
@@ -154,9 +154,9 @@ def preset_dict(
     """The preset content for the full run of `spec` (plain types, for `yaml.safe_dump`).
 
     The `training` section holds what `trainers.train --preset` will run with: `spec` with
-    the full-run defaults (`full_run_spec`) where it sets none.
+    the full-run defaults (`with_full_run_defaults`) where it sets none.
     """
-    spec = full_run_spec(spec, {})
+    spec = with_full_run_defaults(spec, {})
     values = spec.to_dict()
     return {
         "version": PRESET_VERSION,

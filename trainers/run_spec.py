@@ -3,7 +3,7 @@
 A run is two things: what was chosen for it (a study's sampled configuration, a planned
 run shape, a probe point: the adapter, the batch, the length, the rate) and what it shares
 with every run of its study (the full run's epochs and cadence, the evaluation, the
-machine, the seed, the work dir). `run_spec` joins the two. The study (`hpo.runspec`, which
+machine, the seed, the work dir). `run_spec` joins the two. The study (`hpo.trial_runs`, which
 cuts a trial out of its full run), `hpo.export`, the estimator, `analysis.planning.fits`, the
 probe and the benchmarks all build their runs here, so a prediction is always of the run
 that trains.

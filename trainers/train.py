@@ -38,7 +38,7 @@ from trainers.preset import (
     DEFAULT_CHECKPOINT_MINUTES,
     DEFAULT_EARLY_STOPPING_PATIENCE,
     Preset,
-    full_run_spec,
+    with_full_run_defaults,
 )
 from trainers.run_options import RunTracking, RunWindow
 from trainers.spec import TrainSpec
@@ -102,7 +102,7 @@ def load_run(preset_path: str | None, given: dict[str, Any]) -> Preset:
     """The full run: the given flags over the preset (when there is one), else the flags alone.
 
     Its `spec` is what the run trains with: what the preset states for its full run and the
-    flags say, and the full-run defaults (`full_run_spec`) for what neither does.
+    flags say, and the full-run defaults (`with_full_run_defaults`) for what neither does.
 
     Args:
         preset_path: The preset file, if any; without one, estimate and provenance are empty.
@@ -113,7 +113,7 @@ def load_run(preset_path: str | None, given: dict[str, Any]) -> Preset:
     preset = _merged(preset_path, given)
     if preset_path:
         preset.spec = on_gpus(preset.spec, int(preset.stated.get("gpus", 1)), given)
-    preset.spec = full_run_spec(preset.spec, preset.given_with(given))
+    preset.spec = with_full_run_defaults(preset.spec, preset.given_with(given))
     return preset
 
 

@@ -1,7 +1,7 @@
 """A trial, its exported preset and the time model describe the same training.
 
 One real (tiny) study; its trial is exported and read back as a preset, and the preset's
-full run is compared field by field with `train_spec` of the trial's parameters and with the
+full run is compared field by field with `full_run` of the trial's parameters and with the
 plan the time model predicted. Every configured value differs from the defaults and from
 the trial's own schedule, so a translation that drops or swaps one fails here. The preset
 file's `training` section is what `trainers.train --preset` then runs with.
@@ -28,9 +28,9 @@ from hpo.estimator import StudyEstimator
 from hpo.export import CONFIG_ATTR, build_preset, write_preset
 from hpo.prepare import Prepared, prepare
 from hpo.runner import run_study
-from hpo.runspec import stored_config, train_spec
+from hpo.trial_runs import full_run, stored_config, trial_runs
 from search_spaces.sampling import params_from_trial_params
-from trainers.preset import Preset, full_run_spec, load_preset
+from trainers.preset import Preset, load_preset, with_full_run_defaults
 from trainers.spec import TrainSpec, optimizer_steps
 
 SPACE = """\
@@ -117,13 +117,12 @@ def exported(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     )
 
 
-def full_run(exported: Exported) -> TrainSpec:
-    return train_spec(
+def exported_run(exported: Exported) -> TrainSpec:
+    return full_run(
         exported.config,
         exported.params,
         model=exported.prepared.model_path,
         data=exported.prepared.data_path,
-        full_run=True,
     )
 
 
@@ -146,7 +145,7 @@ def preset_plan(exported: Exported) -> Plan:
 )
 def test_the_preset_is_the_full_run_of_the_trial(exported: Exported, name: str) -> None:
     # With the full run's recovery, early stopping and checkpoints, as trainers.train runs it.
-    expected = full_run_spec(full_run(exported), {})
+    expected = with_full_run_defaults(exported_run(exported), {})
     assert getattr(exported.preset.spec, name) == getattr(expected, name)
 
 
@@ -187,14 +186,13 @@ def test_the_full_run_follows_the_study_config(exported: Exported) -> None:
 
 def test_the_trial_is_the_start_of_the_same_configuration(exported: Exported) -> None:
     config, trial = exported.config, exported.trial
-    spec = train_spec(
+    spec = trial_runs(
         config,
         exported.params,
         model=exported.prepared.model_path,
         data=exported.prepared.data_path,
-        full_run=False,
         train_samples=exported.prepared.train_samples,
-    )
+    ).trial
     full_steps = trial.user_attrs["full_run_steps"]
     # 2 % of the full run's steps, rounded; evaluations every third of it.
     assert spec.stop_after_steps == round(0.02 * full_steps) >= 3
@@ -206,7 +204,7 @@ def test_the_trial_is_the_start_of_the_same_configuration(exported: Exported) ->
     assert dataclasses.replace(
         spec, stop_after_steps=None, eval_interval=0, checkpoint_interval=0, output_dir=""
     ) == dataclasses.replace(
-        full_run(exported), eval_interval=0, checkpoint_interval=0, output_dir=""
+        exported_run(exported), eval_interval=0, checkpoint_interval=0, output_dir=""
     )
     # What the trial trained, as it recorded it.
     assert trial.user_attrs["trained_steps"] == spec.stop_after_steps
@@ -312,10 +310,9 @@ def test_a_packed_trial_counts_the_packers_sequences(chat: Any, packing: str) ->
     config, data = chat
     params = {**PACKED_PARAMS, "packing": packing}
     model, path = str(config.model), str(config.data)
-    full = train_spec(config, params, model=model, data=path, full_run=True)
     lengths = [len(example.input_ids) for example in data.train]
-    trial = train_spec(config, params, model=model, data=path, full_run=False,
-                       train_lengths=lengths)  # fmt: skip
+    runs = trial_runs(config, params, model=model, data=path, train_lengths=lambda _: lengths)
+    full, trial = runs.full_run, runs.trial
     # What the trainer itself feeds its micro-batches with: samples, or its packed sequences.
     items = training_items(full, data)
     steps = optimizer_steps(full, len(items))
@@ -339,8 +336,7 @@ def test_a_packed_trial_needs_the_lengths(chat: Any) -> None:
     config, data = chat
     params = {**PACKED_PARAMS, "packing": "padding_free"}
     with pytest.raises(ValueError, match="train_lengths"):
-        train_spec(config, params, model="m", data="d", full_run=False,
-                   train_samples=len(data.train))  # fmt: skip
+        trial_runs(config, params, model="m", data="d", train_samples=len(data.train))
 
 
 @pytest.mark.parametrize(
@@ -373,8 +369,7 @@ def test_the_preset_runs_packed(chat: Any, tmp_path: Path) -> None:
 
     config, _ = chat
     params = {**PACKED_PARAMS, "packing": "padding_free"}
-    full = train_spec(config, params, model=str(config.model), data=str(config.data),
-                      full_run=True)  # fmt: skip
+    full = full_run(config, params, model=str(config.model), data=str(config.data))
     path = tmp_path / "preset.yaml"
     path.write_text(yaml.safe_dump(preset_dict(full, estimate={}, provenance={})))
     assert yaml.safe_load(path.read_text())["training"]["packing"] == "padding_free"

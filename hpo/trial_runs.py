@@ -1,10 +1,10 @@
 """A study's configuration -> the training it becomes: the full run, or a trial cut from it.
 
-`trainers.run_spec.run_spec` translates a sampled configuration and the study's settings
-into the full run's `TrainSpec`; `trial_spec` cuts a trial out of it, and `train_spec` does
-both for one configuration. The objective trains its trial with them, `hpo.export` writes
-the full run into the preset, and the estimator predicts through them (then
-`analysis.planning.fits.plan_of_spec`).
+`full_run` translates a sampled configuration and the study's settings into the full run's
+`TrainSpec` (through `trainers.run_spec.run_spec`); `trial_runs` builds it with the trial cut
+from it (`trial_spec`). The objective trains its trial with them, the estimator predicts
+through them (then `analysis.planning.fits.plan_of_spec`), and `hpo.export` writes the full
+run into the preset.
 
 A trial is the start of its own full run: the same schedule (warm-up and decay horizon
 from the full run's step count), the same data order, cut short after `trial.fraction` of
@@ -34,7 +34,7 @@ makes of the training samples' token lengths (`trainers.spec.full_run_steps`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,53 +125,92 @@ def trial_spec(
     )
 
 
-def train_spec(
+def full_run(
     config: StudyConfig,
     params: Mapping[str, Any],
     *,
     model: str,
     data: str,
-    full_run: bool,
-    train_samples: int | None = None,
-    train_lengths: Sequence[int] | None = None,
-    fraction: float | None = None,
-    output_dir: str = "train-output",
+    output_dir: str | Path = "train-output",
 ) -> TrainSpec:
-    """The training a configuration becomes: a short trial, or the full run of the preset.
+    """The full run a configuration becomes under the study's settings (all its epochs).
 
     Args:
-        config: The study's configuration (schedule, evaluation, device, seed).
+        config: The study's configuration (schedule, evaluation, device, seed, GPUs).
         params: The sampled configuration (`search_spaces.sample`), or a trial's user
             attributes, which hold it.
         model: The model folder (the study's resolved path).
-        data: The JSONL data (the study's resolved path).
-        full_run: The full run instead of the trial.
-        train_samples: Training samples of the data (after the validation split): the
-            trial's length is a share of its full run's steps. A trial needs this or
-            `train_lengths`; a packed trial needs `train_lengths`.
-        train_lengths: Token lengths of the training samples at the configuration's
-            `max_length`: a packed trial's full run counts packed sequences.
-        fraction: The trial's share of the full run (see `trial_spec`).
+        data: The training data (the study's resolved path).
         output_dir: Where the run writes (see `trainers.run_spec.run_spec`).
 
     Raises:
         KeyError: `params` lacks `lora_r`.
         BadInputError: A value the trainer does not accept.
-        ValueError: A trial without the training data's size (or lengths, when packed).
     """
-    spec = run_spec(params, config, model=model, data=data, output_dir=output_dir)
-    if full_run:
-        return spec
+    return run_spec(params, config, model=model, data=data, output_dir=output_dir)
+
+
+@dataclass(frozen=True)
+class TrialRuns:
+    """A configuration's full run and the trial cut from it.
+
+    Attributes:
+        full_run: The full run (on the study's GPUs per run).
+        trial: Its start, on one GPU (`trial_spec`).
+        full_run_steps: The full run's optimizer steps (the trial's share is of these).
+    """
+
+    full_run: TrainSpec
+    trial: TrainSpec
+    full_run_steps: int
+
+
+def trial_runs(
+    config: StudyConfig,
+    params: Mapping[str, Any],
+    *,
+    model: str,
+    data: str,
+    train_lengths: Callable[[int], Sequence[int]] | None = None,
+    train_samples: int | None = None,
+    fraction: float | None = None,
+    output_dir: str | Path | None = None,
+) -> TrialRuns:
+    """The full run a configuration becomes and its trial: the one place both are built.
+
+    The objective trains the trial, the estimator predicts both, the reference run and the
+    export take the full run (`full_run`) from here.
+
+    Args:
+        config: The study's configuration (schedule, evaluation, device, seed, GPUs).
+        params: The sampled configuration, or a trial's user attributes.
+        model: The model folder (the study's resolved path).
+        data: The training data (the study's resolved path).
+        train_lengths: Token lengths of the training samples at a `max_length`
+            (`StudyEstimator.train_lengths`): a packed full run counts packed sequences.
+        train_samples: Training samples of the data (after the validation split), for an
+            unpacked run when the lengths are not at hand.
+        fraction: The trial's share of the full run (see `trial_spec`).
+        output_dir: Where the trial writes; default: where the full run would.
+
+    Raises:
+        KeyError: `params` lacks `lora_r`.
+        BadInputError: A value the trainer does not accept.
+        ValueError: Neither `train_lengths` nor (unpacked) `train_samples`: the trial's
+            length is a share of its full run.
+    """
+    full = full_run(config, params, model=model, data=data)
     if train_lengths is not None:
-        full_steps = full_run_steps(spec, train_lengths)
-    elif train_samples is None or spec.packing != "none":
+        steps = full_run_steps(full, train_lengths(full.max_length))
+    elif train_samples is None or full.packing != "none":
         raise ValueError(
             "a trial needs train_lengths (or train_samples when unpacked): its length is a "
             "share of its full run"
         )
     else:
-        full_steps = optimizer_steps(spec, train_samples)
-    return trial_spec(config, spec, full_steps, fraction=fraction)
+        steps = optimizer_steps(full, train_samples)
+    trial = trial_spec(config, full, steps, fraction=fraction, output_dir=output_dir)
+    return TrialRuns(full_run=full, trial=trial, full_run_steps=steps)
 
 
 def stored_config(values: Mapping[str, Any]) -> StudyConfig:
