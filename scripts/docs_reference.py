@@ -200,9 +200,7 @@ def _yaml_rows(cls: type, prefix: str = "") -> Iterator[str]:
             yield f"| `{prefix}{key}:` | section | | | {_cell(field.metadata.get('help') or '')} |"
             yield from _yaml_rows(nested, f"{prefix}{key}.")
             continue
-        default = field.default if field.default is not dataclasses.MISSING else ""
-        if isinstance(default, tuple):
-            default = ",".join(default)
+        default = "" if field.default is dataclasses.MISSING else _value(field.default)
         help_text = field.metadata.get("help", "")
         yield (
             f"| `{prefix}{key}` | {_cell(_type_name(kind))} | {_cell(default)} | "
