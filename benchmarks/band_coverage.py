@@ -30,6 +30,7 @@ is within 10 % and 5 %, and the half-width a p10-p90 band centred on it would ne
 Nothing is trained: about a minute on 2 cores.
 
     python benchmarks/band_coverage.py [FILE ...] [--fractions 0.01,0.02,0.03] [--json out.json]
+        [--smoke]
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ RECORDED = Path(__file__).resolve().parent.parent / "docs" / "measurements"
 REFERENCE_FRACTION = 0.3
 TARGET_COVERAGE = 0.8  # the band is p10-p90
 REFERENCE_ONLY = "reference run only"
+SMOKE_SETS = (
+    "rank-fidelity-fresh-pc-2026-11-24.json",
+    "rank-fidelity-fresh-pc-3k-noise0.3-seed1-2026-11-25.json",
+)
 
 
 def set_predictions(payload: dict[str, Any], fraction: str) -> dict[str, list[dict[str, Any]]]:
@@ -212,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", type=Path, help="recorded rank_fidelity sets")
     parser.add_argument("--fractions", default="0.01,0.02,0.03")
     parser.add_argument("--json", help="write the pooled scores here")
+    parser.add_argument(
+        "--smoke", action="store_true", help="two recorded sets at one fraction: the suite runs it"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:  # one held-out set (seed1), one not: both coverage columns are filled
+        args.files = [RECORDED / name for name in SMOKE_SETS]
+        args.fractions = "0.02"
     paths = args.files or sorted(RECORDED.glob("rank-fidelity-*.json"))
     if not paths:
         parser.error(f"no recorded sets given and none in {RECORDED}")

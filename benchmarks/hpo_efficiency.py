@@ -28,6 +28,7 @@ predicts (p50) beyond the window; `infeasible_trained_share` counts only trials 
 costs is sampling and bookkeeping, no training step).
 
     python benchmarks/hpo_efficiency.py [--minutes 2] [--epochs 3] [--seeds 3] [--json FILE] [--plot PNG]
+        [--smoke]
 """
 
 from __future__ import annotations
@@ -79,14 +80,18 @@ class Task:
 # ------------------------------------------------------------------------------- the task
 
 
-def calibrate(model: str, data: str, work: Path) -> None:
-    """Fit the time model on this machine from the probe design (`analysis.calibrate --probe`)."""
-    from analysis.calibrate import calibrate_from_results, run_probes
+def calibrate(model: str, data: str, work: Path, *, smoke: bool = False) -> None:
+    """Fit the time model on this machine from the probe design (`analysis.calibrate --probe`;
+    `smoke`: its first 4 probes, as gpu_check.py's smoke)."""
+    from analysis.calibrate import PROBE_DESIGN, calibrate_from_results, run_probes
     from analysis.timemodel.machine import this_machine
 
+    design = PROBE_DESIGN[:4] if smoke else PROBE_DESIGN
     with tempfile.TemporaryDirectory(prefix="probe-", dir=work) as folder:
         # The whole design: under load a budget-cut probe (3 runs) mis-predicted 10x.
-        results = run_probes(model, data, work_dir=folder, device="cpu", budget_seconds=1e9)
+        results = run_probes(
+            model, data, design, work_dir=folder, device="cpu", budget_seconds=1e9
+        )
     calibrate_from_results(results, this_machine("cpu", "auto")).save(WorkDir(work).calibration)
 
 
@@ -426,7 +431,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--plot", help="write the best-so-far plot (PNG) here")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="hpo and random, one seed, 12 s searches, 4 probes: the suite runs it",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.seeds, args.minutes, args.epochs, args.methods = 1, 0.2, 0.3, "hpo,random"
     methods = tuple(m for m in args.methods.split(",") if m)
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
@@ -437,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="hpo-efficiency-") as folder:
         work = Path(folder)
-        task = _task_setup(work, args.epochs, args.window_seconds)
+        task = _task_setup(work, args.epochs, args.window_seconds, smoke=args.smoke)
         share = space_share(task)
         print(
             f"window {task.available_seconds:.1f} s for a {args.epochs:g}-epoch full run: "
@@ -480,11 +492,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _task_setup(work: Path, epochs: float, window_seconds: float | None) -> Task:
+def _task_setup(
+    work: Path, epochs: float, window_seconds: float | None, *, smoke: bool = False
+) -> Task:
     from trainers.data.paths import demo_data_path
     from trainers.tiny import default_tiny_model
 
-    calibrate(str(default_tiny_model()), str(demo_data_path("prompt_completion")), work)
+    model, data = str(default_tiny_model()), str(demo_data_path("prompt_completion"))
+    calibrate(model, data, work, smoke=smoke)
     return make_task(work, epochs=epochs, seed=0, window_seconds=window_seconds)
 
 

@@ -15,7 +15,7 @@ median over seeds, and the paired difference against `none` (negative: scaling h
 with the seed-to-seed spread as the noise floor. Losses are deterministic on one machine;
 only the times vary, so a loaded machine changes the duration, not the result.
 
-    python benchmarks/lr_scaling.py [--seeds 3] [--draws 4] [--samples 240] [--json FILE]
+    python benchmarks/lr_scaling.py [--seeds 3] [--draws 4] [--samples 240] [--json FILE] [--smoke]
 """
 
 from __future__ import annotations
@@ -102,7 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         "--pretrain-steps", type=int, default=0, help="Use the tiny model pre-trained this long."
     )
     parser.add_argument("--json")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one seed, one draw, 32 samples: the suite runs it"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.seeds, args.draws, args.samples = 1, 1, 32
     logging.basicConfig(level=logging.WARNING)
     model = str(default_tiny_model(pretrain_steps=args.pretrain_steps))
     space = load_space()

@@ -12,7 +12,7 @@ micro-step time per 1,000 slots, which says whether this machine's steps cost by
 (packing pays in proportion to the padding it removes) or by something else.
 
     python benchmarks/packing.py [--json FILE] [--repeats 2] [--samples 800]
-        [--shapes chat prompt_completion] [--padded-batch 8] [--size xs]
+        [--shapes chat prompt_completion] [--padded-batch 8] [--size xs] [--smoke]
 """
 
 from __future__ import annotations
@@ -148,7 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--eval-samples", type=int, default=64)
     parser.add_argument("--size", default="xs")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one repeat of 48 chat records: the suite runs it"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.repeats, args.samples, args.shapes, args.eval_samples = 1, 48, ["chat"], 8
     model = default_tiny_model(size=args.size)
     results = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,7 @@ Targets (issue 11): median |p50 error| <= 8 %, every run inside its p10-p90 band
 half-width <= 25 % of p50.
 
     python benchmarks/preset_honesty.py [--seeds 3] [--epochs 2,10] [--n-trials 6]
-        [--samples 3000] [--probe-seconds 0] [--json FILE]
+        [--samples 3000] [--probe-seconds 0] [--json FILE] [--smoke]
 """
 
 from __future__ import annotations
@@ -43,12 +43,23 @@ from trainers.data.dataset import demo_data_path  # noqa: E402
 
 TARGET_MEDIAN_PCT = 8.0
 TARGET_HALF_WIDTH_PCT = 25.0
+# --smoke's study: short trials of the fast profile, no rungs (seconds).
+SMOKE_STUDY = {"trial_fraction": 0.05, "trial_evals": 2, "eval_samples": 8, "profiles": ["fast"],
+               "rungs": "none"}  # fmt: skip
 
 
 def study_preset(
-    work: Path, data: Path, *, seed: int, epochs: float, n_trials: int, probe_seconds: float = 0.0
+    work: Path,
+    data: Path,
+    *,
+    seed: int,
+    epochs: float,
+    n_trials: int,
+    probe_seconds: float = 0.0,
+    smoke: bool = False,
 ) -> dict[str, Any]:
-    """Run a default study in `work`; its preset's path, estimate and the study's time."""
+    """Run a default study in `work` (`smoke`: `SMOKE_STUDY`'s); its preset's path, estimate
+    and the study's time."""
     config = load_config(
         None,
         {
@@ -59,6 +70,7 @@ def study_preset(
             "n_trials": n_trials,
             "data": str(data),
             "probe_seconds": probe_seconds,
+            **(SMOKE_STUDY if smoke else {}),
         },
     )
     started = time.perf_counter()
@@ -171,7 +183,14 @@ def main(argv: list[str] | None = None) -> int:
         help="The studies' probe_seconds (0, the default: the trials alone calibrate).",
     )
     parser.add_argument("--json", help="Write the rows and the summary here.")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="One 2-trial study on 300 records, its preset run twice: the suite runs it.",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.seeds, args.epochs, args.n_trials, args.samples = 1, "1", 2, 300
     lengths = [float(e) for e in args.epochs.split(",") if e.strip()]
     rows: list[dict[str, Any]] = []
     repeat: list[float] = []
@@ -189,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                     epochs=epochs,
                     n_trials=args.n_trials,
                     probe_seconds=args.probe_seconds,
+                    smoke=args.smoke,
                 )
                 result = full_run(studied["preset"], work / "full", studied["tracking_uri"])
                 rows.append(row(seed, epochs, studied, result))

@@ -1,4 +1,5 @@
-"""The plan against published LoRA runs: `python -m benchmarks.published_runs [--json FILE]`.
+"""The plan against published LoRA runs: `python -m benchmarks.published_runs [--json FILE]`
+[--write-priors] [--smoke].
 
 Each published measurement (`analysis.priors.published_runs`) is replayed through the plan's own
 code (`analysis.priors.fit.replay`: `analysis.planning.fits.plan_of_shape`, the time model's
@@ -35,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--write-priors",
         action="store_true",
         help=f"Store the fit in {priors_path().name}, where analysis.plan reads it.",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="The whole replay (it takes seconds), never --write-priors: the suite runs it.",
     )
     return parser
 
@@ -139,7 +145,10 @@ def _median_abs(values: Any) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.smoke and args.write_priors:
+        parser.error("--smoke never writes the priors: drop --write-priors")
     if args.json:
         check_writable(args.json)
     cache: dict[Any, Any] = {}

@@ -33,6 +33,7 @@ the picks as the user trains each pick's full run and lets it report back (`unti
     python benchmarks/rank_fidelity.py --model MODEL --data-file FILE --device cuda --json FILE
     python benchmarks/rank_fidelity.py --rescore FILE   # score recorded runs again
     python benchmarks/rank_fidelity.py --rescore FILE --add-fractions 0.1 --json FILE2
+    python benchmarks/rank_fidelity.py --smoke [--json FILE]   # seconds: the suite runs it
     python benchmarks/rank_fidelity.py --rescore FILE --full-run-curves 12 --json FILE2
 
 By default the model is the project's tiny llama (`--pretrain-steps` pre-trains it) and the
@@ -763,7 +764,14 @@ def main(argv: list[str] | None = None) -> int:
         help="with --rescore: run the reference runs again (as the study runs them now) "
         "before scoring; the full runs and trials are kept",
     )  # fmt: skip
+    parser.add_argument(
+        "--smoke", action="store_true",
+        help="4 configurations on 400 demo records, one fraction: the suite runs it",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.smoke:  # 200 records train (one epoch, a few dozen steps), 200 validate
+        args.configs, args.samples, args.fractions, args.trial_evals = 4, 2 * EVAL_SAMPLES, "0.1", 2
+        args.reference_fractions, args.promote, args.threads = "0.3", 1, 1
     if args.samples < 0 or 0 < args.samples < 2 * EVAL_SAMPLES:
         parser.error(
             f"--samples must be 0 (the bundled data) or at least {2 * EVAL_SAMPLES} "

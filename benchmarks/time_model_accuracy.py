@@ -14,7 +14,7 @@ The tiny demo model trains on a synthetic data set built from the bundled demo t
 lengths spread up to ~400 tokens so that max_length matters.
 
     python benchmarks/time_model_accuracy.py [--json FILE] [--threads N] [--repeats N]
-        [--holdout-factor X]
+        [--holdout-factor X] [--smoke]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from analysis.calibrate import PROBE_DESIGN  # noqa: E402
 from analysis.calibration.file import Calibration  # noqa: E402
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
 from benchmarks._held_out import (  # noqa: E402
@@ -120,7 +121,17 @@ def main(argv: list[str] | None = None) -> int:
         help=f"size held-out runs to this many times the longest probe (default "
         f"{HOLDOUT_FACTOR:g}; smaller is quicker but tests less extrapolation in length)",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="4 probes, 2 held-out runs 1.5x the longest probe: the suite runs it",
+    )
     args = parser.parse_args(argv)
+    # The cut gpu_check.py's smoke makes: enough probes to fit, two runs to compare.
+    design = PROBE_DESIGN[:4] if args.smoke else PROBE_DESIGN
+    held_out = HELD_OUT[:2] if args.smoke else HELD_OUT
+    if args.smoke:
+        args.holdout_factor, args.repeats = 1.5, 1
 
     import torch
 
@@ -135,14 +146,14 @@ def main(argv: list[str] | None = None) -> int:
         data = str(synthetic_data(Path(tmp) / "data.jsonl"))
         for r in range(max(args.repeats, 1)):
             work = Path(tmp) / f"repeat-{r}"
-            probes = calibrate(model, data, work)
+            probes = calibrate(model, data, work, design)
             print(
                 f"repeat {r + 1}: calibrated from {probes['runs']} probe runs in "
                 f"{probes['seconds']:.1f} s (median {probes['median_seconds']:.1f} s, longest "
                 f"{probes['longest_seconds']:.1f} s)",
                 flush=True,
             )
-            order = list(enumerate(HELD_OUT))
+            order = list(enumerate(held_out))
             rows: list[dict[str, Any]] = [{}] * len(order)
             for index, config in order if r % 2 == 0 else reversed(order):
                 rows[index] = row = held_out_row(
@@ -157,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(repeats) == 1:
             # The noise floor: the first configuration once more, unchanged.
             noise = held_out_row(
-                model, data, work, probes, len(HELD_OUT), HELD_OUT[0], args.holdout_factor
+                model, data, work, probes, len(held_out), held_out[0], args.holdout_factor
             )
     if args.raw:
         first_probes, first_rows = repeats[0]
@@ -194,7 +205,7 @@ def summarize(
     )  # fmt: skip
     shape = shape_errors(corrected)
     rows = []
-    for index, config in enumerate(HELD_OUT):
+    for index, config in enumerate(HELD_OUT[: len(repeats[0][1])]):
         runs = [rows_r[index] for _, rows_r in repeats]
         ratios = [r["measured_s"] / r["predicted_p50_s"] for r in runs]
         ratio = median(ratios)

@@ -31,6 +31,7 @@ from common.cli import run_cli  # noqa: E402
 from common.errors import BadInputError  # noqa: E402
 
 FITS = ("new lengths apart", "fitted together")
+SMOKE_RAW = Path(__file__).resolve().parent.parent / "docs/measurements/gpu-time-model-h100.json"
 
 
 def raw_payload(
@@ -104,10 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.time_model_refit",
                                      description=__doc__.splitlines()[0])  # fmt: skip
     parser.add_argument(
-        "raw", help="a file written by gpu_check.py or time_model_accuracy.py --raw"
+        "raw", nargs="?", help="a file written by gpu_check.py or time_model_accuracy.py --raw"
     )
     parser.add_argument("--json", help="write the rows and the summary to this JSON file")
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"refit {SMOKE_RAW.name}: the suite runs it"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:  # the whole refit already takes seconds: the smoke picks a recorded file
+        args.raw = args.raw or str(SMOKE_RAW)
+    if args.raw is None:
+        parser.error("a --raw file of measured runs is needed (or --smoke)")
     try:
         raw = json.loads(Path(args.raw).read_text(encoding="utf-8"))
         raw["hardware"], raw["probes"], raw["held_out"]  # noqa: B018 (the fields it needs)

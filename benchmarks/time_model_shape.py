@@ -15,7 +15,7 @@ loop around it) with the predicted one:
   what is left after the machine's state is divided out, i.e. what the model itself gets
   wrong about that configuration.
 
-    python benchmarks/time_model_shape.py [--rounds N] [--json FILE] [--threads N]
+    python benchmarks/time_model_shape.py [--rounds N] [--json FILE] [--threads N] [--smoke]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from analysis.calibrate import PROBE_DESIGN  # noqa: E402
 from analysis.calibration.file import Calibration  # noqa: E402
 from analysis.calibration.measurements import WARMUP_MICRO_STEPS  # noqa: E402
 from analysis.planning.fits import plan_of_spec  # noqa: E402
@@ -51,11 +52,14 @@ from benchmarks._levels import divide_by_level, level_spread_pct, shape_errors  
 from trainers.spec import TrainSpec  # noqa: E402
 
 MICRO_STEPS = 80  # per short run: 3 warm-up + 77 steady micro-steps
+SMOKE_MICRO_STEPS = 12
 
 
-def short_run(model: str, data: str, config: HeldOut, work: Path) -> TrainSpec:
-    """A short run of about `MICRO_STEPS` micro-steps, without evaluations or saves."""
-    steps = -(-MICRO_STEPS // config.gradient_accumulation_steps)
+def short_run(
+    model: str, data: str, config: HeldOut, work: Path, micro_steps: int = MICRO_STEPS
+) -> TrainSpec:
+    """A short run of about `micro_steps` micro-steps, without evaluations or saves."""
+    steps = -(-micro_steps // config.gradient_accumulation_steps)
     return held_out_spec(model, data, config, work, "short", steps=steps, evaluations=False)
 
 
@@ -93,7 +97,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="round-robin rounds (default 5)")
     parser.add_argument("--json", help="write the results to this JSON file")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"4 probes, 3 configurations, 2 rounds of {SMOKE_MICRO_STEPS} micro-steps: the "
+        "suite runs it",
+    )
     args = parser.parse_args(argv)
+    # A level is a median over a round's configurations, a shape error one over rounds.
+    design = PROBE_DESIGN[:4] if args.smoke else PROBE_DESIGN
+    held_out = HELD_OUT[:3] if args.smoke else HELD_OUT
+    micro_steps = SMOKE_MICRO_STEPS if args.smoke else MICRO_STEPS
+    if args.smoke:
+        args.rounds = 2
 
     import torch
 
@@ -105,10 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="time-model-shape-") as tmp:
         work = Path(tmp)
         data = str(synthetic_data(work / "data.jsonl"))
-        probes = calibrate(model, data, work)
+        probes = calibrate(model, data, work, design)
         calibration: Calibration = probes["calibration"]
         print(f"calibrated from {probes['runs']} probe runs in {probes['seconds']:.1f} s")
-        specs = {config.name: short_run(model, data, config, work) for config in HELD_OUT}
+        specs = {
+            config.name: short_run(model, data, config, work, micro_steps) for config in held_out
+        }
         plans = {
             name: short_plan(calibration, spec, lengths_of(spec)[0]) for name, spec in specs.items()
         }
@@ -117,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(predicted, ratios, raw, levels)
     summary.update(
         rounds=args.rounds,
-        micro_steps_per_run=MICRO_STEPS,
+        micro_steps_per_run=micro_steps,
         calibration_id=calibration.calibration_id,
         torch_threads=torch.get_num_threads(),
         machine=machine(),

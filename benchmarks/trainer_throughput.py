@@ -7,7 +7,7 @@ alternate within one process run; tokens/s counts the padded tokens of the optim
 after warm-up over their wall time. `benchmarks/gpu_check.py` runs the same comparison on a
 GPU.
 
-    python benchmarks/trainer_throughput.py [--json FILE] [--repeats 3] [--steps 40]
+    python benchmarks/trainer_throughput.py [--json FILE] [--repeats 3] [--steps 40] [--smoke]
 """
 
 from __future__ import annotations
@@ -120,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch-size", type=int, default=8)
     parser.add_argument("--accumulation", type=int, default=2)
     parser.add_argument("--size", default="s", help="tiny model size: xs | s (default s)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one repeat of 5 steps on xs: the suite runs it"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.repeats, args.steps, args.size, args.micro_batch_size = 1, 5, "xs", 2
 
     work = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
     spec = run_spec(

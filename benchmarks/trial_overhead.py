@@ -24,7 +24,7 @@ configurations and values are compared between the trees too. The load average b
 after each study is printed with it (the machine is shared).
 
     python benchmarks/trial_overhead.py [--json FILE] [--trials 10] [--sizes s,m]
-        [--repeats 1] [--modes reuse,fresh] [--baseline DIR]
+        [--repeats 1] [--modes reuse,fresh] [--baseline DIR] [--smoke]
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ MODES = {"reuse": "--reuse-base-model", "fresh": "--no-reuse-base-model"}
 # Study flags per size: the bundled data for `s`; for `m` (~99 M parameters on a CPU) a
 # subset, shorter trials and smaller evaluations.
 SIZE_FLAGS = {
+    "xs": ["--trial-evals", "2", "--eval-samples", "8", "--trial-fraction", "0.015",
+           "--profiles", "fast", "--rungs", "none"],  # --smoke's: seconds a study
     "s": [],
     "m": ["--trial-evals", "2", "--eval-samples", "16", "--trial-fraction", "0.1"],
 }
@@ -178,7 +180,7 @@ def _same_results(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     return True
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--trials", type=int, default=10)
@@ -186,7 +188,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="pairs per size, order alternating")
     parser.add_argument("--modes", default="reuse,fresh", help="reuse, fresh or both")
     parser.add_argument("--baseline", help="another checkout of the project, run side by side")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--smoke", action="store_true", help="3 short trials of xs, both modes: the suite runs it"
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.trials, args.repeats = "xs", 3, 1
 
     from trainers.tiny import default_tiny_model
 
@@ -235,6 +242,7 @@ def main() -> None:
     results["rows"] = rows_out
     _print(results, list(trees), modes)
     write_json(args.json, results)
+    return 0
 
 
 def _tree_result(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -314,4 +322,4 @@ def _print(results: dict[str, Any], trees: list[str], modes: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

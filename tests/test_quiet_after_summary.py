@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.cli import ROOT, module_command
+from tests.cli import module_command
 from trainers.adapter_model import MODEL_FOLDER
 
 
@@ -20,11 +20,12 @@ def test_a_tracked_full_run_ends_with_its_summary(small_data: Path, tiny_model_d
     argv: list[str | Path] = ["--model", tiny_model_dir, "--data", small_data, "--max-steps", "3",
             "--eval-interval", "3", "--micro-batch-size", "2", "--output-dir", out,
             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]  # fmt: skip
-    # One stream, unbuffered: the lines in the order the user sees them on a terminal.
+    # One stream, unbuffered: the lines in the order the user sees them on a terminal. In
+    # tmp_path: a SQLite store's artifacts go to ./mlruns.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         module_command("trainers.train", *argv), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env, timeout=300, check=False,
+        stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert (out / MODEL_FOLDER / "MLmodel").is_file()  # the adapter model was saved: the
