@@ -41,7 +41,7 @@ from hpo.calibration_file import CalibrationFile
 from hpo.final_loss import correction_summary
 from hpo.predictions import (
     Verdict,
-    estimate_section,
+    describe_estimate,
     honesty_metrics,
     rounded,
     verdict_of,
@@ -291,7 +291,7 @@ class StudyEstimator:
         verdict = self.judge(full_run, trial_run)
         values = {
             **(attrs or {}),
-            ESTIMATE_ATTR: self.estimate_section(verdict.full_run),
+            ESTIMATE_ATTR: self.describe(verdict.full_run),
             # What the check used (prior or which calibration): `estimate` is refreshed later.
             "time_model_source": verdict.coefficients.source,
             "predicted_trial_seconds": verdict.trial_run.seconds_p50,
@@ -338,7 +338,7 @@ class StudyEstimator:
                 verdict.coefficients,
             )
         full = predict(self.plan_of(full_run), self.coefficients)
-        attrs[ESTIMATE_ATTR] = self.estimate_section(full)
+        attrs[ESTIMATE_ATTR] = self.describe(full)
         return honesty_metrics(own, full, result.wall_seconds)
 
     def _calibrate(self, result: TrainResult, eval_samples: int) -> dict[str, Any]:
@@ -369,9 +369,10 @@ class StudyEstimator:
         section["loss_correction"] = correction_summary(final.correction, len(self.curve_runs))
         attrs[ESTIMATE_ATTR] = section
 
-    def estimate_section(self, estimate: Estimate) -> dict[str, Any]:
-        """The preset's `estimate`: duration with interval, cost, throughput, budget, hardware."""
-        return estimate_section(
+    def describe(self, estimate: Estimate) -> dict[str, Any]:
+        """`estimate` as the preset's `estimate` section, with this study's budget, machine and
+        calibration (`hpo.predictions.describe_estimate`)."""
+        return describe_estimate(
             estimate,
             budget=self.config.budget,
             memory_limit_bytes=self.memory_limit_bytes,

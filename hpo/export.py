@@ -79,7 +79,7 @@ def exported_full_run(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> T
     )
 
 
-def estimate_section(
+def export_estimate(
     study: optuna.Study,
     trial: optuna.trial.FrozenTrial,
     *,
@@ -240,7 +240,7 @@ def build_preset(
         provenance["work_dir"] = str(Path(work_dir).resolve())
     return preset_dict(
         exported_full_run(study, trial),
-        estimate=estimate_section(
+        estimate=export_estimate(
             study, trial, correction=current_correction(study, trial), refit=refit
         ),
         provenance=provenance,

@@ -2,7 +2,7 @@
 
 `verdict_of` judges a full run's prediction against the window and the memory limit (the
 `Verdict` Optuna's constraints and a never-trained trial's metrics come from);
-`estimate_section` is the preset's `estimate` (duration with its band, cost, throughput,
+`describe_estimate` writes the preset's `estimate` (duration with its band, cost, throughput,
 budget, hardware); `honesty_metrics` compare the prediction of a trial's own run with what
 it measured. `hpo.estimator.StudyEstimator` makes the predictions.
 """
@@ -86,7 +86,7 @@ def verdict_of(
     return Verdict(not reasons, "; ".join(reasons), full, own, constraints, coefficients)
 
 
-def estimate_section(
+def describe_estimate(
     estimate: Estimate,
     *,
     budget: Budget,

@@ -20,7 +20,7 @@ from hpo.export import (
     PARAM_KEYS,
     current_correction,
     end_predictions,
-    estimate_section,
+    export_estimate,
     export_study,
 )
 from hpo.feasible_sampler import redraw_counts, redraw_line
@@ -117,7 +117,7 @@ def summarize(
     correction = current_correction(study, best)
     # The pick's refit serves the summary and the preset (made with this same correction).
     refit = refits.get(best.number) if correction is not None else None
-    summary.best_estimate = estimate_section(study, best, correction=correction, refit=refit)
+    summary.best_estimate = export_estimate(study, best, correction=correction, refit=refit)
     summary.best_params = {k: best.user_attrs[k] for k in _BEST_KEYS if k in best.user_attrs}
     if "gpus" in best.params:  # a searched GPU count: the pick's own node size
         summary.launch_note = launch_note(int(best.params["gpus"]), config.device)

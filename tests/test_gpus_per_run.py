@@ -148,7 +148,7 @@ def test_the_window_check_judges_the_full_run_on_its_gpus(
     assert full.cost(2.0)["p50"] == pytest.approx(gpus * 2.0 * full_seconds / 3600)
     assert verdict.trial_run.gpus == 1
     assert verdict.trial_run.seconds_p50 == pytest.approx(trial_seconds)
-    section = estimator.estimate_section(full)
+    section = estimator.describe(full)
     assert section["gpus"] == gpus
     assert section["gpu_hours_p50"] == pytest.approx(gpus * full_seconds / 3600)
 
