@@ -119,14 +119,34 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--space", help="Search space whose profiles are used (default: the model family's)."
     )
-    run.add_argument("--micro-batch-size", type=int)
-    run.add_argument("--gradient-accumulation-steps", type=int)
-    run.add_argument("--max-length", type=int)
-    run.add_argument("--lora-r", type=int, default=DEFAULT_SHAPE.lora_r)
     run.add_argument(
-        "--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None
+        "--micro-batch-size",
+        type=int,
+        help="Samples per forward/backward on one GPU (default: the profile's, else "
+        f"{DEFAULT_SHAPE.micro_batch_size}).",
     )
-    run.add_argument("--epochs", type=float, default=1.0)
+    run.add_argument(
+        "--gradient-accumulation-steps",
+        type=int,
+        help="Micro-batches per optimizer step (default: the profile's, else "
+        f"{DEFAULT_SHAPE.gradient_accumulation_steps}).",
+    )
+    run.add_argument(
+        "--max-length",
+        type=int,
+        help="Tokens per training sample (default: the profile's, else "
+        f"{DEFAULT_SHAPE.max_length}).",
+    )
+    run.add_argument(
+        "--lora-r", type=int, default=DEFAULT_SHAPE.lora_r, help="LoRA rank (every linear layer)."
+    )
+    run.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Recompute activations: less memory, slower steps (default: the profile's, else off).",
+    )
+    run.add_argument("--epochs", type=float, default=1.0, help="Passes over the training set.")
     run.add_argument(
         "--gpus",
         default="1",

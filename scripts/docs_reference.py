@@ -90,6 +90,7 @@ def _parser_of(module: str) -> tuple[argparse.ArgumentParser, dict[str, dataclas
         mock.patch.object(argparse.ArgumentParser, "parse_args", capture),
         mock.patch.object(argparse.ArgumentParser, "parse_known_args", capture),
         mock.patch.object(common.flags._Adder, "add_flag", recording_add_flag),
+        mock.patch.object(sys, "argv", [f"python -m {module}"]),  # a parser's default prog
     ):
         try:
             main.main([])
@@ -131,7 +132,8 @@ def _value(value: object) -> str:
         return ",".join(str(v) for v in value)
     if isinstance(value, bool):
         return str(value).lower()
-    return "" if value is None else str(value)
+    # A default under the repository (the demo data's folder) is shown relative to it.
+    return "" if value is None else str(value).replace(f"{ROOT}/", "")
 
 
 def _flag_row(

@@ -1,4 +1,4 @@
-"""Deterministic generator of the bundled demo data sets (`trainers/demo_data/*.jsonl`).
+"""Deterministic generator of the bundled demo data sets (`trainers/data/demo_data/*.jsonl`).
 
 The data is small and has a structure a tiny model can learn within a couple of hundred
 optimizer steps: templated facts about made-up people (where they live, what they eat, their
