@@ -142,3 +142,14 @@ def test_the_module_map_is_in_the_site() -> None:
         "\n## Modules\n"
     ) == 1
     assert Path(ROOT / "README.md").read_text(encoding="utf-8").count("docs/design/layout.md") >= 1
+
+
+def test_every_flag_has_a_help_text(generator: ModuleType) -> None:
+    # The reference and --help both show it: a flag without one is undocumented.
+    missing = [
+        f"{command.module}: {action.option_strings[-1]}"
+        for command in generator.commands()
+        for action in command.parser._actions
+        if action.option_strings and not action.help
+    ]
+    assert not missing, "flags without help: " + ", ".join(missing)
