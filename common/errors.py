@@ -1,7 +1,7 @@
 """The project's one exception root.
 
-`trainers` sits at the bottom of the layers, so the root lives here and `hpo`,
-`analysis` and `search_spaces` import it from here.
+`common` is the bottom layer, which every other package may import: the root lives here
+and `trainers`, `search_spaces`, `analysis` and `hpo` import it from here.
 """
 
 from __future__ import annotations

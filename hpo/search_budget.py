@@ -94,15 +94,10 @@ def measured_fixed(trials: Iterable[optuna.trial.FrozenTrial]) -> tuple[float, i
     return (max(0.0, statistics.median(fixed)), len(fixed)) if fixed else None
 
 
-def typical_full_run(estimator: StudyEstimator) -> Any:
-    """The verdict of the median feasible configuration (by full-run p50) of the space."""
-    return _typical(estimator)[0]
-
-
 def typical_runs(estimator: StudyEstimator) -> tuple[Estimate, Estimate | None]:
-    """The typical configuration's full run (`typical_full_run`), and, where it trains on
-    several GPUs, the same run on the trials' one GPU (`hpo.trial_runs.on_one_gpu`): a trial's
-    cost is a share of that; None on one GPU."""
+    """The full run of the space's typical configuration (the median feasible one by full-run
+    p50), and, where it trains on several GPUs, the same run on the trials' one GPU
+    (`hpo.trial_runs.on_one_gpu`): a trial's cost is a share of that; None on one GPU."""
     verdict, params = _typical(estimator)
     full = verdict.full_run
     if full.gpus == 1:

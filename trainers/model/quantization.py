@@ -80,17 +80,6 @@ def load_quantized(path: str, *, device: str, precision: str) -> Any:
     return model
 
 
-def is_quantized(model: Any) -> bool:
-    return bool(getattr(model, "is_loaded_in_4bit", False))
-
-
-def quantized_layers(model: Any) -> int:
-    """Linear layers of `model` stored in 4 bits."""
-    import bitsandbytes as bnb
-
-    return sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
-
-
 def _avoid_cpu_repacking(model: Any) -> None:
     """Turn off bitsandbytes' CPU inference repacking on layers it cannot repack."""
     import bitsandbytes as bnb
