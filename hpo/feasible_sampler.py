@@ -3,9 +3,9 @@
 TPE with `group=True` models the per-profile parameters (``micro_batch_size@fast``) apart
 from `lora_r`, `packing` and `quantization`, so choices that are each good combine into a
 full run beyond the window. Each such proposal became a trial that was refused before
-training: about 0.07-0.09 s of sampling, checking and storage writes, an Optuna trial and an
-MLflow run, for nothing trained. In a window under half the space fits that was 13-53 % of a
-study's trials (`benchmarks/hpo_efficiency.py`, 2026-11-24), 3.0-4.7 % of its trial seconds.
+training: sampling, checking and storage writes, an Optuna trial and an MLflow run, for
+nothing trained; in a window under half the space fits, a large share of a study's trials
+(docs/notes/tuned-constants.md).
 
 `FeasibleSampler` asks the wrapped sampler for its joint (relative) proposal and judges it
 with the study's time model, the check the trial would make. One that would not fit is drawn

@@ -46,15 +46,13 @@ GPU_COUNTS = (2, 4, 8)
 # study measures this machine first (the probe design, saved for later studies).
 PROBE_BEFORE_REFUSING_SECONDS = 60.0
 # ... and that probe is search time: with `--search-hours` at most this share of it (its
-# first three runs always run). In a 2-minute budget on the 2-vCPU VM (2026-11-24) the
-# 60 s probe ran its whole design, 13 s: 11 % of the budget before the first trial.
+# first three runs always run): a short search would spend a large share of its budget
+# measuring before its first trial (docs/notes/tuned-constants.md).
 PROBE_SHARE_OF_SEARCH = 0.05
-# ... and the priors' p10 is not that optimistic where fixed costs dominate: on the 2-vCPU
-# VM (2026-11-24) the CPU priors' p50 was 1.3-3.3x the probe-calibrated p50 over the default
-# space's 160 configurations of the tiny model (3 epochs), their p10 up to 2.0x it, so a
-# window half the space fits was refused unmeasured. A prior p10 up to this factor beyond
-# the window is measured before refusing; a budget further off (a 7B model's month in a day)
-# is refused at once.
+# ... and the priors' p10 is not that optimistic where fixed costs dominate: the CPU priors
+# can be a few times pessimistic (docs/notes/tuned-constants.md), which would refuse a window
+# half the space fits unmeasured. A prior p10 up to this factor beyond the window is measured
+# before refusing; a budget further off (a 7B model's month in a day) is refused at once.
 PRIOR_MAX_PESSIMISM = 4.0
 
 
@@ -131,9 +129,8 @@ def probe_seconds(estimator: StudyEstimator) -> float:
 
 
 # TPE models good configurations from the trials that fit; while none fits it builds that
-# model from the least infeasible ones and keeps proposing their neighbours: in a 1-minute
-# study with a window under half the space fits (the tiny model, 2-vCPU VM, 2026-11-24) its
-# first 300 proposals were all refused (packing "none", the fast profile) before one fit.
+# model from the least infeasible ones and keeps proposing their neighbours, hundreds of
+# refusals before one fits where little of the space does (docs/notes/tuned-constants.md).
 # Where under this share of the candidates fits, the study starts with a few that fit.
 FEASIBLE_SHARE_TO_SEED = 0.5
 FEASIBLE_STARTS = 3

@@ -14,9 +14,8 @@ from analysis.timemodel.model import Coefficients
 _RUN_SD_PRIOR = 0.12  # run-to-run sd of step time before seeing repeats (5-13 % here)
 _RUN_SD_FLOOR = 0.05
 # The drift's sd before repeats are seen: the run-to-run prior, worth two degrees of freedom
-# (as the model's prior is worth two runs). A 5 % prior (a steady machine's) left a preset's
-# full run outside its band on this VM: one pair 12 % apart pooled to x1.14 at p90, and the
-# run took 23 % longer than the median (preset_honesty, 2026-11-23).
+# (as the model's prior is worth two runs). A steady machine's 5 % left a preset's full run
+# outside its band on a drifting one (docs/notes/tuned-constants.md).
 _DRIFT_PRIOR_SD = _RUN_SD_PRIOR
 _DRIFT_PRIOR_DOF = 2
 
@@ -25,11 +24,9 @@ def configuration(run: RunMeasurements) -> tuple[object, ...]:
     """What makes two runs the same configuration as far as step time goes.
 
     The batches' typical padded length is part of it (half-octave buckets of the median):
-    the same `max_length` on other data is other work. A probe-design run (rows of ~10
-    tokens) and a study's trial (rows packed to 2,026 tokens) shared every other field on
-    the 2-vCPU VM (2026-11-24); their levels differed 4.6x (the trial's 4 steps), the pair
-    was read as the machine's drift (p90 x2.8), every configuration's p90 then missed a
-    window half the space fits, and the study refused 506 of its 510 trials unmeasured.
+    the same `max_length` on other data is other work. Without it a probe-design run (short
+    rows) and a study's trial (long packed rows) read as one configuration, their gap as the
+    machine's drift, and every p90 widened past the window (docs/notes/tuned-constants.md).
     """
     lengths = [length for length in run.micro_step_seq_len if length > 0]
     typical = round(2 * math.log2(float(np.median(lengths)))) if lengths else None

@@ -19,15 +19,10 @@ from common.config import require_keys
 CORRECTION_VERSION = 1
 # Full runs' worth of "measured what it predicted" a correction is shrunk with, for a
 # prediction whose loss shape the study identified (a curve went through a decay: the
-# reference run, a full run). There each run's ratio is mostly its own configuration's error:
-# benchmarks/rank_fidelity.py (2026-11-25, all 22 recorded sets with the reference run, trial
-# fractions 0.01-0.03) put log(measured / predicted) at sd 0.44 within a study about a
-# common bias whose sd between studies was 0.16 ((0.44 / 0.16) ** 2 = 7.3 runs). Each
-# configuration corrected from its study's 1, 3 or 7 best other full runs: median |error|
-# 17.1 % uncorrected; shrunk as one run (the rule without a shape) 26.5 / 20.4 / 16.4 %, as
-# 8 runs 17.3 / 16.9 / 15.6 %. Without the shape the bias is large and common (log -0.72 on
-# average, k 1.2 by the same measure): one run's worth stays best there (94 % uncorrected ->
-# 38 / 28 / 22 %).
+# reference run, a full run). There each run's ratio is mostly its own configuration's error,
+# about (within-study sd / between-study sd) ** 2 = 7.3 runs' worth of noise around the
+# study's common bias, so one run must not move the correction far. Without the shape the
+# bias is large and common: one run's worth stays best there (docs/notes/tuned-constants.md).
 SHAPED_SHRINK_RUNS = 8
 
 

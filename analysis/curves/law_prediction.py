@@ -65,18 +65,10 @@ LEAVE_OUT_GROUPS = 8
 MAX_LOG_HALF_WIDTH = math.log(1e6)  # a band wider than this says nothing more
 WARM_MAX_NFEV = 100  # a fit from the last trial's parameters moves little
 # The least log sd of a prediction per unit of ln(S1 at the end / S1 at the last point),
-# where no curve of the study went through a decay. Measured (benchmarks/rank_fidelity.py,
-# tiny llama, prompt/completion, trial fractions 0.01-0.1, 2026-11-23): the 80th percentile
-# of |ln(full run / p50)| / distance was 0.33-0.45 on the fresh model and 0.51-0.62 on one
-# pre-trained for 600 steps; 0.45 x Z90 = 0.58 covers about 80 % of both (in-sample: the
-# benchmark's coverage with it is not an independent test). A study's own backtest measures
-# only short extrapolations (half a trial's curve to its end), which miss most of this
-# error, so it can only raise it. Measured again with the tempered area
-# (analysis.curves.lr_schedule.FORWARD_POWER 0.5; 2026-11-25, all 22 recorded sets: fresh and
-# pre-trained, both data sets, 3k and 30k records, fractions 0.01-0.3, no reference run,
-# 672 fitted predictions): the 80th percentile per set was 0.15-0.60 (pre-trained
-# prompt/completion 0.40-0.60, the rest 0.15-0.42), 0.31 pooled; 0.45 x Z90 covers 96 %
-# pooled. Kept: the hardest sets need it.
+# where no curve of the study went through a decay: about 80 % of the recorded tiny-model
+# full runs end inside 0.45 x Z90 of their p50 per unit, the hardest sets included. A
+# study's own backtest sees only short extrapolations (half a trial's curve), which miss
+# most of this error, so it can only raise it. Measurements: docs/notes/tuned-constants.md.
 EXTRAPOLATION_LOG_SD = 0.45
 # Where no curve went through a decay and the study's curves can be backtested, the band's
 # log sd per unit of distance is what the backtest measured, and at least this many times
@@ -86,25 +78,16 @@ EXTRAPOLATION_LOG_SD = 0.45
 SPREAD_LOG_SD = 0.25
 # The least log sd per unit of the target's own distance once the shape is identified: how
 # far a configuration ends from where the shared shape carries its first points. Without it
-# the band rested on the curves' reach alone, and a full run that reported back (its curve
-# reaches every trial's end) narrowed it to 10-20 %. benchmarks/rank_fidelity.py
-# --full-run-curves (2026-11-25, 10 sets of 3k and 30k records, trial fractions 0.01-0.03,
-# 1200 end predictions with the reference run and/or the curves of 1 or 7 other full runs):
-# without it 56-66 % of full runs lay inside p10-p90 once full runs' curves were in the fit;
-# with 0.04-0.045 the seed-0 half reached 80 % in every case, 0.05 gives 83-95 % per case
-# (held-out seed-1 half 88 %), median half-width 26 -> 42 %. At trial fractions 0.1 and 0.3
-# (160 predictions) it raises coverage from 76 to 82 %, half-width 12 -> 18 %.
+# the band rests on the curves' reach alone, and a full run that reported back (its curve
+# reaches every trial's end) narrows it below the errors it should cover. The smallest value
+# that kept about 80 % of full runs inside p10-p90 (docs/notes/tuned-constants.md).
 SHAPED_LOG_SD = 0.05
 # The same where one curve alone went through a decay (the study's reference run before any
 # full run reported back, or one full run without a reference), which the jackknife then
-# keeps in every refit. benchmarks/rank_fidelity.py (2026-11-26, all 22 recorded sets,
-# trial fractions 0.01-0.03, the end predictions): the jackknife that left the one decayed
-# curve out made the band 83 % wide (median half-width) with 97 % of full runs inside
-# p10-p90; kept in, 0.05 gave 87 % inside at 39 %, but 8 of 22 sets below 80 % (the 30k-record
-# runs) and 66 % with one full run and no reference; 0.075: 93 % / 48 % and 74 %; 0.1: 96 %
-# at 60 %, every set at 88 % or more, and 83 % with one full run and no reference. On 8 sets
-# recorded afterwards with --seed 2 and not used to choose it (benchmarks/band_coverage.py):
-# 93 -> 98 % inside, half-width 59 -> 54 %.
+# keeps in every refit: one configuration's decay says less about another's than several
+# do. Twice the shaped value kept every recorded set at 80 % or more inside p10-p90, where
+# leaving the one decayed curve out of the jackknife made the band far wider
+# (docs/notes/tuned-constants.md).
 ONE_SHAPE_LOG_SD = 2 * SHAPED_LOG_SD
 
 

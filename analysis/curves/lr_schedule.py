@@ -20,22 +20,15 @@ FloatArray = NDArray[np.float64]
 # The momentum of the annealing area. The paper's 0.999 makes S2 grow with the run's length
 # (about half its steps after a linear decay), so a C fitted on a short run through its own
 # decay predicts a full run's decay 10x too large and its loss below zero; at 0.95 S2 saturates
-# (about 20 units of drop per full drop, whatever the length). Measured with
-# benchmarks/rank_fidelity.py (fresh tiny llama, prompt/completion, trial fractions 0.02 and
-# 0.03, reference runs 0.1-0.3, 2026-11-24): median |p50 error| 12-15 % at 0.95 against
-# 31-76 % at 0.999 and 7-23 % at 0.9; 0.95 was the steadiest over the reference fractions.
+# (about 20 units of drop per full drop, whatever the length). 0.95 predicted best and most
+# steadily over the reference fractions (docs/notes/tuned-constants.md).
 ANNEALING_DECAY = 0.95
 # How much a step at a lower rate moves a run forward: S1 adds (rate / peak) ** FORWARD_POWER
 # per step (1: the paper's area under the rate; 0: the step count). In these fine-tuning runs
-# progress follows the steps more than the area: on benchmarks/rank_fidelity.py (pre-trained
-# tiny llama, chat, 30k records with label noise 0.3), a run that decayed to 0 over its 84
-# steps ended at 0.98 where the first 84 steps of a run at about its peak rate reached 1.00,
-# though its area was half. Chosen on the recorded runs (trial fractions 0.01-0.03, the
-# reference run at 0.3, the study's end refit; median |p50 error|, median over rows): 0.5
-# gave 19 / 13 / 17 % on the 24 rows of 30k records, 12 with label noise and 12 exact 3k ones,
-# against 22 / 18 / 21 % at 1, with no coverage lost. On 18 rows of 8 configurations not used
-# to choose it (seed 1, label noise 0.3, 2026-11-25): 14 % against 17 % at 1, rows <= 10 %
-# 8 against 5, rows with >= 80 % coverage 12 against 13 (docs/rank-fidelity-history.md).
+# progress follows the steps more than the area: a run that decays to 0 gets about as far as
+# one that stays near its peak rate for as many steps, though its area is half. 0.5 predicted
+# better than 1 on the recorded runs and on rows held out from choosing it, with no coverage
+# lost (docs/notes/tuned-constants.md).
 FORWARD_POWER = 0.5
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 

@@ -39,18 +39,13 @@ MIN_FIDELITY = 0.01
 # The joint loss-law fit needs at least three points on a curve (analysis/curves/law.py).
 MIN_FIT_EVALS = 3
 # The fidelity is lowered to make room for the trials asked for, but not for more than this
-# many: past it, longer trials are worth more than more of them. `hpo_efficiency.py`, 2
-# minutes, `--n-trials 100000` (2026-11-24): where the fidelity went down to its floor
-# (0.0118 of a 507-step full run, 6 steps a trial, 776 trials planned, 135 run), the pick's
-# full run ended at 3.00; at the same window and seed with this cap (0.1, ~100 trials) it
-# ended at 1.23 (147 trials); seeds whose floor was already 0.1 picked 0.87-1.07. 50 leaves TPE
-# 40 trials past its 10 random ones.
+# many: past it, longer trials are worth more than more of them (trials cut to the fidelity
+# floor picked far worse full runs). 50 leaves TPE 40 trials past its 10 random ones
+# (docs/notes/tuned-constants.md).
 ENOUGH_TRIALS = 50
-# Trials below this share of their run are short enough to misrank a long one
-# (benchmarks/rank_fidelity.py, 2026-11-25: at 0.01-0.03 of 844-3375-step runs, 10 sets of 8
-# configurations, the pick was outside the best 2 in 10 of 30 set-and-fraction cases and
-# among them in 29 of 30 with the 2 best promoted to 0.1): the plan says so where no
-# promotion is asked for (where one is asked and none fits, it says that instead).
+# Trials below this share of their run are short enough to misrank a long one, which
+# promoting the best to a longer rung repairs (docs/notes/tuned-constants.md): the plan says
+# so where no promotion is asked for (where one is asked and none fits, it says that instead).
 SHORT_TRIALS = 0.05
 
 
