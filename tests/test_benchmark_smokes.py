@@ -150,6 +150,7 @@ SMOKES: dict[str, Callable[[dict[str, Any]], None] | str] = {
     "gpu_scale": check_gpu_scale,
     "hpo_efficiency": check_hpo_efficiency,
     "lr_scaling": check_lr_scaling,
+    "multi_gpu_scaling": "tests/test_multi_gpu_scaling.py",
     "packing": check_packing,
     "parallel_workers": check_parallel_workers,
     "preset_honesty": check_preset_honesty,

@@ -41,6 +41,7 @@ from analysis.timemodel.workload import (
     expected_new_shapes,
     frozen_flops,
     packed_averages,
+    padded_length_pmf,
     weight_bytes,
 )
 from common.checks import require
@@ -348,9 +349,10 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     # On N GPUs `steps` and `micro_steps` are each GPU's share; every step then all-reduces
     # the adapter's gradients and waits for the slowest GPU.
     allreduce = allreduce_seconds(plan.trainable_parameters, plan.gpus, find_link(plan.interconnect))
-    straggler = straggler_seconds(
-        micro, c.step_noise_sd, plan.gradient_accumulation_steps, plan.gpus
-    )
+    # A GPU's micro-step varies by its noise and, padded to its longest sample, by its
+    # batch's length: the step waits for the longest of the N.
+    varies = math.hypot(c.step_noise_sd, padding_sd(plan, c, lengths)) if plan.gpus > 1 else 0.0
+    straggler = straggler_seconds(micro, varies, plan.gradient_accumulation_steps, plan.gpus)
     train = micro_steps * (micro + c.loop_seconds_per_micro_step) + steps * optimizer
     train += steps * (allreduce + straggler)
     train += c.new_shape_seconds * new_shapes
@@ -415,6 +417,32 @@ def _micro_step_seconds(plan: Plan, c: Coefficients, tokens: float, square: floa
         * adapter_flops(plan.trainable_parameters, tokens, checkpointing)
         + c.micro_seconds_per_attention_flop * attention_flops(plan.model, square, checkpointing)
     ) * c.step_mean_ratio
+
+
+def padding_sd(plan: Plan, c: Coefficients, lengths: np.ndarray) -> float:
+    """Relative sd of a micro-step's time over the padded lengths its batches take.
+
+    A micro-batch is padded to its longest sample, so its work varies with that maximum
+    (exact over the data's lengths, `padded_length_pmf`); the part of a micro-step that does
+    not grow with tokens damps it. Packed rows (about `max_length` each) and data of one
+    length do not vary. On N GPUs this variation, not the machine's noise, is most of what a
+    step waits for: H2O LLM Studio's DDP table (micro-batch 2, dynamic padding) loses 6-13 %
+    at 2 GPUs and 11-33 % at 4-8, growing with N as the expected maximum of N does
+    (docs/benchmarks/multi_gpu_scaling.md).
+    """
+    if plan.packing == "padding_free" or lengths.size == 0:
+        return 0.0
+    batch = min(plan.micro_batch_size, int(lengths.size))
+    values, pmf = padded_length_pmf(lengths, batch)
+    # A micro-step's time is linear in its tokens and in its b x s^2: three points fix it.
+    fixed = _micro_step_seconds(plan, c, 0.0, 0.0)
+    per_token = _micro_step_seconds(plan, c, 1.0, 0.0) - fixed
+    per_square = _micro_step_seconds(plan, c, 0.0, 1.0) - fixed
+    times = fixed + per_token * batch * values + per_square * batch * values**2
+    mean = float(pmf @ times)
+    if mean <= 0:
+        return 0.0
+    return math.sqrt(max(float(pmf @ (times - mean) ** 2), 0.0)) / mean
 
 
 def _eval_seconds(plan: Plan, c: Coefficients, lengths: np.ndarray) -> float:

@@ -52,6 +52,11 @@ def _max_pmf(lengths: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
     return values.astype(np.float64), np.diff(cdf, prepend=0.0)
 
 
+def padded_length_pmf(lengths: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """The padded lengths a micro-batch of `batch` samples can have, and their probabilities."""
+    return _max_pmf(lengths, batch)
+
+
 def _max_moments(lengths: np.ndarray, batch: int) -> tuple[float, float]:
     """E[max] and E[max^2] of the lengths of `batch` distinct samples drawn uniformly."""
     v, pmf = _max_pmf(lengths, batch)
