@@ -3,8 +3,8 @@
     python benchmarks/gpu_lease.py --out $OUT [--parts preflight,scale,study,levers,time_model]
         [--deadline-seconds 510] [--smoke]
 
-The parts, in order, with the seconds each is given on an H100 (README: "One prepared GPU
-lease" has the exact `run` call):
+The parts, in order, with the seconds each is given on an H100 (docs/benchmarks/gpu_lease.md
+has the exact `run` call):
 
 | part | what | module |
 |---|---|---|

@@ -6,7 +6,7 @@ each full-run length this runs what a user runs, one after another:
 
 1. a default study (`hpo.study` defaults, `--epochs E`, its own work dir: a fresh machine
    calibration) on the bundled prompt/completion data (`--samples N` takes its first N
-   records; with 600 the trials are too short to calibrate: see the README);
+   records; with 600 the trials are too short to calibrate: see docs/benchmarks/preset_honesty.md);
 2. the full run of its exported preset (`python -m trainers.train --preset`, a new
    process, tracked in the study's MLflow store);
 

@@ -9,7 +9,7 @@ anything else (Alpaca, ShareGPT, CSV, a `save_to_disk` folder) is written beside
 `<config stem>.data.jsonl` in the equivalent native shape.
 
 axolotl and LLaMA-Factory formats are not shipped: neither package installs on these
-machines in reasonable time without replacing the CPU torch (see the README), so a written
+machines in reasonable time without replacing the CPU torch (docs/how-to/export.md), so a written
 file could not be checked with their own config loaders.
 """
 

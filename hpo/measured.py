@@ -11,8 +11,8 @@ A prediction is not thrown away: the pick compares the best measured loss with t
 configuration that has no full run yet, through that configuration's predicted level (its
 end refit). On 11 recorded rank_fidelity sets (37 cases), a user who trained each pick's
 full run until the pick was one already trained ended with the best of 8 configurations in
-30 cases, against 15 for the study's first pick, after 1.5 full runs on average (README,
-"Once full runs report back").
+30 cases, against 15 for the study's first pick, after 1.5 full runs on average
+(docs/rank-fidelity-history.md, "Once full runs report back").
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ RULES: dict[str, _Rule] = {
     "gpus": _Rule(1, 64, integer=True, required=False),
 }
 LR_SCALINGS = ("sqrt", "linear", "none")
-# Measured on the tiny model (benchmarks/lr_scaling.py, README): neither sqrt nor linear
+# Measured on the tiny model (benchmarks/lr_scaling.py, docs/benchmarks/lr_scaling.md): neither sqrt nor linear
 # scaling beat none (paired over 3 seeds, fresh and pre-trained model; in every draw the mode
 # that gave the higher rate won), so the sampled rate is used as it is unless a space asks.
 DEFAULT_LR_SCALING = "none"

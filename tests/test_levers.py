@@ -58,7 +58,7 @@ def test_nothing_is_on_by_default() -> None:
     from trainers.model.levers import MEASURED_FASTER
 
     assert LeverChoice().names == ()
-    # A lever joins MEASURED_FASTER only with a lease's measurement (README: GPU lease).
+    # A lever joins MEASURED_FASTER only with a lease's measurement (docs/benchmarks/gpu_lease.md).
     assert MEASURED_FASTER == frozenset()
 
 

@@ -26,7 +26,7 @@ _MEMORY_LOG_P90_FLOOR = math.log(1.05)
 # On a CPU the peak is the process's resident memory, and what a calibration's short probes
 # cannot show is how far it grows in a longer run with evaluations and checkpoint saves in
 # the same process (allocator fragmentation): 2-6 % above the median on the accuracy
-# benchmark's held-out runs (README: "Does the calibrated time model predict a full run?";
+# benchmark's held-out runs (docs/benchmarks/time_model_accuracy.md;
 # its runs are in docs/measurements/time-model-accuracy-cpu-*.json, which
 # tests/test_memory_bound.py replays).
 _CPU_MEMORY_LOG_P90_FLOOR = math.log(1.10)

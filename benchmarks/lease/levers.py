@@ -35,7 +35,7 @@ PAIRS: dict[str, tuple[dict[str, Any], Setup]] = {
 }
 SMOKE_SHAPES = {"liger": Setup(2, 2, 64, False), "sdpa_fast_path": Setup(1, 2, 128, False),
                 "compile": Setup(2, 2, 64, False)}  # fmt: skip
-COMPILE_NEEDS_SECONDS = 90.0  # a 7B model's first compiled step took ~48 s (README: GPU)
+COMPILE_NEEDS_SECONDS = 90.0  # a 7B model's first compiled step took ~48 s (docs/benchmarks/gpu_check.md)
 
 
 def pair(model: str, data: str, work: Path, lever: str, *, smoke: bool) -> dict[str, Any]:
