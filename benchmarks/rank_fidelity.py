@@ -771,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:  # 200 records train (one epoch, a few dozen steps), 200 validate
         args.configs, args.samples, args.fractions, args.trial_evals = 4, 2 * EVAL_SAMPLES, "0.1", 2
-        args.reference_fractions, args.promote, args.threads = "0.3", 1, 1
+        args.reference_fractions, args.promote = "0.3", 1
     if args.samples < 0 or 0 < args.samples < 2 * EVAL_SAMPLES:
         parser.error(
             f"--samples must be 0 (the bundled data) or at least {2 * EVAL_SAMPLES} "

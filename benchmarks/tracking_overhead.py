@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shutil
 import sys
 import tempfile
 import threading
@@ -209,15 +210,22 @@ def main(argv: list[str] | None = None) -> int:
                 store_seconds.append(store)
 
     rows = []
-    summary: dict[str, dict[str, float]] = {}
+    summary: dict[str, dict[str, Any]] = {}
     for mode in modes:
         t_ms = median(times[mode]) * 1000
         o_ms = median(overheads[mode]) * 1000
         pct = 100 * median([o / t for o, t in zip(overheads[mode], times[mode], strict=True)])
+        # The noise: the lowest and highest trial of the mode (the same configuration's trials
+        # differ by the machine's drift and the learning rate drawn).
+        t_range = [min(times[mode]) * 1000, max(times[mode]) * 1000]
+        o_range = [min(overheads[mode]) * 1000, max(overheads[mode]) * 1000]
         # The keys in the order of the JSON file, which writes these dicts whole.
-        summary[mode] = {"overhead_percent": pct, "overhead_ms_per_trial": o_ms, "trial_ms": t_ms}
-        rows.append([mode, t_ms, o_ms, pct])
-    print(table(["mode", "trial ms (median)", "tracking ms/trial", "share %"], rows))
+        summary[mode] = {"overhead_percent": pct, "overhead_ms_per_trial": o_ms, "trial_ms": t_ms,
+                         "trial_ms_range": t_range, "overhead_ms_range": o_range}  # fmt: skip
+        rows.append([mode, t_ms, f"{t_range[0]:,.0f}-{t_range[1]:,.0f}", o_ms,
+                     f"{o_range[0]:.1f}-{o_range[1]:.1f}", pct])  # fmt: skip
+    print(table(["mode", "trial ms (median)", "trial ms min-max", "tracking ms/trial",
+                 "tracking ms min-max", "share %"], rows))  # fmt: skip
     store_ms = median(store_seconds) * 1000
     print(
         f"hpo's store calls on its background writer: {store_ms:.0f} ms/trial "
@@ -252,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             "steps_per_trial": args.steps,
         },
     )
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
