@@ -34,9 +34,10 @@ from analysis.calibration.file import Calibration, load, load_for
 from analysis.calibration.fit import fit
 from analysis.calibration.full_runs import FullRun, absorb, from_mlflow, read_report
 from analysis.calibration.measurements import RunMeasurements
-from analysis.calibration.records import TRIAL_ATTR, read_trial_record
+from analysis.calibration.records import read_trial_record
 from analysis.planning.fits import probe_spec
 from analysis.studies import load_study
+from analysis.study_keys import CONFIG_ATTR, TIME_MODEL_RUN_ATTR
 from analysis.timemodel.hardware import HardwareInfo, fingerprint, prior_coefficients
 from analysis.timemodel.model import ModelProfile
 from common.cli import EXIT_OK, check_writable, run_cli
@@ -46,7 +47,6 @@ from common.redact import redact
 from common.workdir import WorkDir
 from trainers.spec import TrainSpec
 
-STUDY_CONFIG_ATTR = "hpo_config"  # the study's config, where hpo.study records its work dir
 DEFAULT_WORK_DIR = "hpo-runs"  # hpo.study's default work dir
 PROBE_BUDGET_SECONDS = 60.0
 PROBE_MICRO_STEPS = 40  # 3 warm-up + 37 steady micro-steps per probe run
@@ -116,25 +116,25 @@ def calibrate_from_study(
     study = load_study(study_name, storage)
     groups: dict[str, list[tuple[HardwareInfo, ModelProfile, RunMeasurements]]] = {}
     for trial in study.get_trials(deepcopy=False):
-        record = trial.user_attrs.get(TRIAL_ATTR)
+        record = trial.user_attrs.get(TIME_MODEL_RUN_ATTR)
         if not isinstance(record, Mapping):
             continue
         try:
             hardware, model, run = read_trial_record(record)
         except (KeyError, TypeError) as exc:
             raise BadInputError(
-                f"trial {trial.number} of '{study_name}': malformed {TRIAL_ATTR}: {exc!r}"
+                f"trial {trial.number} of '{study_name}': malformed {TIME_MODEL_RUN_ATTR}: {exc!r}"
             ) from exc
         groups.setdefault(fingerprint(hardware, model), []).append((hardware, model, run))
     if not groups:
         raise BadInputError(
             f"study '{study_name}' has no trained trial with time-model measurements "
-            f"(user attribute '{TRIAL_ATTR}')"
+            f"(user attribute '{TIME_MODEL_RUN_ATTR}')"
         )
     # Trials from several machines or models: the largest group is the one worth fitting.
     key = max(groups, key=lambda k: len(groups[k]))
     hardware, model, _ = groups[key][0]
-    config = study.user_attrs.get(STUDY_CONFIG_ATTR)
+    config = study.user_attrs.get(CONFIG_ATTR)
     work_dir = config.get("work_dir") if isinstance(config, Mapping) else None
     existing = load_for(previous, key)[0] if previous is not None else None
     calibration = fit(

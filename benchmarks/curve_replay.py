@@ -51,16 +51,9 @@ from common import files  # noqa: E402
 from hpo.config import StudyConfig, TrialConfig  # noqa: E402
 from hpo.export import end_predictions  # noqa: E402
 from hpo.final_loss import predict_final_loss, study_peers, trial_curve, trial_score  # noqa: E402
+from hpo.keys import FRACTION_ATTR, PROMOTED_FROM_ATTR, RUNG_ATTR
 from hpo.objective import OptunaReporter  # noqa: E402
-from hpo.pick import (  # noqa: E402
-    FRACTION_ATTR,
-    PROMOTED_FROM_ATTR,
-    RUNG_ATTR,
-    pick_trial,
-    rung_candidates,
-    rung_of,
-    standing_trials,
-)
+from hpo.pick import pick_trial, rung_candidates, rung_of, standing_trials
 from hpo.pruners import make_pruner  # noqa: E402
 from trainers.events import EvalInfo  # noqa: E402
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import machine, table, write_json  # noqa: E402
 from common.spool import spool_folders  # noqa: E402
-from hpo.workers import WORKER_ATTR  # noqa: E402
+from hpo.keys import WORKER_ATTR  # noqa: E402
 from hpo.states import STATE_NAMES  # noqa: E402
 from tests.servers import MlflowServer, postgres_server  # noqa: E402
 from trainers.tiny import default_tiny_model  # noqa: E402

@@ -299,13 +299,13 @@ def promotion(
     its band, and the search's seconds (the promoted trials' included)."""
     from analysis.curves.correction import LossCorrection
     from hpo.final_loss import (
-        LAW_CURVE_ATTR,
         REFERENCE_KEY,
         TrialCurve,
         predict_final_loss,
         shape_curve_attrs,
         study_prediction,
     )
+    from hpo.keys import LAW_CURVE_ATTR
 
     full = np.array([r["full_run_loss"] for r in rows])
     study_attrs = shape_curve_attrs({REFERENCE_KEY: reference["curve"]}) if reference else {}
@@ -485,7 +485,7 @@ def until_settled(
     and rule; and how many full runs the loop trained."""
     import optuna
 
-    from hpo.final_loss import PREDICTED_ATTR
+    from hpo.keys import PREDICTED_ATTR
     from hpo.measured import MeasuredRun, record
     from hpo.pick import pick_trial
 

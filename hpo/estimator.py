@@ -25,7 +25,7 @@ from analysis.calibration.file import Calibration
 from analysis.calibration.fit import fit, update
 from analysis.calibration.full_runs import FullRun, absorb
 from analysis.calibration.measurements import RunMeasurements
-from analysis.calibration.records import TRIAL_ATTR, trial_record
+from analysis.calibration.records import trial_record
 from analysis.curves.correction import LossCorrection
 from analysis.planning.fits import plan_of_spec
 from analysis.timemodel.hardware import (
@@ -39,6 +39,7 @@ from analysis.timemodel.model import Coefficients, Estimate, ModelProfile, Plan,
 from analysis.timemodel.workload import weight_bytes
 from hpo.calibration_file import CalibrationFile
 from hpo.final_loss import correction_summary
+from hpo.keys import ESTIMATE_ATTR, TIME_MODEL_RUN_ATTR
 from hpo.predictions import (
     Verdict,
     describe_estimate,
@@ -61,7 +62,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-ESTIMATE_ATTR = "estimate"  # the preset's `estimate` section (hpo.export reads it)
 STORED_MICRO_STEPS = 48  # per trial in the Optuna storage: enough to refit, small rows
 GIB = 2**30
 # Measured checkpoint saves (of two adapter sizes at least) after which trials stop timing one.
@@ -329,7 +329,7 @@ class StudyEstimator:
         """
         full_run, trial_run = runs
         own_plan = self.plan_of(trial_run)
-        attrs[TRIAL_ATTR] = self._calibrate(result, own_plan.eval_samples)
+        attrs[TIME_MODEL_RUN_ATTR] = self._calibrate(result, own_plan.eval_samples)
         own = verdict.trial_run
         if result.optimizer_steps and result.optimizer_steps != own.optimizer_steps:
             # Stopped early (pruned): judge the same coefficients on the steps that ran.

@@ -24,13 +24,21 @@ from common.files import write_atomic
 from common.flags import study_parser
 from common.workdir import WorkDir
 from hpo.final_loss import (
-    FIT_ATTR,
     MAX_END_REFITS,
     StudyPrediction,
     correction_summary,
     curve_run_ids,
     loss_band,
     study_prediction,
+)
+from hpo.keys import (
+    CONFIG_ATTR,
+    DATA_ATTR,
+    ESTIMATE_ATTR,
+    FIT_ATTR,
+    MLFLOW_RUN_ATTR,
+    MODEL_ATTR,
+    PARENT_ATTR,
 )
 from hpo.pick import measured_standing, pick_trial, score_order, standing_trials
 from hpo.states import FINISHED_STATES
@@ -42,9 +50,6 @@ from trainers.spec import TrainSpec
 if TYPE_CHECKING:
     from hpo.tracking import Tracker
 
-CONFIG_ATTR = "hpo_config"
-MODEL_ATTR = "hpo_model_path"
-DATA_ATTR = "hpo_data_path"
 PARAM_KEYS = (
     "profile",
     "micro_batch_size",
@@ -101,7 +106,7 @@ def export_estimate(
     config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
     budget = config.get("budget") or {}
     attrs = trial.user_attrs
-    estimate = dict(attrs.get("estimate") or {})
+    estimate = dict(attrs.get(ESTIMATE_ATTR) or {})
     if not estimate:
         seconds = float(attrs.get("naive_full_run_seconds", 0.0))
         window_s = float(budget.get("window_hours", 12.0)) * 3600
@@ -197,7 +202,7 @@ def current_correction(
 
 
 def _fingerprint(trial: optuna.trial.FrozenTrial) -> object:
-    return (trial.user_attrs.get("estimate") or {}).get("hardware_fingerprint")
+    return (trial.user_attrs.get(ESTIMATE_ATTR) or {}).get("hardware_fingerprint")
 
 
 def _correction(study_attrs: dict[str, Any], key: object) -> LossCorrection | None:
@@ -219,7 +224,6 @@ def build_preset(
     storage_url: str,
     refit: StudyPrediction | None = None,
 ) -> dict[str, Any]:
-    from hpo.tracking import PARENT_ATTR
 
     provenance = {
         "study": study.study_name,
@@ -231,7 +235,7 @@ def build_preset(
         "base_learning_rate": trial.user_attrs.get("base_learning_rate"),
         "learning_rate_scaling": trial.user_attrs.get("learning_rate_scaling"),
         "mlflow_parent_run_id": study.user_attrs.get(PARENT_ATTR),
-        "mlflow_run_id": trial.user_attrs.get("mlflow_run_id"),
+        "mlflow_run_id": trial.user_attrs.get(MLFLOW_RUN_ATTR),
         "storage": redact(storage_url),
         "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -290,7 +294,7 @@ def export_study(
 def _attach(
     study: optuna.Study, path: Path, tracking_uri: str | None, tracker: Tracker | None = None
 ) -> None:
-    from hpo.tracking import PARENT_ATTR, Tracker
+    from hpo.tracking import Tracker
 
     config: dict[str, Any] = study.user_attrs.get(CONFIG_ATTR) or {}
     parent = study.user_attrs.get(PARENT_ATTR)

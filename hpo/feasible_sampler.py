@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.samplers import BaseSampler
 
+from hpo.keys import REDRAWN_ATTR, REPAIRED_ATTR
+
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
     from optuna.study import Study
@@ -39,8 +41,6 @@ if TYPE_CHECKING:
 # Draws per trial before repairing: a TPE draw costs ~10-25 ms at a few hundred trials and a
 # check a few ms, against ~0.08 s for the refused trial they replace.
 ATTEMPTS = 3
-REDRAWN_ATTR = "hpo:redrawn"
-REPAIRED_ATTR = "hpo:repaired"
 
 # The judge: True fits, False does not, None cannot tell (a time-relevant choice missing).
 Judge = Callable[[Mapping[str, Any]], "bool | None"]

@@ -24,14 +24,18 @@ from analysis.curves.law import CurveData, JointFit, curve_data, warm_start
 from analysis.curves.law_prediction import LawPrediction, fit_shared, predict_final
 from analysis.curves.lr_schedule import learning_rates, warmup_steps
 from analysis.curves.noise import Z90
+from hpo.keys import (
+    CURVE_ATTR,
+    FIT_ATTR,
+    LAW_CURVE_ATTR,
+    LAW_FIT_ATTR,
+    LEGACY_SHAPE_CURVES_ATTR,
+    METHOD_ATTR,
+    POINTS_ATTR,
+    PREDICTED_ATTR,
+    SHAPE_CURVE_PREFIX,
+)
 
-CURVE_ATTR = "val_curve"  # [[samples_seen, val_loss], ...] of a trial
-FIT_ATTR = "curve_fit"  # the uncorrected prediction (CurveFit.to_dict)
-PREDICTED_ATTR = "predicted_final_loss"  # {"p10", "p50", "p90"} after the correction
-LAW_CURVE_ATTR = "law_curve"  # the trial's curve on its schedule (TrialCurve.to_attr)
-METHOD_ATTR = "final_loss_method"  # "joint", "own" or "fallback"
-POINTS_ATTR = "final_loss_points"  # the trial's own points behind the prediction
-SCORED_BY_ATTR = "scored_by"  # "prediction", or "loss_at_fidelity" where it is less sure
 # The study promises its final loss within p10-p90 of about +-20 %; an extrapolation whose
 # own error alone (Z90 x its log sd) is wider does not rank trials: their loss at equal data
 # does (rank_fidelity.py: Spearman 0.94-1.0 against 0.43-0.9 for the extrapolation at trial
@@ -39,20 +43,12 @@ SCORED_BY_ATTR = "scored_by"  # "prediction", or "loss_at_fidelity" where it is 
 TRUSTED_LOG_HALF_WIDTH = math.log(1.2)
 MAX_PEERS = 24  # the most recent trials a prediction is fitted with (time grows with them)
 MAX_END_REFITS = 48  # the best trials the study's end predicts again (hpo.export.end_predictions)
-# On the study, one attribute per run that went through a decay of its own (the loss-shape
-# reference run, full runs that reported back), SHAPE_CURVE_PREFIX + its source:
-# TrialCurve.to_attr() and when it was added (ADDED_KEY). Every trial's fit takes them. One
-# attribute each, so that two workers adding curves at once do not overwrite each other's.
-SHAPE_CURVE_PREFIX = "loss_shape_curve:"
+# A shape curve on the study (`hpo.keys.SHAPE_CURVE_PREFIX` + its source) holds
+# TrialCurve.to_attr() and when it was added (ADDED_KEY).
 ADDED_KEY = "added_at"  # unix seconds: the most recent curves are kept
-# Studies made before 2026-11-25 kept them all in one attribute, {source: curve}: still read.
-LEGACY_SHAPE_CURVES_ATTR = "loss_shape_curves"
 REFERENCE_KEY = "reference"  # the reference run's source
 FULL_RUN_SOURCE = "full_run:"  # + its run id: a full run of this study that reported back
 MAX_SHAPE_CURVES = 8  # the reference and the most recent full runs
-# {"shared": [L0, D, alpha, beta, C], "log_tau": the trial's own, "warm": fits since a cold
-# one}: the next trial's fit starts from the most recent one (StoredFit).
-LAW_FIT_ATTR = "law_fit"
 # A warm-started fit follows the last one; every this many fits one starts cold (two
 # starts) so that a drift into a poor optimum does not carry on.
 COLD_FIT_EVERY = 8

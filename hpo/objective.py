@@ -17,16 +17,19 @@ from common.mlflow_writer import run_id_now
 from common.workdir import WorkDir
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
-from hpo.final_loss import (
+from hpo.final_loss import FinalLoss, predict_final_loss, study_peers, trial_curve, trial_score
+from hpo.keys import (
+    DUPLICATE_OF_ATTR,
+    FRACTION_ATTR,
     LAW_CURVE_ATTR,
+    MEASUREMENT_ATTR,
+    MLFLOW_RUN_ATTR,
+    NEVER_TRAINED_ATTR,
+    PROMOTED_FROM_ATTR,
     SCORED_BY_ATTR,
-    FinalLoss,
-    predict_final_loss,
-    study_peers,
-    trial_curve,
-    trial_score,
+    STATE_REASON_ATTR,
 )
-from hpo.pick import FRACTION_ATTR, PROMOTED_FROM_ATTR, rung_of
+from hpo.pick import rung_of
 from hpo.prepare import Prepared
 from hpo.states import trials_snapshot
 from hpo.tracking import NOTE_TAG, RunRef, Tracker, TrialMetrics
@@ -39,10 +42,6 @@ from trainers.spec import TrainSpec
 
 if TYPE_CHECKING:
     from hpo.search_budget import BudgetKeeper
-
-# A trial trained to measure the machine while nothing fits by the study's calibration
-# (`hpo.runner`): trained though its check says its full run does not fit.
-MEASUREMENT_ATTR = "measurement"
 
 
 def _drop_checkpoints(output_dir: str | Path) -> None:
@@ -73,9 +72,6 @@ def _take_checkpoint(source: Path, target: Path) -> bool:
     return True
 
 
-DUPLICATE_OF_ATTR = "duplicate_of"  # a promotion queued twice: the trial that runs it
-
-
 def promoted_before(study: optuna.Study, trial_number: int, promoted_from: Any) -> int | None:
     """The trial, numbered before `trial_number`, that already promotes trial `promoted_from`
     and has not failed; None if there is none.
@@ -98,7 +94,7 @@ def _first_run_id(study: optuna.Study, number: Any) -> str | None:
     """The MLflow run of trial `number` of `study`, if it recorded one."""
     for frozen in study.get_trials(deepcopy=False):
         if frozen.number == int(number):
-            run_id = frozen.user_attrs.get("mlflow_run_id")
+            run_id = frozen.user_attrs.get(MLFLOW_RUN_ATTR)
             return str(run_id) if run_id else None
     return None
 
@@ -174,7 +170,7 @@ class Objective:
             twin = promoted_before(trial.study, trial.number, promoted_from)
             if twin is not None:
                 reason = f"trial {twin} already promotes trial {promoted_from}"
-                set_user_attrs(trial, {"state_reason": reason, DUPLICATE_OF_ATTR: twin})
+                set_user_attrs(trial, {STATE_REASON_ATTR: reason, DUPLICATE_OF_ATTR: twin})
                 raise optuna.TrialPruned(reason)
         params = sample(trial, prepared.space, config.profiles)
         fraction = self._fraction(trial)
@@ -198,7 +194,7 @@ class Objective:
             "effective_batch_size": full_run.effective_batch_size,
             "full_run_steps": steps,
             "full_run_samples": prepared.train_samples * config.full_run.epochs,
-            "trial_fraction": fraction,
+            FRACTION_ATTR: fraction,
             "timed_checkpoint_save": timed_save,
         }
         first_run = None if promoted_from is None else _first_run_id(trial.study, promoted_from)
@@ -217,7 +213,7 @@ class Objective:
         finally:
             # The run is created in the background; by now its id is there, unless the
             # writer waits for a silent server: then its client-side id (never a stall).
-            pending["mlflow_run_id"] = run_id_now(run_id)
+            pending[MLFLOW_RUN_ATTR] = run_id_now(run_id)
             set_user_attrs(trial, pending)
 
     def _run(
@@ -239,7 +235,7 @@ class Objective:
         # A measurement (`hpo.runner`: nothing fits by the calibration) trains regardless.
         if not verdict.feasible and not trial.user_attrs.get(MEASUREMENT_ATTR):
             reason = verdict.reason
-            pending.update(state_reason=reason, never_trained=True)
+            pending.update({STATE_REASON_ATTR: reason, NEVER_TRAINED_ATTR: True})
             self._end(run_id, "pruned", reason, verdict.metrics(), never_trained="true")
             raise optuna.TrialPruned(verdict.reason)
 
@@ -266,12 +262,12 @@ class Objective:
 
         if reporter.pruned_at is not None:
             reason = f"pruned by {ctx.config.pruner} at step {reporter.pruned_at}"
-            pending["state_reason"] = reason
+            pending[STATE_REASON_ATTR] = reason
             self._end(run_id, "pruned", reason, measured, **tags)
             raise optuna.TrialPruned(reason)
         if final is None:
             reason = f"no finite validation loss (got {result.final_eval_loss})"
-            pending["state_reason"] = reason
+            pending[STATE_REASON_ATTR] = reason
             self._end(run_id, "failed", reason, measured, **tags)
             raise TrainingFailed(reason)
         value, pending[SCORED_BY_ATTR] = trial_score(
@@ -421,7 +417,7 @@ class Objective:
         except Exception as exc:  # the study goes on: a failed trial, with its reason
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
             metrics.flush()
-            pending["state_reason"] = reason
+            pending[STATE_REASON_ATTR] = reason
             self._end(run_id, "failed", reason)
             raise TrainingFailed(reason) from exc
         return result, time.perf_counter() - started

@@ -20,13 +20,9 @@ import optuna
 
 from analysis.report.pareto import cheapest_within
 from common.errors import BadInputError
-from hpo.final_loss import PREDICTED_ATTR
+from hpo.keys import ESTIMATE_ATTR, PREDICTED_ATTR, PROMOTED_FROM_ATTR, RUNG_ATTR
 from hpo.measured import MeasuredRun, measured_by_trial
 from hpo.states import trial_loss
-
-PROMOTED_FROM_ATTR = "promoted_from"  # hpo.runner queues it: the trial a promotion continues
-RUNG_ATTR = "rung"  # hpo.runner queues it: a promotion's rung (1, 2, ...; first trials: 0)
-FRACTION_ATTR = "trial_fraction"  # a trial's share of its full run (queued for a promotion)
 
 
 def rung_of(trial: optuna.trial.FrozenTrial | optuna.Trial) -> int:
@@ -230,11 +226,11 @@ def loss_and_cost(
     loss = (attrs.get(PREDICTED_ATTR) or {}).get("p50", trial_loss(trial))
     if losses is not None and trial.number in losses:
         loss = losses[trial.number]
-    estimate: dict[str, Any] = attrs.get("estimate") or {}
+    estimate: dict[str, Any] = attrs.get(ESTIMATE_ATTR) or {}
     hours = (estimate.get("duration_hours") or {}).get("p50", float("inf"))
     cost = (estimate.get("cost") or {}).get("p50") if estimate.get("price_per_hour") else None
     return float(loss if loss is not None else float("inf")), float(cost or hours)
 
 
 def _fits(trial: optuna.trial.FrozenTrial) -> bool:
-    return bool((trial.user_attrs.get("estimate") or {}).get("fits_window", True))
+    return bool((trial.user_attrs.get(ESTIMATE_ATTR) or {}).get("fits_window", True))

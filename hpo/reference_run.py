@@ -43,6 +43,7 @@ from hpo.final_loss import (
     study_peers,
     trial_curve,
 )
+from hpo.keys import REFERENCE_ATTR
 from hpo.measured import same_data
 from hpo.states import FINISHED_STATES, trial_loss
 from hpo.trial_runs import full_run, on_one_gpu
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REFERENCE_ATTR = "reference_run"  # on the study: what the reference run ran and fitted
 REFERENCE_AFTER = 3  # finished trials before the reference run (its pick needs a few)
 _EVALS_PER_TRIAL_EVALS = 2  # the reference evaluates twice as often as a trial: the decay
 # Under a search budget: the most of it the reference may take. Three 120 s studies whose

@@ -18,18 +18,24 @@ from common.workdir import WorkDir
 from hpo import search_budget
 from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
-from hpo.export import CONFIG_ATTR, DATA_ATTR, MODEL_ATTR
 from hpo.feasible_sampler import redraw_infeasible
 from hpo.final_loss import curve_run_ids
-from hpo.measured import full_run_results, measured_by_trial, record
-from hpo.objective import (
+from hpo.keys import (
+    CONFIG_ATTR,
+    DATA_ATTR,
+    EXPORTED_ATTR,
+    FRACTION_ATTR,
     MEASUREMENT_ATTR,
-    Objective,
-    StudyContext,
-    drop_trial_checkpoints,
-    study_rungs,
+    MODEL_ATTR,
+    NEVER_TRAINED_ATTR,
+    PROMOTED_FROM_ATTR,
+    RUNG_ATTR,
+    SEARCH_ATTR,
+    STATE_REASON_ATTR,
 )
-from hpo.pick import FRACTION_ATTR, PROMOTED_FROM_ATTR, RUNG_ATTR, rung_candidates
+from hpo.measured import full_run_results, measured_by_trial, record
+from hpo.objective import Objective, StudyContext, drop_trial_checkpoints, study_rungs
+from hpo.pick import rung_candidates
 from hpo.prepare import Prepared, prepare
 from hpo.progress import StudyProgress
 from hpo.pruners import make_pruner
@@ -188,7 +194,6 @@ def _close(study: optuna.Study, context: StudyContext) -> StudySummary:
         finished = len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
         summary.search = context.budget.report(context.budget.ended_by(finished, config.n_trials))
     search_budget.record_spent(tracker, parent, summary.search)
-    from analysis.report.document import SEARCH_ATTR
 
     study.set_user_attr(SEARCH_ATTR, summary.search)  # the report's line on it
     _report(study, config, tracker, summary)
@@ -311,7 +316,7 @@ def _when_nothing_fits(
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         nonlocal measured
-        if not trial.user_attrs.get("never_trained") or not proposals.nothing_fits():
+        if not trial.user_attrs.get(NEVER_TRAINED_ATTR) or not proposals.nothing_fits():
             return
         source = context.estimator.coefficients.source
         if measured < MEASUREMENTS_WHEN_NOTHING_FITS:
@@ -336,7 +341,7 @@ def _when_nothing_fits(
             source,
             measured,
             trial.number,
-            trial.user_attrs.get("state_reason", "refused"),
+            trial.user_attrs.get(STATE_REASON_ATTR, "refused"),
         )
         if context.budget is not None:
             context.budget.nothing_fits = True
@@ -427,7 +432,6 @@ def _report(
     if not summary.states["complete"]:
         return
     from analysis.report import write_report
-    from analysis.report.document import EXPORTED_ATTR
 
     if summary.best_trial is not None:
         study.set_user_attr(EXPORTED_ATTR, summary.best_trial)

@@ -37,6 +37,14 @@ from analysis.search.schedule import SearchPlan, TrialCost, plan_search_for_run,
 from analysis.timemodel.model import Estimate, predict
 from common.mlflow_store import metric
 from hpo.config import StudyConfig
+from hpo.keys import (
+    BEFORE_TRIALS_ATTR,
+    ENDED_ATTR,
+    NEVER_TRAINED_ATTR,
+    PLAN_ATTR,
+    STOPPED_ATTR,
+    TAIL_ATTR,
+)
 from hpo.states import trials_snapshot
 from trainers.events import EvalInfo, TrainingCallback
 
@@ -45,14 +53,6 @@ if TYPE_CHECKING:
     from hpo.tracking import Tracker
 
 log = logging.getLogger(__name__)
-PLAN_ATTR = "search_plan"  # on the study: the plan its first session made (fidelity kept)
-# On the study: seconds its sessions spent outside their trials (set-up, probe, the gaps
-# between trials, closing); a session adds its set-up when its trials start, the rest at exit.
-BEFORE_TRIALS_ATTR = "search_before_trials_seconds"
-# On the study: the longest close (last trial's end to the session's exit) a session measured.
-TAIL_ATTR = "search_tail_seconds"
-STOPPED_ATTR = "stopped_by"  # on a trial the budget cut short
-ENDED_ATTR = "search_ended_by"  # on the study: the limit that ended its last session
 ENDED_BY = ("search budget", "n_trials", "timeout", "nothing fits")
 WORKERS_ENV = "HPO_WORKERS"  # set by `--workers N` for its workers: they share one budget
 # The reserve for the close before any session measured it: at most this share of the budget.
@@ -330,7 +330,7 @@ class BudgetKeeper:
         done = [
             (t.datetime_complete - t.datetime_start).total_seconds()
             for t in trials
-            if t.datetime_start and t.datetime_complete and not t.user_attrs.get("never_trained")
+            if t.datetime_start and t.datetime_complete and not t.user_attrs.get(NEVER_TRAINED_ATTR)
         ]
         return statistics.median(done) if done else self.plan.trial_hours * 3600
 

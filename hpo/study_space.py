@@ -12,9 +12,8 @@ from typing import Any
 import optuna
 
 from common.errors import BadInputError
+from hpo.keys import SPACE_ATTR
 from search_spaces.space import SearchSpace
-
-SPACE_ATTR = "hpo_space"  # study user attribute: the space its trials were sampled from
 
 
 def space_record(space: SearchSpace, profiles: tuple[str, ...] | None) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from typing import Any
 
 import optuna
 
-from analysis.report.rows import END_PREDICTIONS_ATTR
 from analysis.search.quality import pick_lines
 from common.fmt import format_duration, format_hours
 from common.redact import redact
@@ -24,11 +23,11 @@ from hpo.export import (
     export_study,
 )
 from hpo.feasible_sampler import redraw_counts, redraw_line
-from hpo.final_loss import SCORED_BY_ATTR
+from hpo.keys import END_PREDICTIONS_ATTR, PARENT_ATTR, REFERENCE_ATTR, SCORED_BY_ATTR
 from hpo.pick import measured_standing, pick_trial, standing_trials
-from hpo.reference_run import REFERENCE_ATTR, reference_line
+from hpo.reference_run import reference_line
 from hpo.states import state_counts, trial_loss
-from hpo.tracking import PARENT_ATTR, Tracker
+from hpo.tracking import Tracker
 from trainers.preset import launch_command, launch_note
 
 _BEST_KEYS = (*PARAM_KEYS, "effective_batch_size")

@@ -28,6 +28,7 @@ from common.outage import EXIT_WAIT_SECONDS, TrackingUnreachable, is_outage, sen
 from common.redact import redact
 from common.spool import Spool, spool_folders
 from common.workdir import WorkDir
+from hpo.keys import EXPERIMENT_ATTR, PARENT_ATTR, STATE_REASON_ATTR
 from hpo.states import STATE_NAMES, count_states, trial_loss
 from trainers.tracking import StepMetrics
 
@@ -38,9 +39,7 @@ if TYPE_CHECKING:
 
     from hpo.config import StudyConfig
 
-PARENT_ATTR = "mlflow_parent_run_id"
 NOTE_TAG = "mlflow.note.content"  # the description the UI shows on the run's page
-EXPERIMENT_ATTR = "mlflow_experiment_id"
 # MLflow run status for each trial state: the runs table shows it in its status column.
 STATUS = {"complete": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}
 
@@ -219,7 +218,7 @@ class Tracker:
                 continue  # still running in some worker
             state = STATE_NAMES[trial.state]
             reason = (
-                trial.user_attrs.get("state_reason") or "the worker stopped before recording it"
+                trial.user_attrs.get(STATE_REASON_ATTR) or "the worker stopped before recording it"
             )
             self.end_trial(run.info.run_id, state, tags={"reason": reason})
             closed += 1

@@ -26,13 +26,13 @@ import psutil
 from common.errors import BadInputError, HpoError
 from common.redact import redact
 from common.workdir import WorkDir
+from hpo.keys import STATE_REASON_ATTR, WORKER_ATTR
 
 if TYPE_CHECKING:
     from hpo.config import StudyConfig
 
 log = logging.getLogger(__name__)
 
-WORKER_ATTR = "hpo_worker"  # trial user attribute: the WorkerId that runs it
 WORKER_INDEX_ENV = "HPO_WORKER_INDEX"  # set in each worker `--workers N` starts
 # A dead worker's trial is queued again, like the heartbeat path does (Optuna's callback).
 MAX_RETRY = 2
@@ -133,7 +133,7 @@ def fail_dead_workers_trials(study: optuna.Study) -> list[int]:
         reason = f"its worker (pid {worker.pid} on {worker.host}) died"
         storage = study._storage  # Optuna's public API cannot finish another worker's trial
         with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-            storage.set_trial_user_attr(trial._trial_id, "state_reason", reason)
+            storage.set_trial_user_attr(trial._trial_id, STATE_REASON_ATTR, reason)
             storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
             retry(study, storage.get_trial(trial._trial_id))
             failed.append(trial.number)

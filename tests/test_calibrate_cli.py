@@ -10,7 +10,7 @@ import pytest
 
 from analysis.calibrate import ProbeConfig, calibrate_from_results, main, run_probes
 from analysis.calibration.file import load
-from analysis.calibration.records import TRIAL_ATTR
+from analysis.study_keys import TIME_MODEL_RUN_ATTR
 from analysis.timemodel.machine import this_machine
 from common.cli import run_cli
 from common.workdir import CALIBRATION_FILE
@@ -52,7 +52,7 @@ def test_fits_from_the_trials_a_study_recorded(recorded_study: Any, tmp_path: Pa
     assert str(out) in proc.stdout
     calibration = load(out)
     study = optuna.load_study(study_name="recorded", storage=config.storage_url)
-    trained = [t for t in study.trials if TRIAL_ATTR in t.user_attrs]
+    trained = [t for t in study.trials if TIME_MODEL_RUN_ATTR in t.user_attrs]
     assert calibration.n_measurements["runs"] == len(trained) == 2
     # The same fingerprint the study's own calibration file has: a study will load it.
     assert calibration.fingerprint == load(work / CALIBRATION_FILE).fingerprint

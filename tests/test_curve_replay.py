@@ -15,7 +15,8 @@ from benchmarks.curve_replay import (
     load_tiny_set,
     main,
 )
-from hpo.pick import PROMOTED_FROM_ATTR, rung_of
+from hpo.keys import PROMOTED_FROM_ATTR
+from hpo.pick import rung_of
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 
 from analysis.calibration.file import load
 from analysis.calibration.fit import fit
-from analysis.calibration.records import TRIAL_ATTR
+from analysis.study_keys import TIME_MODEL_RUN_ATTR
 from analysis.timemodel.hardware import HardwareInfo, prior_coefficients
 from analysis.timemodel.machine import model_profile, this_machine
 from analysis.timemodel.model import Coefficients
@@ -152,7 +152,7 @@ def test_over_budget_configurations_are_never_trained(budget_study: Any) -> None
         reason = trial.user_attrs["state_reason"]
         assert reason.startswith("predicted ") and "(p90 " in reason and "available" in reason
         assert trial.constraints["duration"] > 0
-        assert TRIAL_ATTR not in trial.user_attrs  # no measurements: it never ran
+        assert TIME_MODEL_RUN_ATTR not in trial.user_attrs  # no measurements: it never ran
         assert trial.user_attrs["estimate"]["fits_window"] is False
     for trial in fits:
         assert trial.constraints["duration"] <= 0 and trial.constraints["memory"] <= 0
@@ -184,9 +184,9 @@ def test_trained_trials_calibrate_the_work_dir(budget_study: Any) -> None:
     config, _, study, calls = budget_study
     calibration = load(Path(config.work_dir) / CALIBRATION_FILE)
     assert calibration.n_measurements["runs"] == len(calls)
-    trained = [t for t in study.get_trials() if TRIAL_ATTR in t.user_attrs]
+    trained = [t for t in study.get_trials() if TIME_MODEL_RUN_ATTR in t.user_attrs]
     assert len(trained) == len(calls)
-    record = trained[0].user_attrs[TRIAL_ATTR]
+    record = trained[0].user_attrs[TIME_MODEL_RUN_ATTR]
     assert record["hardware"]["device_kind"] == HARDWARE.device_kind
     assert len(record["run"]["micro_step_seconds"]) <= 3 + 48
 

@@ -14,15 +14,8 @@ import pytest
 
 from analysis.timemodel.machine import model_profile
 from analysis.timemodel.model import Coefficients
-from hpo.feasible_sampler import (
-    ATTEMPTS,
-    REDRAWN_ATTR,
-    REPAIRED_ATTR,
-    FeasibleSampler,
-    redraw_counts,
-    redraw_infeasible,
-)
-from hpo.objective import MEASUREMENT_ATTR
+from hpo.feasible_sampler import ATTEMPTS, FeasibleSampler, redraw_counts, redraw_infeasible
+from hpo.keys import MEASUREMENT_ATTR, REDRAWN_ATTR, REPAIRED_ATTR
 from hpo.prepare import prepare
 from hpo.runner import (
     MEASUREMENTS_WHEN_NOTHING_FITS,

@@ -18,12 +18,7 @@ from analysis.curves.law_prediction import LawPrediction
 from analysis.curves.lr_schedule import learning_rates, schedule_areas
 from hpo.final_loss import (
     COLD_FIT_EVERY,
-    LAW_CURVE_ATTR,
-    LAW_FIT_ATTR,
-    LEGACY_SHAPE_CURVES_ATTR,
     MAX_SHAPE_CURVES,
-    METHOD_ATTR,
-    POINTS_ATTR,
     REFERENCE_KEY,
     StoredFit,
     TrialCurve,
@@ -37,6 +32,13 @@ from hpo.final_loss import (
     shape_curves,
     study_prediction,
     trial_curve,
+)
+from hpo.keys import (
+    LAW_CURVE_ATTR,
+    LAW_FIT_ATTR,
+    LEGACY_SHAPE_CURVES_ATTR,
+    METHOD_ATTR,
+    POINTS_ATTR,
 )
 
 SHARED = (1.5, 4.0, 0.7, 2.0, 0.0)

@@ -19,27 +19,25 @@ from mlflow import MlflowClient
 from analysis.calibrate import main as calibrate_main
 from analysis.calibration.file import load
 from analysis.curves.extrapolate import CurveFit
-from analysis.report.rows import END_PREDICTIONS_ATTR
+from analysis.study_keys import END_PREDICTIONS_ATTR
 from common.cli import run_cli
 from hpo.config import StudyConfig, load_config
 from hpo.estimator import save_cost_known
 from hpo.export import main as export_main
-from hpo.final_loss import (
+from hpo.final_loss import curve_points, curve_run_ids, loss_one_doubling_on, shape_curves
+from hpo.keys import (
     CURVE_ATTR,
+    DUPLICATE_OF_ATTR,
     FIT_ATTR,
     LAW_CURVE_ATTR,
     METHOD_ATTR,
     POINTS_ATTR,
     PREDICTED_ATTR,
+    PROMOTED_FROM_ATTR,
     SCORED_BY_ATTR,
-    curve_points,
-    curve_run_ids,
-    loss_one_doubling_on,
-    shape_curves,
 )
 from hpo.measured import measured_by_trial
-from hpo.objective import DUPLICATE_OF_ATTR
-from hpo.pick import PROMOTED_FROM_ATTR, best_complete_trial, standing_trials
+from hpo.pick import best_complete_trial, standing_trials
 from hpo.runner import run_study
 from hpo.summary import StudySummary
 from hpo.trial_runs import trial_schedule

@@ -11,14 +11,9 @@ import pytest
 
 from analysis.curves.law import JointFit
 from analysis.search.schedule import TrialCost
-from hpo.final_loss import SHAPE_CURVE_PREFIX, TrialCurve, predict_final_loss, shared_shape
-from hpo.reference_run import (
-    REFERENCE_ATTR,
-    REFERENCE_BUDGET_SHARE,
-    reference_line,
-    reference_size,
-    reference_spec,
-)
+from hpo.final_loss import TrialCurve, predict_final_loss, shared_shape
+from hpo.keys import REFERENCE_ATTR, SHAPE_CURVE_PREFIX
+from hpo.reference_run import REFERENCE_BUDGET_SHARE, reference_line, reference_size, reference_spec
 from tests.configs import demo_spec, short_study
 
 SHARED = (1.5, 4.0, 0.7, 2.0, 0.03)  # L0, D, alpha, beta, C: the law the curves follow

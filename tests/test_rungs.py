@@ -11,15 +11,9 @@ import pytest
 from analysis.search.schedule import DEFAULT_RUNGS, parse_rungs
 from common.errors import BadInputError
 from hpo.config import TrialConfig, load_config
-from hpo.final_loss import CURVE_ATTR, LAW_CURVE_ATTR, loss_one_doubling_on
-from hpo.pick import (
-    FRACTION_ATTR,
-    PROMOTED_FROM_ATTR,
-    RUNG_ATTR,
-    pick_trial,
-    rung_candidates,
-    rung_of,
-)
+from hpo.final_loss import loss_one_doubling_on
+from hpo.keys import CURVE_ATTR, FRACTION_ATTR, LAW_CURVE_ATTR, PROMOTED_FROM_ATTR, RUNG_ATTR
+from hpo.pick import pick_trial, rung_candidates, rung_of
 from hpo.runner import run_study
 from hpo.trial_runs import trial_schedule
 from tests.configs import short_study

@@ -28,18 +28,10 @@ from analysis.timemodel.model import predict
 from common.fmt import format_hours
 from hpo.config import load_config
 from hpo.estimator import StudyEstimator
+from hpo.keys import BEFORE_TRIALS_ATTR, ENDED_ATTR, TAIL_ATTR
 from hpo.prepare import prepare
 from hpo.runner import run_study
-from hpo.search_budget import (
-    BEFORE_TRIALS_ATTR,
-    ENDED_ATTR,
-    TAIL_ATTR,
-    BudgetKeeper,
-    BudgetStop,
-    make_plan,
-    measured_fixed,
-    spent_seconds,
-)
+from hpo.search_budget import BudgetKeeper, BudgetStop, make_plan, measured_fixed, spent_seconds
 from hpo.summary import print_summary
 from tests.cli import run_module
 from tests.configs import demo_spec, short_study

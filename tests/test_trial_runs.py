@@ -25,7 +25,8 @@ from analysis.timemodel.model import Plan
 from common.cli import run_cli
 from hpo.config import StudyConfig, load_config
 from hpo.estimator import StudyEstimator
-from hpo.export import CONFIG_ATTR, build_preset, write_preset
+from hpo.export import build_preset, write_preset
+from hpo.keys import CONFIG_ATTR
 from hpo.prepare import Prepared, prepare
 from hpo.runner import run_study
 from hpo.trial_runs import full_run, stored_config, trial_runs

@@ -18,15 +18,10 @@ import pytest
 from mlflow import MlflowClient
 
 from common.errors import BadInputError
-from hpo.pick import PROMOTED_FROM_ATTR
+from hpo.keys import PROMOTED_FROM_ATTR, WORKER_ATTR
 from hpo.states import trial_loss
 from hpo.storage import make_storage
-from hpo.workers import (
-    WORKER_ATTR,
-    WorkerId,
-    fail_dead_workers_trials,
-    gpu_assignment,
-)
+from hpo.workers import WorkerId, fail_dead_workers_trials, gpu_assignment
 from tests.cli import run_module, start_module
 
 RUNNING = optuna.trial.TrialState.RUNNING
@@ -243,7 +238,7 @@ def test_a_worker_opening_a_study_another_is_still_writing_joins_it(
     """Two workers starting a new study together each write its attributes, one at a time.
     A worker that reads the study between another's writes (its config stored, its model
     not yet) joins the study; a model that differs is still refused, naming it."""
-    from hpo.export import CONFIG_ATTR, DATA_ATTR, MODEL_ATTR
+    from hpo.keys import CONFIG_ATTR, DATA_ATTR, MODEL_ATTR
     from hpo.prepare import prepare
     from hpo.runner import open_study
     from tests.configs import short_study

@@ -15,8 +15,6 @@ from analysis.calibration.measurements import RunMeasurements
 from analysis.timemodel.hardware import HardwareInfo
 from analysis.timemodel.model import ModelProfile
 
-TRIAL_ATTR = "time_model_run"  # user attribute of a trained trial: hardware, model, run
-
 
 def trial_record(
     hardware: HardwareInfo, model: ModelProfile, run: RunMeasurements

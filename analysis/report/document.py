@@ -21,13 +21,14 @@ import analysis.report.machine_plots as machine_plots
 import analysis.report.search_plots as search_plots
 from analysis.calibration.full_runs import MEASURED_PREFIX
 from analysis.report.canvas import Section
-from analysis.report.rows import (
+from analysis.report.rows import FullRun, TrialRow, best_complete, count, trial_rows
+from analysis.study_keys import (
+    CONFIG_ATTR,
     END_PREDICTIONS_ATTR,
-    FullRun,
-    TrialRow,
-    best_complete,
-    count,
-    trial_rows,
+    EXPERIMENT_ATTR,
+    EXPORTED_ATTR,
+    PARENT_ATTR,
+    SEARCH_ATTR,
 )
 from common.errors import BadInputError
 from common.files import replace_folder, write_atomic
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
     import optuna
 
 REPORT_MD = "report.md"
-EXPORTED_ATTR = "exported_trial"  # study user attribute: the trial hpo.export wrote a preset for
-SEARCH_ATTR = "search_spent"  # study user attribute: the search's plan against its spend
 
 
 @dataclass(frozen=True)
@@ -218,7 +217,7 @@ def search_line(search: object, width: int = 20) -> str | None:
 def _directions(study: optuna.Study) -> str:
     if len(study.directions) == 1:
         return f"direction {study.direction.name.lower()}"
-    names = (study.user_attrs.get("hpo_config") or {}).get("objectives") or []
+    names = (study.user_attrs.get(CONFIG_ATTR) or {}).get("objectives") or []
     if len(names) != len(study.directions):
         names = [f"objective {i}" for i in range(len(study.directions))]
     return "Pareto front of " + " and ".join(
@@ -228,7 +227,7 @@ def _directions(study: optuna.Study) -> str:
 
 def _mlflow_line(attrs: Mapping[str, object], tracking_uri: str | None) -> str | None:
     """Where the study's MLflow parent run is (a link when the tracking URI is a server)."""
-    run, experiment = attrs.get("mlflow_parent_run_id"), attrs.get("mlflow_experiment_id")
+    run, experiment = attrs.get(PARENT_ATTR), attrs.get(EXPERIMENT_ATTR)
     if not run:
         return None
     if tracking_uri and tracking_uri.startswith(("http://", "https://")) and experiment:

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from analysis.study_keys import ESTIMATE_ATTR, NEVER_TRAINED_ATTR, STATE_REASON_ATTR
 from common.errors import BadInputError
 
 if TYPE_CHECKING:
@@ -24,9 +25,6 @@ NEVER_TRAINED = "never_trained"
 STATES = ("complete", "pruned", "failed", NEVER_TRAINED, "running")
 
 
-# On the study: {trial number: {p10, p50, p90, curves}}, the standing trials' final losses
-# as the study's end predicted them again (`hpo.export.end_predictions`).
-END_PREDICTIONS_ATTR = "end_predictions"
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ class TrialRow:
 
     def estimate(self, *path: str) -> float | None:
         """A number inside the `estimate` attribute, e.g. ``estimate("duration_hours", "p50")``."""
-        node: Any = self.attrs.get("estimate")
+        node: Any = self.attrs.get(ESTIMATE_ATTR)
         for key in path:
             node = node.get(key) if isinstance(node, Mapping) else None
         return finite(node)
@@ -104,9 +102,9 @@ def classify(trial: FrozenTrial) -> str:
     """The report's state of a trial: Optuna's, with never-trained pruned trials apart."""
     from optuna.trial import TrialState
 
-    reason = trial.user_attrs.get("state_reason")
+    reason = trial.user_attrs.get(STATE_REASON_ATTR)
     if trial.state == TrialState.PRUNED and (
-        trial.user_attrs.get(NEVER_TRAINED) in (True, "true")
+        trial.user_attrs.get(NEVER_TRAINED_ATTR) in (True, "true")
         or (isinstance(reason, str) and reason.startswith("predicted"))
     ):
         return NEVER_TRAINED
