@@ -82,7 +82,7 @@ def check_packing(out: dict[str, Any]) -> None:
 
 
 def check_parallel_workers(out: dict[str, Any]) -> None:
-    assert [(p["phase"], p["workers"]) for p in out["phases"]] == [("w1", 1), ("kill", 2)]
+    assert [(p["phase"], p["workers"]) for p in out["phases"]] == [("kill", 2)]
     assert out["lost_records"] == 0 and out["duplicate_records"] == 0  # exactly once
     assert all(p["finished"] >= out["trials"] and p["parent_counts_equal_storage"]
                for p in out["phases"])  # fmt: skip

@@ -166,6 +166,7 @@ def test_export_preset_round_trip(study_run, tmp_path: Path) -> None:
         "hpo.export", "--study-name", "e2e", "--storage", config.storage_url, "--out", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not library_notices(proc.stderr)
     preset = yaml.safe_load(out.read_text())
     assert preset["version"] == PRESET_VERSION
     assert set(preset) >= {"model", "lora", "data", "training", "estimate", "provenance"}
@@ -189,6 +190,13 @@ def test_export_preset_round_trip(study_run, tmp_path: Path) -> None:
     assert result["lora_r"] == preset["lora"]["r"]
 
 
+def library_notices(stderr: str) -> list[str]:
+    """Lines the libraries add on their own (MLflow's INFO log, Python warnings): none is
+    the user's concern, and they would print around the command's summary
+    (`common.library_logs`)."""
+    return [line for line in stderr.splitlines() if "Warning: " in line or " INFO mlflow" in line]
+
+
 def test_study_cli_json(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
     proc = run_module(
@@ -210,3 +218,4 @@ def test_study_cli_json(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert Path(payload["preset_path"]).is_file()
     assert "workflowType=machine_learning" in proc.stdout
     assert "mlflow server --backend-store-uri" in proc.stdout
+    assert not library_notices(proc.stderr)  # nothing of theirs around the summary
