@@ -116,6 +116,7 @@ def make_task(work: Path, *, epochs: float, seed: int, window_seconds: float | N
     prepared = prepare(config)
     config = dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
     estimator = StudyEstimator(config, prepared)
+    prepared = estimator.prepared  # its space: what this machine lets the search propose
     if window_seconds is None:
         space = prepared.space
         # Half the space beyond the window by the p90, the study's own test of a fit: set by

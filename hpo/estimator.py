@@ -13,6 +13,7 @@ shared calibration file is `hpo.calibration_file`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import tempfile
@@ -89,13 +90,24 @@ class StudyEstimator:
         cpu_probe: Callable[[], float] = cpu_matmul_flops,
     ) -> None:
         self.config = config
-        self.prepared = prepared
         self.hardware = hardware or this_machine(config.device, config.precision)
         self.model = model or model_profile(prepared.model_path)
         self.fingerprint = fingerprint(self.hardware, self.model)
         self.file = CalibrationFile(config.work_dir, self.fingerprint)
         self._cpu_probe = cpu_probe
         self._prior: Coefficients | None = None
+        limit_gb = config.budget.max_memory_gb
+        self.memory_limit_bytes = limit_gb * GIB if limit_gb else float(self.hardware.memory_bytes)
+        self.available_seconds = config.budget.available_seconds
+        # What this machine lets the search propose: a 4-bit base only where the user allows
+        # it or the base in the run's precision does not fit. The estimator keeps its own
+        # copy (the caller's is left as it was); the study samples this one.
+        self.prepared = dataclasses.replace(
+            prepared,
+            space=gate_quantization(
+                prepared.space, allowed=config.allow_quantization or not self.base_fits()
+            ),
+        )
         self.calibration = self.file.load()
         self.probe_runs = 0  # probe runs this estimator trained (0: none, or reused)
         # The study's own full runs whose curves its fit holds: out of its loss correction.
@@ -103,14 +115,16 @@ class StudyEstimator:
         if self.calibration is None and config.probe_seconds > 0:
             self.calibration = self._probe(config.probe_seconds)
         self._length_cache: dict[int, tuple[tuple[int, ...], int]] = {}
-        limit_gb = config.budget.max_memory_gb
-        self.memory_limit_bytes = limit_gb * GIB if limit_gb else float(self.hardware.memory_bytes)
-        self.available_seconds = config.budget.available_seconds
-        # What this machine lets the search propose: a 4-bit base only where the user allows
-        # it or the base in the run's precision does not fit (the study samples prepared.space).
-        prepared.space = gate_quantization(
-            prepared.space, allowed=config.allow_quantization or not self.base_fits()
-        )
+
+    def for_config(self, config: StudyConfig) -> StudyEstimator:
+        """This estimator (its machine, model, space and calibration) judging the runs of
+        `config`: the study's config once its search plan set the trials' fraction.
+
+        A new estimator; this one is left as it was (and is not to be used after).
+        """
+        other = copy.copy(self)
+        other.config = config
+        return other
 
     # -- the model ---------------------------------------------------------------------------
     @property
@@ -259,13 +273,19 @@ class StudyEstimator:
             return LossCorrection()
         return self.calibration.loss_correction_without(self.curve_runs)
 
-    def absorb_full_runs(self, runs: Sequence[FullRun]) -> tuple[int, int]:
+    def absorb_full_runs(
+        self, runs: Sequence[FullRun], *, curve_runs: frozenset[str] = frozenset()
+    ) -> tuple[int, int]:
         """Learn from full runs made for this fingerprint: final losses and step times.
+
+        `curve_runs`: the study's own full runs whose curves its fit holds, kept out of the
+        loss correction from now on.
 
         Returns:
             Full runs added for accuracy and for time (0, 0 when there is no calibration
             yet to add them to, or nothing new).
         """
+        self.curve_runs = curve_runs
         base = self.file.merged(self.calibration)
         if base is None or not runs:
             return 0, 0
@@ -309,27 +329,27 @@ class StudyEstimator:
         runs: tuple[TrainSpec, TrainSpec],
         result: TrainResult,
         verdict: Verdict,
-        attrs: dict[str, Any],
-    ) -> dict[str, float]:
-        """Calibrate with the trial's measurements; return the honesty metrics.
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """Calibrate with the trial's measurements; return the honesty metrics and the
+        trial's attributes.
 
         Args:
             runs: Its full run and its own run, as `check` judged them and the trial trained.
             result: What the trial's run measured.
             verdict: What `check` said before it trained.
-            attrs: The trial's user attributes the objective writes at its end: the
-                refreshed `estimate` and the trial's measurements record go there.
 
         Returns:
-            `predicted_trial_seconds` (made before the run, for the steps it ran),
+            The honesty metrics: `predicted_trial_seconds` (made before the run, for the steps it ran),
             `predicted_trial_steps` (those steps), `predicted_trial_train_seconds` (their
             optimizer-step part), `measured_trial_seconds`, `trial_estimate_error_pct`
             (+ = over-predicted), `trial_inside_band` (1 when the measurement fell inside
-            p10-p90) and the full run's refreshed `predicted_full_run_hours_p50/p90`.
+            p10-p90) and the full run's refreshed `predicted_full_run_hours_p50/p90`; and the
+            trial's attributes the objective writes at its end: its measurements record
+            (`TIME_MODEL_RUN_ATTR`) and the refreshed estimate (`ESTIMATE_ATTR`).
         """
         full_run, trial_run = runs
         own_plan = self.plan_of(trial_run)
-        attrs[TIME_MODEL_RUN_ATTR] = self._calibrate(result, own_plan.eval_samples)
+        record = self._calibrate(result, own_plan.eval_samples)
         own = verdict.trial_run
         if result.optimizer_steps and result.optimizer_steps != own.optimizer_steps:
             # Stopped early (pruned): judge the same coefficients on the steps that ran.
@@ -338,8 +358,8 @@ class StudyEstimator:
                 verdict.coefficients,
             )
         full = predict(self.plan_of(full_run), self.coefficients)
-        attrs[ESTIMATE_ATTR] = self.describe(full)
-        return honesty_metrics(own, full, result.wall_seconds)
+        attrs = {TIME_MODEL_RUN_ATTR: record, ESTIMATE_ATTR: self.describe(full)}
+        return honesty_metrics(own, full, result.wall_seconds), attrs
 
     def _calibrate(self, result: TrainResult, eval_samples: int) -> dict[str, Any]:
         """Refit with the trial's run and save the file; the run's record for the trial."""
@@ -354,20 +374,22 @@ class StudyEstimator:
         record = trial_record(self.hardware, self.model, run.capped(STORED_MICRO_STEPS))
         return dict(rounded(record))
 
-    def add_final_loss(self, attrs: dict[str, Any], final: FinalLoss) -> None:
-        """Put the predicted final loss into the trial's estimate (in `attrs`, the trial's
-        attributes `observe` filled), next to the duration.
+    def with_final_loss(
+        self, estimate: Mapping[str, Any] | None, final: FinalLoss
+    ) -> dict[str, Any]:
+        """The trial's estimate (as `observe` returned it) with the predicted final loss next
+        to the duration.
 
         The uncorrected p50 goes along: a full run reports its measured loss against it, and
         the correction is refitted from those pairs (a corrected value would count twice).
         """
-        section = dict(attrs.get(ESTIMATE_ATTR) or {})
+        section = dict(estimate or {})
         section["final_val_loss"] = final.band()
         section["final_val_loss_uncorrected_p50"] = rounded(final.fit.p50)
         section["final_val_loss_method"] = final.method
         section["final_val_loss_points"] = final.n_points
         section["loss_correction"] = correction_summary(final.correction, len(self.curve_runs))
-        attrs[ESTIMATE_ATTR] = section
+        return section
 
     def describe(self, estimate: Estimate) -> dict[str, Any]:
         """`estimate` as the preset's `estimate` section, with this study's budget, machine and

@@ -455,7 +455,7 @@ class StudyPrediction:
     curve_runs: int = 0
 
     def estimate(self) -> dict[str, Any]:
-        """The keys of a preset's `estimate` it sets (those `Estimator.add_final_loss` sets
+        """The keys of a preset's `estimate` it sets (those `StudyEstimator.with_final_loss` sets
         at the trial's end, and how many curves the fit took)."""
         return {
             "final_val_loss": self.final.band(),

@@ -20,6 +20,7 @@ from hpo.estimator import StudyEstimator
 from hpo.final_loss import FinalLoss, predict_final_loss, study_peers, trial_curve, trial_score
 from hpo.keys import (
     DUPLICATE_OF_ATTR,
+    ESTIMATE_ATTR,
     FRACTION_ATTR,
     LAW_CURVE_ATTR,
     MEASUREMENT_ATTR,
@@ -206,7 +207,8 @@ class Objective:
                 ctx.parent_run_id, config.study_name, trial.number, {**params, **derived}
             )
         # The trial's attributes from here to its end, written there in one transaction
-        # (each write is a storage transaction of its own; a trial made about a dozen).
+        # (each write is a storage transaction of its own; a trial made about a dozen). Only
+        # `_run` adds to it, from what the steps it calls return.
         pending: dict[str, Any] = {}
         try:
             return self._run(trial, (full_run, own), params, derived, run_id, pending)
@@ -248,15 +250,22 @@ class Objective:
             prune=trial.user_attrs.get(PROMOTED_FROM_ATTR) is None
             and not ctx.config.multi_objective,
         )
-        result, seconds = self._train(trial, spec, reporter, run_id, pending)
+        try:
+            result, seconds = self._train(trial, spec, reporter, run_id)
+        except TrainingFailed as exc:
+            pending[STATE_REASON_ATTR] = str(exc)
+            raise
         measured = self._measurements(result, derived["full_run_steps"], seconds)
-        measured.update(ctx.estimator.observe(runs, result, verdict, pending))
+        honesty, observed = ctx.estimator.observe(runs, result, verdict)
+        measured.update(honesty)
         final = self._final_loss(trial, spec, result, derived)
         # The trial's measurements and its curve go with the rest of its attributes.
-        pending.update({**measured, **(final.user_attrs() if final else {})})
+        pending.update({**observed, **measured, **(final.user_attrs() if final else {})})
         tags: dict[str, str] = {}
         if final is not None:
-            ctx.estimator.add_final_loss(pending, final)
+            pending[ESTIMATE_ATTR] = ctx.estimator.with_final_loss(
+                pending.get(ESTIMATE_ATTR), final
+            )
             measured.update(final.metrics())
             tags.update(final.tags())
 
@@ -381,9 +390,13 @@ class Objective:
         spec: TrainSpec,
         reporter: OptunaReporter,
         run_id: RunRef,
-        pending: dict[str, Any],
     ) -> tuple[TrainResult, float]:
-        """Train the trial's own short run; a failure ends the trial (bad input: the study)."""
+        """Train the trial's own short run; a failure ends the trial (bad input: the study).
+
+        Raises:
+            TrainingFailed: The run failed; its message is the reason the trial records.
+            BadInputError: The run's input is bad: the study stops.
+        """
         ctx = self.context
         metrics = TrialMetrics(ctx.tracker, run_id)
         started = time.perf_counter()
@@ -417,7 +430,6 @@ class Objective:
         except Exception as exc:  # the study goes on: a failed trial, with its reason
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
             metrics.flush()
-            pending[STATE_REASON_ATTR] = reason
             self._end(run_id, "failed", reason)
             raise TrainingFailed(reason) from exc
         return result, time.perf_counter() - started

@@ -148,6 +148,8 @@ def run_study(
         launched=started,
     )
     keeper.after_workers = after_workers
+    # The trials' fraction is the plan's: the estimator judges runs of the config it runs.
+    estimator = estimator.for_config(config)
     search_budget.record_plan(tracker, parent, keeper)
     context = StudyContext(config, prepared, tracker, parent, estimator, keeper)
     _optimize(study, context, progress=progress)
@@ -173,6 +175,7 @@ def _open(
     # The study's one validation length: given, or the data's p99.
     config = dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
     estimator = estimator_factory(config, prepared)
+    prepared = estimator.prepared  # its space: what this machine lets the search propose
     check_space(estimator)  # before anything is written: nothing fits -> exit 2
     study = open_study(config, prepared)
     stored = (study.user_attrs.get(CONFIG_ATTR) or {}).get("eval_max_length")
@@ -468,8 +471,9 @@ def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator, study: op
         log.warning("could not read full runs from MLflow: %s", redact(str(exc)))
         return
     add_full_run_curves(study, runs, study.user_attrs.get(DATA_ATTR))
-    estimator.curve_runs = curve_run_ids(study.user_attrs)  # out of its correction
-    losses, timed = estimator.absorb_full_runs(runs)
+    losses, timed = estimator.absorb_full_runs(
+        runs, curve_runs=curve_run_ids(study.user_attrs)
+    )
     if losses or timed:
         log.info("learnt from full runs: %d final losses, %d timed runs", losses, timed)
 

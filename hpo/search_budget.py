@@ -429,7 +429,6 @@ def start(
     if plan.fidelity != config.trial.fraction:
         trial = dataclasses.replace(config.trial, fraction=plan.fidelity)
         config = dataclasses.replace(config, trial=trial)
-        estimator.config = config
     for line in plan.lines():
         print(line, flush=True)
     return keeper, config

@@ -366,9 +366,9 @@ def test_a_window_most_of_the_space_misses_starts_with_configurations_that_fit(
 ) -> None:
     """Under half of the candidates fit: up to `FEASIBLE_STARTS` that fit, in the sampler's
     parameter names, one per profile first; with most of the space fitting, none."""
-    _, prepared = demo_prepared
-    names = prepared.space.profile_names
     probe = space_estimator(tiny_model_dir, demo_prepared, epochs=10.0)
+    prepared = probe.prepared  # the space the estimator lets the search propose
+    names = prepared.space.profile_names
     p90s = sorted(probe.verdict(p).full_run.seconds_p90 for p in candidates(prepared.space, names))
     window = p90s[len(p90s) // 5]  # about a fifth fits
     estimator = space_estimator(

@@ -129,8 +129,8 @@ def _half_the_space_fits(model: Path, work: Path) -> tuple[Any, float]:
     """The prepared study (all four profiles, 20 epochs) and a window (seconds) between the
     two middle candidates' p90 by the pinned time model: half the candidates miss it."""
     probe = config_for(work, model, epochs=20.0, profiles=ALL_PROFILES)
-    prepared = prepare(probe)
-    estimator = pinned(probe, prepared)
+    estimator = pinned(probe, prepare(probe))
+    prepared = estimator.prepared  # the space the estimator lets the search propose
     p90 = sorted(
         estimator.verdict(c).full_run.seconds_p90 for c in candidates(prepared.space, ALL_PROFILES)
     )
