@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
 import sys
 import tempfile
 import time
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "model_size": args.size, "micro_batch_size": args.micro_batch_size,
         "gradient_accumulation_steps": args.accumulation,
     })  # fmt: skip
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
