@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.mlflow_seed import sqlite_path
 from common.outage import is_http
 from common.redact import redact
 from common.retry import retry_schema_race
@@ -109,6 +110,12 @@ class MlflowStore:
         if experiment is not None:
             return str(experiment.experiment_id)
         location = None
+        store_file = sqlite_path(self.tracking_uri)
+        if not artifact_dir and store_file is not None:
+            # MLflow's default (./mlruns) is the folder the command was typed in: a run's
+            # adapter would land wherever the user stood. Beside the store instead, where a
+            # study's work dir keeps them (`common.workdir.WorkDir.artifacts`).
+            artifact_dir = str(store_file.parent / "mlartifacts")
         if artifact_dir and not is_http(self.tracking_uri):
             location = Path(artifact_dir).resolve().as_uri()
         return str(
