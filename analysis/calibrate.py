@@ -34,7 +34,7 @@ from analysis.calibration.file import Calibration, load, load_for
 from analysis.calibration.fit import fit
 from analysis.calibration.full_runs import FullRun, absorb, from_mlflow, read_report
 from analysis.calibration.measurements import RunMeasurements
-from analysis.calibration.records import read_trial_record
+from analysis.calibration.trial_records import read_trial_record
 from analysis.planning.fits import probe_spec
 from analysis.studies import load_study
 from analysis.study_keys import CONFIG_ATTR, TIME_MODEL_RUN_ATTR

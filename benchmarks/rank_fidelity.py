@@ -480,13 +480,13 @@ def until_settled(
     """The user's loop once the study ends: train the pick's full run, let it report back,
     pick again, until the pick is a configuration already trained (or `max_runs` full runs).
     Each pick is `hpo.pick.pick_trial` on a study of these trials (scored as `during`), with
-    what the full runs so far measured recorded (`hpo.measured`) and the others' levels
+    what the full runs so far measured recorded (`hpo.full_run_reports`) and the others' levels
     their end refits with those runs' curves (`with_full_runs`). Per pick: its rank, regret
     and rule; and how many full runs the loop trained."""
     import optuna
 
+    from hpo.full_run_reports import MeasuredRun, record
     from hpo.keys import PREDICTED_ATTR
-    from hpo.measured import MeasuredRun, record
     from hpo.pick import pick_trial
 
     full = np.array([p["full_run_loss"] for p in during])

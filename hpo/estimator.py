@@ -26,7 +26,7 @@ from analysis.calibration.file import Calibration
 from analysis.calibration.fit import fit, update
 from analysis.calibration.full_runs import FullRun, absorb
 from analysis.calibration.measurements import RunMeasurements
-from analysis.calibration.records import trial_record
+from analysis.calibration.trial_records import trial_record
 from analysis.curves.correction import LossCorrection
 from analysis.planning.fits import plan_of_spec
 from analysis.timemodel.hardware import (

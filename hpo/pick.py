@@ -1,6 +1,6 @@
 """Which trial a study exports: the best, one named, or the cheapest that is nearly as good.
 
-Once a configuration's full run has reported back (`hpo.measured`), "the best" weighs what
+Once a configuration's full run has reported back (`hpo.full_run_reports`), "the best" weighs what
 it measured: the best configuration without a full run is picked only where its predicted
 level is below the lowest measured loss; otherwise the configuration that measured it is.
 
@@ -20,8 +20,8 @@ import optuna
 
 from analysis.report.pareto import cheapest_within
 from common.errors import BadInputError
+from hpo.full_run_reports import MeasuredRun, measured_by_trial
 from hpo.keys import ESTIMATE_ATTR, PREDICTED_ATTR, PROMOTED_FROM_ATTR, RUNG_ATTR
-from hpo.measured import MeasuredRun, measured_by_trial
 from hpo.states import trial_loss
 
 

@@ -43,8 +43,8 @@ from hpo.final_loss import (
     study_peers,
     trial_curve,
 )
+from hpo.full_run_reports import same_data
 from hpo.keys import REFERENCE_ATTR
-from hpo.measured import same_data
 from hpo.states import FINISHED_STATES, trial_loss
 from hpo.trial_runs import full_run, on_one_gpu
 from trainers.spec import TrainSpec, full_run_steps

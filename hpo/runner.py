@@ -20,6 +20,7 @@ from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.feasible_sampler import redraw_infeasible
 from hpo.final_loss import curve_run_ids
+from hpo.full_run_reports import full_run_results, measured_by_trial, record
 from hpo.keys import (
     CONFIG_ATTR,
     DATA_ATTR,
@@ -33,16 +34,15 @@ from hpo.keys import (
     SEARCH_ATTR,
     STATE_REASON_ATTR,
 )
-from hpo.measured import full_run_results, measured_by_trial, record
 from hpo.objective import Objective, StudyContext, drop_trial_checkpoints, study_rungs
 from hpo.pick import rung_candidates
 from hpo.prepare import Prepared, prepare
-from hpo.progress import StudyProgress
 from hpo.pruners import make_pruner
 from hpo.reference_run import ReferenceRun, add_full_run_curves
 from hpo.samplers import make_sampler
 from hpo.states import FINISHED_STATES
 from hpo.storage import has_heartbeats, make_storage
+from hpo.study_progress import StudyProgress
 from hpo.study_space import check_same_space, space_record
 from hpo.summary import StudySummary, parent_note, summarize
 from hpo.tracking import Tracker
@@ -361,7 +361,7 @@ def promote(study: optuna.Study, context: StudyContext, *, progress: bool) -> in
     trial) that records `promoted_from` (the trial of the rung before) and `trial_fraction`,
     resumes from that trial's checkpoint, continues its MLflow run and, once complete,
     stands for the configuration in the export. One whose full run reported back
-    (`hpo.measured`) is not promoted: the next best is. A configuration is promoted once
+    (`hpo.full_run_reports`) is not promoted: the next best is. A configuration is promoted once
     per rung: running the study again adds no duplicates, and of a promotion two workers
     queued at once only the first trains (`hpo.objective.promoted_before`). The trials'
     checkpoints go once the rungs are over.
@@ -454,7 +454,7 @@ def _report(
 def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator, study: optuna.Study) -> None:
     """Full runs of this experiment that reported back correct this study's predictions;
     this study's own ones join its loss law's shared fit with their whole curve, and what
-    they measured is kept against the trial they came from (`hpo.measured`)."""
+    they measured is kept against the trial they came from (`hpo.full_run_reports`)."""
     from analysis.calibration.full_runs import from_mlflow
 
     try:  # what its own full runs measured: the pick compares it with the predictions

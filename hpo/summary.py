@@ -67,7 +67,7 @@ class StudySummary:
     redrawn: dict[str, int] = dataclasses.field(default_factory=dict)
     # The rule that picked the best trial (`hpo.pick.pick_trial`), as the preset records it.
     picked_by: str = ""
-    # The standing configurations whose full runs reported back (`hpo.measured`): {trial
+    # The standing configurations whose full runs reported back (`hpo.full_run_reports`): {trial
     # number: the final loss its most recent full run measured}.
     measured_full_runs: dict[int, float] = dataclasses.field(default_factory=dict)
     # What the preset's launch command needs beside it: the full run's GPUs (empty for one).

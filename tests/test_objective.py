@@ -25,6 +25,7 @@ from hpo.config import StudyConfig, load_config
 from hpo.estimator import save_cost_known
 from hpo.export import main as export_main
 from hpo.final_loss import curve_points, curve_run_ids, loss_one_doubling_on, shape_curves
+from hpo.full_run_reports import measured_by_trial
 from hpo.keys import (
     CURVE_ATTR,
     DUPLICATE_OF_ATTR,
@@ -36,7 +37,6 @@ from hpo.keys import (
     PROMOTED_FROM_ATTR,
     SCORED_BY_ATTR,
 )
-from hpo.measured import measured_by_trial
 from hpo.pick import best_complete_trial, standing_trials
 from hpo.runner import run_study
 from hpo.summary import StudySummary

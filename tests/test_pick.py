@@ -10,8 +10,8 @@ import pytest
 from common.cli import run_cli
 from common.errors import BadInputError
 from hpo.export import main as export_main
+from hpo.full_run_reports import MeasuredRun, record
 from hpo.keys import PROMOTED_FROM_ATTR
-from hpo.measured import MeasuredRun, record
 from hpo.pick import measured_standing, pick_trial, standing_trials
 
 # (predicted loss, hours, cost, fits the window)

@@ -41,8 +41,8 @@ from trainers.preset import (
     with_full_run_defaults,
 )
 from trainers.run_options import RunTracking, RunWindow
+from trainers.run_summary import predicted_seconds, resume_command, summary_lines
 from trainers.spec import TrainSpec
-from trainers.summary import predicted_seconds, resume_command, summary_lines
 
 if TYPE_CHECKING:
     from trainers.data.dataset import DatasetStats

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 FULL_RUN_ROLE = "full_training"  # the `hpo.role` tag of a full run's MLflow run
 # On the study, one attribute per finished full run of one of its trials, + its run id:
-# {"trial", "loss", "added_at"} (`hpo.measured`; the report reads them).
+# {"trial", "loss", "added_at"} (`hpo.full_run_reports`; the report reads them).
 MEASURED_PREFIX = "full_run_measured:"
 # Their step times count for the time fit; their final loss is not the full schedule's end.
 _STOPPED_EARLY = ("stopped_by_window", "stopped_by_signal", "stopped_early")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from hpo.measured import full_run_results
+from hpo.full_run_reports import full_run_results
 
 
 def test_only_the_studys_finished_full_runs_on_its_data_are_read(tmp_path: Path) -> None:
