@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import platform
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from common import files
@@ -20,6 +22,18 @@ def machine() -> dict[str, Any]:
         "cpu_cores": os.cpu_count(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
+
+
+def parse_with_smoke(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, about: str, **smoke: Any
+) -> argparse.Namespace:
+    """`argv` parsed with a `--smoke` flag beside `parser`'s own: tiny sizes, seconds, the real
+    code path (`about` says what it runs; the suite runs it), `smoke` the values it sets."""
+    parser.add_argument("--smoke", action="store_true", help=f"{about}: the suite runs it")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(smoke)
+    return args
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:

@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _search_curves as curves  # noqa: E402
-from benchmarks._common import write_results  # noqa: E402
+from benchmarks._common import parse_with_smoke, write_results  # noqa: E402
 from benchmarks._efficiency_report import (  # noqa: E402
     METHODS,
     PEER,
@@ -432,14 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--plot", help="write the best-so-far plot (PNG) here")
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="hpo and random, one seed, 12 s searches, 4 probes: the suite runs it",
-    )
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.seeds, args.minutes, args.epochs, args.methods = 1, 0.2, 0.3, "hpo,random"
+    args = parse_with_smoke(
+        parser, argv, "hpo and random, one seed, 12 s searches, 4 probes",
+        seeds=1, minutes=0.2, epochs=0.3, methods="hpo,random",
+    )  # fmt: skip
     methods = tuple(m for m in args.methods.split(",") if m)
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import machine, median, table, write_json  # noqa: E402
+from benchmarks._common import machine, median, parse_with_smoke, table, write_json  # noqa: E402
 from hpo.config import load_config  # noqa: E402
 from hpo.runner import run_study  # noqa: E402
 from trainers.data.dataset import demo_data_path  # noqa: E402
@@ -176,21 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", default="2,10", help="Full-run lengths, comma-separated.")
     parser.add_argument("--n-trials", type=int, default=6, help="Trials per study.")
     parser.add_argument("--samples", type=int, default=3000, help="Records of the data used.")
-    parser.add_argument(
-        "--probe-seconds",
-        type=float,
-        default=0.0,
-        help="The studies' probe_seconds (0, the default: the trials alone calibrate).",
-    )
+    parser.add_argument("--probe-seconds", type=float, default=0.0,
+                        help="The studies' probe_seconds (0, the default: the trials alone "
+                        "calibrate).")  # fmt: skip
     parser.add_argument("--json", help="Write the rows and the summary here.")
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="One 2-trial study on 300 records, its preset run twice: the suite runs it.",
-    )
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.seeds, args.epochs, args.n_trials, args.samples = 1, "1", 2, 300
+    args = parse_with_smoke(
+        parser, argv, "one 2-trial study on 300 records, its preset run twice",
+        seeds=1, epochs="1", n_trials=2, samples=300,
+    )  # fmt: skip
     lengths = [float(e) for e in args.epochs.split(",") if e.strip()]
     rows: list[dict[str, Any]] = []
     repeat: list[float] = []

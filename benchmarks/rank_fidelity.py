@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import analysis.curves.lr_schedule  # noqa: E402
 from analysis.curves.correction import fit_loss_correction  # noqa: E402
-from benchmarks._common import machine, table, write_json  # noqa: E402
+from benchmarks._common import machine, parse_with_smoke, table, write_json  # noqa: E402
 from hpo.config import FullRunConfig, StudyConfig, TrialConfig  # noqa: E402
 from hpo.prepare import prepare  # noqa: E402
 from hpo.reference_run import REFERENCE_AFTER  # noqa: E402
@@ -764,14 +764,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --rescore: run the reference runs again (as the study runs them now) "
         "before scoring; the full runs and trials are kept",
     )  # fmt: skip
-    parser.add_argument(
-        "--smoke", action="store_true",
-        help="4 configurations on 400 demo records, one fraction: the suite runs it",
+    # The smoke: 200 records train (one epoch, a few dozen steps), 200 validate.
+    args = parse_with_smoke(
+        parser, argv, "4 configurations on 400 demo records, one fraction",
+        configs=4, samples=2 * EVAL_SAMPLES, fractions="0.1", trial_evals=2,
+        reference_fractions="0.3", promote=1,
     )  # fmt: skip
-    args = parser.parse_args(argv)
-    if args.smoke:  # 200 records train (one epoch, a few dozen steps), 200 validate
-        args.configs, args.samples, args.fractions, args.trial_evals = 4, 2 * EVAL_SAMPLES, "0.1", 2
-        args.reference_fractions, args.promote = "0.3", 1
     if args.samples < 0 or 0 < args.samples < 2 * EVAL_SAMPLES:
         parser.error(
             f"--samples must be 0 (the bundled data) or at least {2 * EVAL_SAMPLES} "

@@ -29,7 +29,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import median, table, write_results  # noqa: E402
+from benchmarks._common import median, parse_with_smoke, table, write_results  # noqa: E402
 from hpo.tracking import Tracker, TrialMetrics  # noqa: E402
 from trainers.data.paths import demo_data_path  # noqa: E402
 from trainers.loop.run import train  # noqa: E402
@@ -98,23 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
     parser.add_argument("--trials", type=int, default=6, help="trials per mode")
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=30,
-        help="optimizer steps per trial (the study's default fidelity)",
-    )
+    parser.add_argument("--steps", type=int, default=30,
+                        help="optimizer steps per trial (the study's default fidelity)")  # fmt: skip
     parser.add_argument(
         "--system-metrics-seconds", type=float, default=10.0, help="hpo+system's sampling interval"
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="one trial per mode of 2 steps, seconds: the suite runs it",
-    )
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.trials, args.steps, args.system_metrics_seconds = 1, 2, 1.0
+    args = parse_with_smoke(
+        parser, argv, "one trial per mode of 2 steps, seconds",
+        trials=1, steps=2, system_metrics_seconds=1.0,
+    )  # fmt: skip
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     work = Path(tempfile.mkdtemp(prefix="bench-tracking-"))

@@ -108,14 +108,8 @@ class FeasibleSampler(BaseSampler):
         if repaired:
             storage.set_trial_system_attr(trial._trial_id, REPAIRED_ATTR, True)
 
-    def sample_independent(
-        self,
-        study: Study,
-        trial: FrozenTrial,
-        param_name: str,
-        param_distribution: BaseDistribution,
-    ) -> Any:
-        return self.base.sample_independent(study, trial, param_name, param_distribution)
+    def sample_independent(self, *args: Any, **kwargs: Any) -> Any:
+        return self.base.sample_independent(*args, **kwargs)
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         self.base.before_trial(study, trial)

@@ -19,6 +19,19 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+
+def only_finished_run(tracking_uri: str, experiment_name: str) -> tuple[Any, Any]:
+    """The MLflow client of `tracking_uri` and the one run of `experiment_name`, finished."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    return client, run
 
 
 def free_port() -> int:

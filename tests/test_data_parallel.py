@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import run_module, start_module
+from tests.servers import only_finished_run
 from trainers.launch import check_gpus, report_exit, torchrun_command
 from trainers.loop import checkpoint
 from trainers.loop.distributed import Processes, processes
@@ -109,13 +110,7 @@ def test_process_zero_alone_writes_the_checkpoints_and_the_summary(two_runs) -> 
 
 def test_one_mlflow_run_for_two_processes(two_runs) -> None:
     _, tracking = two_runs
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking)
-    experiment = client.get_experiment_by_name("ddp")
-    assert experiment is not None
-    (run,) = client.search_runs([experiment.experiment_id])
-    assert run.info.status == "FINISHED"
+    client, run = only_finished_run(tracking, "ddp")
     assert run.data.params["gpus"] == "2"
     assert run.data.params["effective_batch_size"] == "8"
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]

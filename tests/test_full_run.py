@@ -17,6 +17,7 @@ import yaml
 from common.cli import run_cli
 from common.errors import BadInputError, GaveUp, TrainingFailed
 from tests.cli import start_module
+from tests.servers import only_finished_run
 from trainers.data.paths import demo_data_path
 from trainers.events import StepInfo, TrainingCallback
 from trainers.loop import checkpoint
@@ -308,13 +309,7 @@ def test_cli_stops_at_the_window_with_exit_3_and_the_resume_command_finishes(
     assert done["resumed_from_step"] == 1 and done["recoveries"] == []
     assert done["predicted_seconds"] == pytest.approx(36.0)
 
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking)
-    experiment = client.get_experiment_by_name("hpo-lora")
-    assert experiment is not None
-    (run,) = client.search_runs([experiment.experiment_id])
-    assert run.info.status == "FINISHED"
+    client, run = only_finished_run(tracking, "hpo-lora")
     assert run.data.tags["hpo.study_name"] == "demo"
     assert run.data.tags["hpo.parent_run_id"] == "not-in-this-store"
     for key in ("train_loss", "val_loss", "tokens_per_second", "step_time_s"):

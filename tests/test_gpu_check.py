@@ -16,13 +16,8 @@ from benchmarks.gpu_check import flops_per_token, mfu, require_cuda
 from common.errors import BadInputError
 
 ROOT = Path(__file__).resolve().parent.parent
-PROFILE = ModelProfile(
-    total_parameters=1_000_000_000,
-    n_layers=16,
-    hidden_size=2048,
-    vocab_size=32_000,
-    lora_parameters_per_rank=100_000,
-)
+# 1B parameters, 16 layers of 2048, a vocabulary of 32k; 100k LoRA parameters per rank.
+PROFILE = ModelProfile(1_000_000_000, 16, 2048, 32_000, 100_000)
 
 
 @pytest.mark.parametrize(

@@ -10,19 +10,11 @@ from pathlib import Path
 import pytest
 
 from analysis.planning.fits import RunShape, per_gpu_shape
-from analysis.timemodel.hardware import HardwareInfo, prior_coefficients
+from analysis.timemodel.hardware import prior_coefficients
 from analysis.timemodel.interconnect import LINKS, allreduce_seconds, expected_max_normal
-from analysis.timemodel.model import ModelProfile, Plan, memory_breakdown, predict
+from analysis.timemodel.model import Plan, memory_breakdown, predict
 from tests.cli import run_module
-
-MODEL = ModelProfile(
-    total_parameters=5_000_000,
-    n_layers=4,
-    hidden_size=256,
-    vocab_size=5000,
-    lora_parameters_per_rank=8 * 512,
-)
-CPU = HardwareInfo("cpu", "Test CPU", 8 * 2**30, 2, "fp32")
+from tests.test_timemodel import CPU, MODEL
 
 
 def _plan(**changes: object) -> Plan:

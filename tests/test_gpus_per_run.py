@@ -50,13 +50,8 @@ ONE_SECOND_STEPS = Coefficients(
     memory_log_p90=0.0,
     source="hand",
 )
-MODEL = ModelProfile(
-    total_parameters=10_000_000,
-    n_layers=2,
-    hidden_size=64,
-    vocab_size=1000,
-    lora_parameters_per_rank=1_000_000,
-)
+# 10M parameters, 2 layers of 64, a vocabulary of 1000; 1M LoRA parameters per rank.
+MODEL = ModelProfile(10_000_000, 2, 64, 1000, 1_000_000)
 TRAIN_SAMPLES = 1000
 PARAMS = {
     **TIME_NEUTRAL_PARAMS,

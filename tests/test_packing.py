@@ -169,13 +169,8 @@ def _plan(packing: str, device: str = "cuda", precision: str = "bf16") -> Any:
 
     rng = random.Random(1)
     return Plan(
-        model=ModelProfile(
-            total_parameters=7_000_000_000,
-            n_layers=32,
-            hidden_size=4096,
-            vocab_size=32000,
-            lora_parameters_per_rank=4_000_000,
-        ),
+        # 7B parameters, 32 layers of 4096, a vocabulary of 32k; 4M LoRA parameters per rank.
+        model=ModelProfile(7_000_000_000, 32, 4096, 32000, 4_000_000),
         token_lengths=tuple(rng.randint(20, 120) for _ in range(4000)),
         epochs=1.0,
         micro_batch_size=8,

@@ -21,7 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.gpu_scale import Setup, measure  # noqa: E402
-from benchmarks.lease.part import Record, cuda_or_smoke, first_line, parser  # noqa: E402
+from benchmarks.lease.part import first_line, start  # noqa: E402
 from common.cli import run_cli  # noqa: E402
 
 STEPS = 6
@@ -66,14 +66,9 @@ def pair(model: str, data: str, work: Path, lever: str, *, smoke: bool) -> dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(__doc__.splitlines()[0]).parse_args(argv)
-    record = Record(args.out, "levers", args.budget_seconds)
-    cuda_or_smoke(args.smoke)
+    args, record, work = start("levers", __doc__, argv)
     from benchmarks._held_out import synthetic_data
     from benchmarks.lease.scale import model_dir
-
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
     model = str(model_dir(work, MODEL, smoke=args.smoke))
     data = str(synthetic_data(work / "levers-data.jsonl", samples=300 if args.smoke else 3000))
     for lever in PAIRS:

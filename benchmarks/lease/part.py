@@ -94,6 +94,16 @@ def cuda_or_smoke(smoke: bool) -> str:
     return "cpu" if smoke else "cuda"
 
 
+def start(name: str, doc: str, argv: list[str] | None) -> tuple[argparse.Namespace, Record, Path]:
+    """A training part's start: its flags, its record, its device checked, its work folder."""
+    args = parser(doc.splitlines()[0]).parse_args(argv)
+    record = Record(args.out, name, args.budget_seconds)
+    cuda_or_smoke(args.smoke)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    return args, record, work
+
+
 def median_seconds(run: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> float:
     """Median wall seconds of `run` over `repeats`, after one warm-up; `sync` before each read."""
     run()

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.lease.part import Record, cuda_or_smoke, first_line, guarded, parser  # noqa: E402
+from benchmarks.lease.part import first_line, guarded, start  # noqa: E402
 from common.cli import run_cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,14 +132,9 @@ def refuse_two_workers(work: Path, model: str, data: str, *, smoke: bool) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(__doc__.splitlines()[0]).parse_args(argv)
-    record = Record(args.out, "study", args.budget_seconds)
-    cuda_or_smoke(args.smoke)
+    args, record, work = start("study", __doc__, argv)
     from benchmarks._held_out import synthetic_data
     from benchmarks.gpu_check import GPU_DIMS, SMOKE_DIMS, build_model
-
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
     model = work / "models" / "study-llama"
     if not (model / "config.json").is_file():
         build_model(model, SMOKE_DIMS if args.smoke else GPU_DIMS)

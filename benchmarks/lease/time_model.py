@@ -20,7 +20,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks._common import median  # noqa: E402
-from benchmarks.lease.part import Record, cuda_or_smoke, parser  # noqa: E402
+from benchmarks.lease.part import start  # noqa: E402
 from common.cli import run_cli  # noqa: E402
 from common.files import write_json  # noqa: E402
 
@@ -38,17 +38,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(__doc__.splitlines()[0]).parse_args(argv)
-    record = Record(args.out, "time_model", args.budget_seconds)
-    cuda_or_smoke(args.smoke)
+    args, record, work = start("time_model", __doc__, argv)
     from analysis.calibrate import PROBE_DESIGN
     from benchmarks._held_out import HELD_OUT, calibrate, synthetic_data
     from benchmarks.gpu_check import GPU_DIMS, SMOKE_DIMS, build_model
     from benchmarks.time_model_accuracy import held_out_row
     from benchmarks.time_model_refit import raw_payload
-
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
     model = work / "models" / "study-llama"  # the study part's model, when it ran
     if not (model / "config.json").is_file():
         build_model(model, SMOKE_DIMS if args.smoke else GPU_DIMS)
