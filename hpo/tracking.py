@@ -199,10 +199,13 @@ class Tracker:
             self._unreconciled = (parent_run_id, study)
             return 0
         self._unreconciled = None
+        # A study that started while the server was away holds client-side ids until its
+        # spool is sent; the store knows only its own.
+        experiment, parent = self.writer.resolve(self.experiment_id), self.writer.resolve(parent_run_id)
         try:
             open_runs = self.client.search_runs(
-                [self.experiment_id],
-                filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.state = 'running'",
+                [experiment],
+                filter_string=f"tags.mlflow.parentRunId = '{parent}' and tags.state = 'running'",
                 max_results=1000,
             )
         except Exception as exc:

@@ -449,3 +449,31 @@ def test_a_silent_server_is_found_out_in_seconds() -> None:
 def test_a_negative_exit_wait_is_refused_naming_the_field(tmp_path: Path) -> None:
     with pytest.raises(BadInputError, match="tracking_exit_wait_seconds must be >= 0"):
         load_config(None, {"work_dir": str(tmp_path), "tracking_exit_wait_seconds": -1})
+
+
+@pytest.mark.timeout(300)
+def test_trial_runs_left_open_offline_are_closed_once_the_server_answers(tmp_path: Path) -> None:
+    from hpo.tracking import Tracker
+
+    server = MlflowServer(tmp_path / "late")
+    server.root.mkdir()
+    tracker = Tracker(server.url, "late-exp", spool_dir=tmp_path / "spool", outage="spool")
+    assert tracker.offline  # its experiment and parent run have client-side ids for now
+    study = optuna.create_study(study_name="late")
+    parent = tracker.ensure_parent(study, {"n_trials": 1})
+    trial = study.ask()
+    tracker.start_trial(parent, "late", trial.number, {"lr": 0.1})  # its worker died
+    study.tell(trial, 1.0)
+    assert tracker.reconcile(parent, study) == 0  # the server is away: tried at the close
+    server.start()
+    try:
+        # The spool goes first; the open run is then looked for by the store's own ids.
+        assert tracker.finish_parent(parent, exit_wait_seconds=60) == 0
+        client = MlflowClient(server.url)
+        experiment = client.get_experiment_by_name("late-exp")
+        assert experiment is not None
+        runs = client.search_runs([experiment.experiment_id])
+        (child,) = [r for r in runs if r.data.tags.get("hpo.role") != "study"]
+        assert child.data.tags["state"] != "running" and child.info.status == "FINISHED"
+    finally:
+        server.stop(kill=True)
