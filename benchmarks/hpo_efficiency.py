@@ -176,6 +176,9 @@ def run_hpo(task: Task, work: Path, seconds: float) -> tuple[str, Path, dict[str
     if done.returncode != 0:
         raise RuntimeError(f"hpo.study exited {done.returncode}: {done.stderr.strip()[-600:]}")
     summary = json.loads(out.read_text(encoding="utf-8"))
+    if summary.get("preset_path") is None:
+        # The budget ran out before a trial completed (a loaded machine, a short smoke).
+        raise Refused(f"no trial completed within its {seconds:.0f} s: {summary.get('states')}")
     return (
         WorkDir(work).optuna_url,
         Path(summary["preset_path"]),
