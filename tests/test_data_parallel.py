@@ -16,6 +16,7 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.cli import run_module, start_module
@@ -144,8 +145,21 @@ def test_the_window_stops_both_processes_at_one_step_and_a_resume_needs_as_many(
     assert [s for s, _ in report["train_losses"]] == list(range(2, STEPS + 1))
 
 
+def _process_of_rank(launcher: int, rank: int) -> psutil.Process:
+    for child in psutil.Process(launcher).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank) and "trainers" in " ".join(child.cmdline()):
+                return child
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no training process of rank {rank} under {launcher}")
+
+
+# To the launcher (torchrun passes it on to both processes, which may take it a step apart),
+# or to process 1 alone (process 0, which writes the summary, learns of it only by agreeing).
+@pytest.mark.parametrize("target", ["launcher", "process 1"])
 def test_a_sigterm_stops_both_processes_with_a_checkpoint(
-    tiny_model_dir: Path, small_data: Path, tmp_path: Path
+    tiny_model_dir: Path, small_data: Path, tmp_path: Path, target: str
 ) -> None:
     out = tmp_path / "out"
     argv = _argv(tiny_model_dir, small_data, out, "--micro-batch-size", "4", "--gpus", "2")
@@ -157,7 +171,10 @@ def test_a_sigterm_stops_both_processes_with_a_checkpoint(
     for line in child.stderr:  # forecasts go to stderr: the processes are training
         if line.startswith("step ") or time.monotonic() > deadline:
             break
-    child.send_signal(signal.SIGTERM)
+    if target == "launcher":
+        child.send_signal(signal.SIGTERM)
+    else:
+        _process_of_rank(child.pid, 1).send_signal(signal.SIGTERM)
     stdout, _ = child.communicate(timeout=240)
     assert child.returncode == 3
     assert "stopped by SIGTERM" in stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -441,13 +442,19 @@ class Bridge(TrainerCallback):
         res = self.rec.result
         status = res.status if res.stop_reason is not None else ""
         code = distributed.STOP_PRIORITY.index(status) if status in distributed.STOP_PRIORITY else 1
-        agreed, stop, save = distributed.highest(
-            [code, int(control.should_training_stop), int(control.should_save)]
+        # The signal's number travels too: torchrun sends a SIGTERM to every process, but one
+        # may take it a step before the others, and the run was still stopped by SIGTERM.
+        signum = _signal_number(res.stop_reason) if status == "stopped_by_signal" else 0
+        agreed, stop, save, agreed_signum = distributed.highest(
+            [code, int(control.should_training_stop), int(control.should_save), signum]
         )
         if agreed and res.stop_reason is None:
-            self.request_stop(
-                control, "stopped by another process", distributed.STOP_PRIORITY[agreed]
+            reason = (
+                signal.Signals(agreed_signum).name
+                if agreed_signum and distributed.STOP_PRIORITY[agreed] == "stopped_by_signal"
+                else "stopped by another process"
             )
+            self.request_stop(control, reason, distributed.STOP_PRIORITY[agreed])
         control.should_training_stop = bool(stop or agreed)
         control.should_save = bool(save or control.should_save)
 
@@ -461,6 +468,14 @@ class Bridge(TrainerCallback):
         for callback in self.callbacks:
             if callback.on_checkpoint(step, path, seconds):
                 control.should_training_stop = True
+
+
+def _signal_number(name: str | None) -> int:
+    """The number of a signal named like "SIGTERM" (0 for anything else)."""
+    try:
+        return int(signal.Signals[name or ""].value)
+    except KeyError:
+        return 0
 
 
 def rss_bytes() -> int:
