@@ -195,7 +195,9 @@ def _setup_flags(parser: argparse.ArgumentParser) -> None:
         default="none",
         choices=PACKING_MODES,
         help="padding_free: samples packed into sequences of --max-length tokens (fewer, fuller "
-        "micro-batches: steps from the data's lengths); --packing alone means padding_free.",
+        "micro-batches: steps from the data's lengths); group_by_length: samples kept apart, "
+        "each micro-batch of about one length (less padding, less waiting on several GPUs); "
+        "--packing alone means padding_free.",
     )
     setup.add_argument(
         "--quantization",
@@ -296,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         logits_fp32=args.fp32_logits,
         memory_measure=args.memory_measure,
         longest_sample=args.longest_sample or (max(lengths) if args.data else None),
-        packing=args.packing != "none",
+        packing=args.packing == "padding_free",
+        group_by_length=args.packing == "group_by_length",
         quantization=args.quantization,
         interconnect=args.interconnect,
     )

@@ -125,6 +125,8 @@ def _packing(packing: str, overflow: str) -> dict[str, Any]:
     if packing == "padding_free":
         # Whole samples side by side, attention kept apart by position ids (TRL's default).
         return {"packing": True, "packing_strategy": "bfd", "padding_free": True}
+    if packing == "group_by_length":
+        return {"packing": False, "train_sampling_strategy": "group_by_length"}
     if overflow == "pack":
         return {"packing": True, "packing_strategy": "wrapped"}  # concatenated, cut anywhere
     return {"packing": False}

@@ -202,7 +202,7 @@ def trial_runs(
     full = full_run(config, params, model=model, data=data)
     if train_lengths is not None:
         steps = full_run_steps(full, train_lengths(full.max_length))
-    elif train_samples is None or full.packing != "none":
+    elif train_samples is None or full.packing == "padding_free":
         raise ValueError(
             "a trial needs train_lengths (or train_samples when unpacked): its length is a "
             "share of its full run"

@@ -18,8 +18,9 @@ configuration's full run trains on (data-parallel); the window, memory per GPU a
 (N x price x hours) are judged on that N. Without it, every full run uses the study's
 ``budget.gpus_per_run``.
 
-``packing`` and ``quantization`` take the trainer's words (``trainers.spec``): ``none`` or
-``padding_free`` (samples packed into sequences of ``max_length``), ``none`` or ``nf4`` (QLoRA's
+``packing`` and ``quantization`` take the trainer's words (``trainers.spec``): ``none``,
+``padding_free`` (samples packed into sequences of ``max_length``) or ``group_by_length``
+(samples kept apart, each micro-batch of about one length), ``none`` or ``nf4`` (QLoRA's
 4-bit base). A space without them trains unpacked on the full-precision base. A space's
 ``quantization`` is searched only where the study allows it (:func:`gate_quantization`).
 
@@ -89,7 +90,7 @@ SETTINGS = ("learning_rate_scaling", "reference_batch_size")  # plain values, no
 # Keys whose values are words; the same words as trainers.spec's PACKING_MODES and
 # QUANTIZATION_MODES (tests/test_search_space.py holds them equal), the first one the default.
 WORDS: dict[str, tuple[str, ...]] = {
-    "packing": ("none", "padding_free"),
+    "packing": ("none", "padding_free", "group_by_length"),
     "quantization": ("none", "nf4"),
 }
 KNOWN_KEYS = ("profile", *RULES, *WORDS, *SETTINGS)

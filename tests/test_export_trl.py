@@ -70,12 +70,21 @@ def test_native_data_is_referenced_and_the_preset_carried(tmp_path: Path, tiny_m
         ("none", "truncate", {"packing": False}),
         ("padding_free", "truncate", {"packing": True, "packing_strategy": "bfd", "padding_free": True}),
         ("none", "pack", {"packing": True, "packing_strategy": "wrapped"}),
+        ("group_by_length", "truncate", {"packing": False, "train_sampling_strategy": "group_by_length"}),
     ],
 )
 def test_packing(packing: str, overflow: str, expected: dict[str, object]) -> None:
     from hpo.export_formats import _packing
 
     assert _packing(packing, overflow) == expected
+
+
+def test_a_grouped_preset_is_grouped_in_trl(tmp_path: Path, tiny_model_dir: Path) -> None:
+    data = demo_data_path("prompt_completion")
+    preset = _preset(tiny_model_dir, data, micro_batch_size=4, packing="group_by_length")
+    (written,) = write_format("trl", preset, tmp_path / "trl.yaml")
+    _, sft, _, _ = _sft_args(written)
+    assert not sft.packing and sft.train_sampling_strategy == "group_by_length"
 
 
 @pytest.mark.parametrize(

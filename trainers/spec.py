@@ -23,7 +23,7 @@ STUDY_EVAL_SAMPLES = 48
 STUDY_FULL_EVAL_INTERVAL = 200
 STUDY_FULL_CHECKPOINT_INTERVAL = 500
 OVERFLOW_MODES = ("truncate", "pack")
-PACKING_MODES = ("none", "padding_free")  # trainers.data.packing
+PACKING_MODES = ("none", "padding_free", "group_by_length")  # trainers.data.packing
 QUANTIZATION_MODES = ("none", "nf4")  # trainers.model.quantization
 LEVER_MODES = ("auto", "on", "off")  # trainers.model.levers
 
@@ -137,7 +137,9 @@ class TrainSpec:
         "none",
         "Training samples per sequence: none (one, padded per micro-batch) | padding_free "
         "(packed up to max_length tokens, attention kept inside each sample; micro_batch_size "
-        "then counts packed sequences). Validation is never packed.",
+        "then counts packed sequences) | group_by_length (one, padded per micro-batch, whose "
+        "samples are of about one length: transformers' length-grouped sampler). Validation "
+        "is never packed.",
     )
     skip_bad_lines: bool = knob(False, "Skip malformed records instead of failing.")
     validation_fraction: float = knob(0.1, "Share of the samples held out for validation.")

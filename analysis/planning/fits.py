@@ -235,7 +235,9 @@ def with_setup(plan: Plan, setup: RunSetup) -> Plan:
     """The plan with the setup's packing and quantization."""
     return dataclasses.replace(
         plan,
-        packing="padding_free" if setup.packing else "none",
+        packing="padding_free"
+        if setup.packing
+        else ("group_by_length" if setup.group_by_length else "none"),
         quantization=setup.quantization,
         interconnect=setup.interconnect,
     )

@@ -23,6 +23,7 @@ from analysis.timemodel.interconnect import (
     DEFAULT_LINK,
     GRADIENT_BYTES,
     allreduce_seconds,
+    expected_max_normal,
     find_link,
     straggler_seconds,
 )
@@ -40,6 +41,8 @@ from analysis.timemodel.workload import (
     epoch_averages,
     expected_new_shapes,
     frozen_flops,
+    grouped_averages,
+    grouped_padded_lengths,
     packed_averages,
     padded_length_pmf,
     weight_bytes,
@@ -123,7 +126,9 @@ class Plan:
         max_steps: Optimizer steps; overrides `epochs` when set.
         packing: "none", or "padding_free": samples packed into sequences of at most
             `max_length` tokens (`trainers.data.packing`); `micro_batch_size` then counts
-            sequences, each micro-batch is one row without padding.
+            sequences, each micro-batch is one row without padding; or "group_by_length":
+            samples kept apart, each micro-batch drawn from samples of about its length
+            (`workload.grouped_padded_lengths`).
         quantization: "none", or "nf4": the base's linear layers in 4 bits (QLoRA,
             `trainers.model.quantization`): `weight_bytes` and `NF4_STEP_FACTOR`.
         gpus: Processes (GPUs) training the run data-parallel: each runs
@@ -325,6 +330,12 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
             lengths, plan.max_length, plan.micro_batch_size, per_sample_attention()
         )
         shape_batch = 1
+    elif plan.packing == "group_by_length":
+        items = lengths.size
+        tokens, square, shapes = grouped_averages(
+            lengths, plan.micro_batch_size, plan.gradient_accumulation_steps
+        )
+        shape_batch = 1  # each micro-batch's padded length, as often as the run meets it
     else:
         items = lengths.size
         tokens, square = epoch_averages(lengths, lengths.size, plan.micro_batch_size)
@@ -432,17 +443,46 @@ def padding_sd(plan: Plan, c: Coefficients, lengths: np.ndarray) -> float:
     """
     if plan.packing == "padding_free" or lengths.size == 0:
         return 0.0
-    batch = min(plan.micro_batch_size, int(lengths.size))
-    values, pmf = padded_length_pmf(lengths, batch)
     # A micro-step's time is linear in its tokens and in its b x s^2: three points fix it.
     fixed = _micro_step_seconds(plan, c, 0.0, 0.0)
     per_token = _micro_step_seconds(plan, c, 1.0, 0.0) - fixed
     per_square = _micro_step_seconds(plan, c, 0.0, 1.0) - fixed
+    if plan.packing == "group_by_length":
+        return _grouped_wait_sd(plan, lengths, fixed, per_token, per_square)
+    batch = min(plan.micro_batch_size, int(lengths.size))
+    values, pmf = padded_length_pmf(lengths, batch)
     times = fixed + per_token * batch * values + per_square * batch * values**2
     mean = float(pmf @ times)
     if mean <= 0:
         return 0.0
     return math.sqrt(max(float(pmf @ (times - mean) ** 2), 0.0)) / mean
+
+
+def _grouped_wait_sd(
+    plan: Plan, lengths: np.ndarray, fixed: float, per_token: float, per_square: float
+) -> float:
+    """The relative sd that makes `straggler_seconds` wait as long as a grouped epoch does.
+
+    Grouped by length, the N GPUs take consecutive micro-batches of one sorted mega-batch
+    (accelerate hands batch k to process k mod N), so at a step their lengths are close and
+    the wait for the longest is small but not random: it is summed here over the epoch's
+    optimizer steps, then expressed as the sd a random wait of that size would have.
+    """
+    padded, sizes = grouped_padded_lengths(
+        lengths, plan.micro_batch_size, plan.gradient_accumulation_steps
+    )
+    times = fixed + per_token * sizes * padded + per_square * sizes * padded**2
+    per_step = plan.gradient_accumulation_steps * plan.gpus
+    steps = times.size // per_step
+    mean = float(times.mean())
+    if steps == 0 or mean <= 0:
+        return 0.0
+    # Micro-batch k: micro-step k // N, process k % N; a step sums its accumulation's times.
+    work = times[: steps * per_step].reshape(steps, plan.gradient_accumulation_steps, plan.gpus)
+    per_gpu = work.sum(axis=1)
+    wait = float((per_gpu.max(axis=1) - per_gpu.mean(axis=1)).mean())
+    unit = expected_max_normal(plan.gpus) * mean * math.sqrt(plan.gradient_accumulation_steps)
+    return wait / unit if unit > 0 else 0.0
 
 
 def _eval_seconds(plan: Plan, c: Coefficients, lengths: np.ndarray) -> float:

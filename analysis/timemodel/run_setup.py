@@ -80,6 +80,8 @@ class RunSetup:
         longest_sample: Tokens of the longest sample (peak memory follows the longest
             micro-batch); None: max_length, the safe bound.
         packing: Samples are packed into full max_length rows (no padding, every row full).
+        group_by_length: Samples kept apart, each micro-batch of samples of about one
+            length (transformers' length-grouped sampler); ignored when packed.
         quantization: "none", or "nf4": the base's linear layers in 4 bits (QLoRA).
         interconnect: The link between the GPUs of a data-parallel run
             (`analysis.timemodel.interconnect.LINKS`).
@@ -91,6 +93,7 @@ class RunSetup:
     memory_measure: str = "reserved"
     longest_sample: int | None = None
     packing: bool = False
+    group_by_length: bool = False
     quantization: str = "none"
     interconnect: str = DEFAULT_LINK
 

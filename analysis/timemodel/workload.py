@@ -104,6 +104,49 @@ def epoch_averages(lengths: np.ndarray, samples: int, batch: int) -> tuple[float
     return tokens / max(n_batches, 1), square / max(n_batches, 1)
 
 
+# transformers' LengthGroupedSampler (`get_length_grouped_indices`): a shuffled epoch is cut
+# into mega-batches of up to 50 optimizer steps' samples, each sorted longest first.
+MEGA_BATCH_MULT = 50
+
+
+def grouped_padded_lengths(
+    lengths: np.ndarray, micro_batch_size: int, accumulation: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Padded length and size of each micro-batch of one epoch grouped by length.
+
+    The order transformers' `LengthGroupedSampler` makes (`train_sampling_strategy=
+    "group_by_length"`), which the Trainer builds with one optimizer step's samples
+    (micro-batch x accumulation) as its batch: shuffle, cut into mega-batches, sort each
+    longest first, move the longest sample of all to the front. Redone here in numpy (this
+    module must import without torch) on one seeded shuffle: the expected padding of a
+    sorted mega-batch hardly depends on which shuffle it came from.
+    """
+    n = int(lengths.size)
+    batch = max(micro_batch_size, 1)
+    group = batch * max(accumulation, 1)
+    mult = max(min(n // (group * 4), MEGA_BATCH_MULT), 1)
+    mega = mult * group
+    shuffled = lengths[np.random.default_rng(seed).permutation(n)]
+    flat = shuffled[np.lexsort((-shuffled, np.arange(n) // mega))]
+    firsts = np.arange(0, n, mega)
+    longest = firsts[int(np.argmax(flat[firsts]))]
+    flat[0], flat[longest] = flat[longest], flat[0]
+    starts = np.arange(0, n, batch)
+    return (
+        np.maximum.reduceat(flat, starts).astype(np.float64),
+        np.diff(np.append(starts, n)).astype(np.float64),
+    )
+
+
+def grouped_averages(
+    lengths: np.ndarray, micro_batch_size: int, accumulation: int
+) -> tuple[float, float, np.ndarray]:
+    """Mean padded tokens and mean b*s^2 per micro-batch over an epoch grouped by length,
+    and each micro-batch's padded length (the shapes a run meets)."""
+    padded, sizes = grouped_padded_lengths(lengths, micro_batch_size, accumulation)
+    return float((sizes * padded).mean()), float((sizes * padded**2).mean()), padded
+
+
 def packed_averages(
     lengths: np.ndarray, max_length: int, batch: int, fused: bool
 ) -> tuple[int, float, float, np.ndarray]:

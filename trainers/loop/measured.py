@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import EvalLoopOutput
 
 from common.errors import Diverged
@@ -123,6 +124,22 @@ class MeasuredTrainer(Trainer):
                 {"input_ids": torch.zeros(1, 1, dtype=torch.long)}
             )
         return self._flops_per_token * int(inputs["input_ids"].numel())
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        examples = getattr(dataset, "examples", None)
+        if self.args.train_sampling_strategy != "group_by_length" or examples is None:
+            return super()._get_train_sampler(train_dataset)
+        # The Trainer reads lengths only from a `datasets.Dataset` column; ours are examples.
+        return LengthGroupedSampler(
+            self.args.train_batch_size * self.args.gradient_accumulation_steps,
+            lengths=[len(example.input_ids) for example in examples],
+        )
+
+    def _get_eval_sampler(self, eval_dataset: Any) -> Any:
+        # `evaluation_loop` orders the validation samples itself (longest first), whatever
+        # the training's sampling; the Trainer's grouped sampler could not read our examples.
+        return torch.utils.data.SequentialSampler(eval_dataset)
 
     def training_step(
         self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None

@@ -127,6 +127,12 @@ def training_arguments(
             else None,
             remove_unused_columns=False,
             max_grad_norm=spec.max_grad_norm,
+            # Micro-batches of samples of about one length: less padding, and on several
+            # GPUs less waiting for the one whose batch is longest (MeasuredTrainer gives the
+            # sampler the lengths).
+            train_sampling_strategy="group_by_length"
+            if spec.packing == "group_by_length"
+            else "random",
             # Every adapter weight takes part in every forward pass: DDP need not search the
             # graph for unused ones at each step.
             ddp_find_unused_parameters=False if spec.gpus > 1 else None,
