@@ -22,7 +22,9 @@ accumulation are each GPU's) has its trial train on one GPU with the accumulatio
 (`on_one_gpu`): the same effective batch and, step for step, the same samples, since the
 sharded sampler gives process k the micro-batches k, k+N, ... of the one shuffled order, so a
 step's a x N micro-batches are the same set in both. Its steps per epoch are equal too:
-ceil(ceil(S / (m N)) / a) = ceil(S / (m a N)) = ceil(ceil(S / m) / (a N)). The time model
+ceil(ceil(S / (m N)) / a) = ceil(S / (m a N)) = ceil(ceil(S / m) / (a N)). Grouped by length
+(`packing: group_by_length`) the order is one too: the trainer's sampler groups a whole
+step's m x a x N samples in both. The time model
 plans the trial on one GPU and the full run on N (all-reduce, the slowest GPU's wait, cost x
 N), and the memory it checks is the full run's per GPU (the trial's plus DDP's buckets).
 

@@ -333,7 +333,7 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     elif plan.packing == "group_by_length":
         items = lengths.size
         tokens, square, shapes = grouped_averages(
-            lengths, plan.micro_batch_size, plan.gradient_accumulation_steps
+            lengths, plan.micro_batch_size, plan.gradient_accumulation_steps * plan.gpus
         )
         shape_batch = 1  # each micro-batch's padded length, as often as the run meets it
     else:
@@ -469,7 +469,7 @@ def _grouped_wait_sd(
     optimizer steps, then expressed as the sd a random wait of that size would have.
     """
     padded, sizes = grouped_padded_lengths(
-        lengths, plan.micro_batch_size, plan.gradient_accumulation_steps
+        lengths, plan.micro_batch_size, plan.gradient_accumulation_steps * plan.gpus
     )
     times = fixed + per_token * sizes * padded + per_square * sizes * padded**2
     per_step = plan.gradient_accumulation_steps * plan.gpus

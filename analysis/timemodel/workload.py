@@ -115,9 +115,9 @@ def grouped_padded_lengths(
     """Padded length and size of each micro-batch of one epoch grouped by length.
 
     The order transformers' `LengthGroupedSampler` makes (`train_sampling_strategy=
-    "group_by_length"`), which the Trainer builds with one optimizer step's samples
-    (micro-batch x accumulation) as its batch: shuffle, cut into mega-batches, sort each
-    longest first, move the longest sample of all to the front. Redone here in numpy (this
+    "group_by_length"`), which the trainer builds with one optimizer step's samples of all
+    GPUs (micro-batch x `accumulation`, which counts every GPU's) as its batch: shuffle, cut
+    into mega-batches, sort each longest first, move the longest sample of all to the front. Redone here in numpy (this
     module must import without torch) on one seeded shuffle: the expected padding of a
     sorted mega-batch hardly depends on which shuffle it came from.
     """

@@ -131,8 +131,13 @@ class MeasuredTrainer(Trainer):
         if self.args.train_sampling_strategy != "group_by_length" or examples is None:
             return super()._get_train_sampler(train_dataset)
         # The Trainer reads lengths only from a `datasets.Dataset` column; ours are examples.
+        # Its groups are one optimizer step of every process (the Trainer's own are one
+        # process's share): one order, whether N processes or one with N times the
+        # accumulation train it, so a study's trial and its full run take the same steps.
         return LengthGroupedSampler(
-            self.args.train_batch_size * self.args.gradient_accumulation_steps,
+            self.args.train_batch_size
+            * self.args.gradient_accumulation_steps
+            * max(self.args.world_size, 1),
             lengths=[len(example.input_ids) for example in examples],
         )
 
