@@ -95,6 +95,22 @@ def test_two_processes_match_one_at_the_same_effective_batch(two_runs) -> None:
     assert two["spec"]["gpus"] == 2 and two["spec"]["micro_batch_size"] == 4
 
 
+def test_grouped_by_length_two_processes_take_the_steps_of_one(
+    tiny_model_dir: Path, small_data: Path, tmp_path: Path
+) -> None:
+    """The sampler groups one step of both processes: the order a one-GPU trial trains."""
+    losses = {}
+    for gpus, micro in ((1, 8), (2, 4)):
+        report = tmp_path / f"report{gpus}.json"
+        argv = _argv(tiny_model_dir, small_data, tmp_path / f"out{gpus}", "--micro-batch-size")
+        argv += [str(micro), "--gpus", str(gpus), "--packing", "group_by_length"]
+        done = run_module("trainers.train", *argv, "--json", str(report), env=_env())
+        assert done.returncode == 0, done.stderr[-3000:]
+        losses[gpus] = [loss for _, loss in json.loads(report.read_text())["train_losses"]]
+    assert len(losses[2]) == STEPS
+    assert losses[2] == pytest.approx(losses[1], rel=1e-4)
+
+
 def test_process_zero_alone_writes_the_checkpoints_and_the_summary(two_runs) -> None:
     reports, _ = two_runs
     _, out, done = reports[2]
