@@ -173,7 +173,7 @@ class Objective:
                 reason = f"trial {twin} already promotes trial {promoted_from}"
                 set_user_attrs(trial, {STATE_REASON_ATTR: reason, DUPLICATE_OF_ATTR: twin})
                 raise optuna.TrialPruned(reason)
-        params = sample(trial, prepared.space, config.profiles)
+        params = sample(trial, prepared.space, config.profiles, gpus=config.gpus)
         fraction = self._fraction(trial)
         # The trial's one pair: the feasibility check, the time model and the trainer take it.
         runs = trial_runs(

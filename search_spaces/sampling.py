@@ -27,7 +27,10 @@ def profile_param_name(field: str, profile: str) -> str:
 
 
 def sample(
-    trial: optuna.Trial, space: SearchSpace, allowed_profiles: Sequence[str] | None = None
+    trial: optuna.Trial,
+    space: SearchSpace,
+    allowed_profiles: Sequence[str] | None = None,
+    gpus: int = 1,
 ) -> dict[str, Any]:
     """Suggests one configuration from ``space``.
 
@@ -38,6 +41,8 @@ def sample(
             time window). The profile is suggested over the space's profiles that are in
             this list, in the space's order, so every trial of a study must get the same
             list: Optuna rejects a categorical whose choices change within a study.
+        gpus: GPUs the full run trains on where the space does not search them (the
+            study's ``budget.gpus_per_run``): part of the effective batch.
 
     Returns:
         The flat configuration: ``profile``, ``micro_batch_size``,
@@ -74,15 +79,18 @@ def sample(
         params[name] = trial.suggest_categorical(name, getattr(space.profiles[profile], field))
     for key, domain in space.domains.items():
         params[key] = suggest(trial, key, domain)
-    return params_from_trial_params(params, space)
+    return params_from_trial_params(params, space, gpus)
 
 
-def params_from_trial_params(trial_params: Mapping[str, Any], space: SearchSpace) -> dict[str, Any]:
+def params_from_trial_params(
+    trial_params: Mapping[str, Any], space: SearchSpace, gpus: int = 1
+) -> dict[str, Any]:
     """Rebuilds the flat configuration :func:`sample` returned from a trial's ``params``.
 
     Args:
         trial_params: ``FrozenTrial.params`` of a trial sampled from ``space``.
         space: The space the trial was sampled from.
+        gpus: GPUs of the full run where the space does not search them (as for :func:`sample`).
 
     Returns:
         The same flat dict :func:`sample` returned for that trial.
@@ -116,7 +124,9 @@ def params_from_trial_params(trial_params: Mapping[str, Any], space: SearchSpace
     alpha = config["lora_alpha_ratio"] * config["lora_r"]
     config["lora_alpha"] = int(alpha) if float(alpha).is_integer() else alpha
     effective = int(config["micro_batch_size"]) * int(config["gradient_accumulation_steps"])
-    effective *= int(config.get("gpus", 1))  # a searched GPU count is part of the batch
+    # Every GPU of the full run adds its micro-batches to the step (its trial on one GPU
+    # accumulates N times as many): a searched count, else the study's.
+    effective *= int(config.get("gpus", gpus))
     base = float(config["learning_rate"])
     config["base_learning_rate"] = base
     config["learning_rate"] = base * space.learning_rate_factor(effective)

@@ -20,7 +20,7 @@ from hpo.export import exported_full_run
 from hpo.runner import run_study
 from hpo.what_fits import candidates
 from search_spaces import load_space
-from search_spaces.sampling import sample
+from search_spaces.sampling import params_from_trial_params, sample
 from search_spaces.space import parse_space
 from tests.cli import run_module
 from tests.configs import short_study
@@ -53,6 +53,21 @@ def test_a_sampled_gpu_count_is_part_of_the_effective_batch() -> None:
     assert params["gpus"] == 4
     effective = params["micro_batch_size"] * params["gradient_accumulation_steps"] * 4
     assert params["learning_rate"] == pytest.approx(params["base_learning_rate"] * effective / 8)
+
+
+def test_a_budget_gpu_count_scales_the_learning_rate_as_a_searched_one() -> None:
+    searched = _space(gpus={"choice": [4]}, learning_rate_scaling="linear", reference_batch_size=8)
+    budget = _space(learning_rate_scaling="linear", reference_batch_size=8)
+    trial = optuna.create_study().ask()
+    on_four = sample(trial, searched)
+    params = {key: value for key, value in trial.params.items() if key != "gpus"}
+    # budget.gpus_per_run 4: the objective passes the study's count.
+    assert params_from_trial_params(params, budget, gpus=4)["learning_rate"] == pytest.approx(
+        on_four["learning_rate"]
+    )
+    on_one = params_from_trial_params(params, budget)
+    assert on_one["learning_rate"] == pytest.approx(on_four["learning_rate"] / 4)
+    assert on_one["base_learning_rate"] == on_four["base_learning_rate"]
 
 
 def test_each_configuration_is_judged_on_its_own_gpu_count() -> None:
