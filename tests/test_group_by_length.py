@@ -3,6 +3,7 @@ transformers' length-grouped sampler and priced by the time model as that sample
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -141,3 +142,27 @@ def test_a_grouped_run_pads_as_the_time_model_says(tiny_model_dir: Path, tmp_pat
     assert measured == pytest.approx(predicted, rel=0.06)
     assert measured < 0.85 * shuffled
     assert result.train_losses[-1][1] < result.train_losses[0][1]
+
+
+def test_the_plan_says_what_grouping_would_save(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from analysis.plan import main
+
+    argv = ["--model-config", "llama-3.1-8b", "--gpu", "a100-80gb", "--max-length", "512"]
+    argv += ["--data", str(demo_data_path("chat")), "--micro-batch-size", "8"]
+    reports = {}
+    for mode in ("none", "group_by_length", "padding_free"):
+        out = tmp_path / f"{mode}.json"
+        assert main([*argv, "--packing", mode, "--json", str(out)]) == 0
+        reports[mode] = (capsys.readouterr().out, json.loads(out.read_text()))
+    text, plain = reports["none"]
+    grouped = plain["grouped_by_length"]
+    # The line and the run it describes: the same run as --packing group_by_length plans.
+    assert grouped["duration_hours"] == reports["group_by_length"][1]["plan"]["duration_hours"]
+    assert grouped["train_tokens"] < plain["plan"]["train_tokens"]
+    assert grouped["duration_hours"]["p50"] < plain["plan"]["duration_hours"]["p50"]
+    assert "grouped by length (--packing group_by_length): p50" in text
+    for mode in ("group_by_length", "padding_free"):  # nothing left to say
+        assert reports[mode][1]["grouped_by_length"] is None
+        assert "grouped by length" not in reports[mode][0]

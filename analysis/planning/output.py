@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from analysis.planning.fits import Fit, Target, plan_of_shape
@@ -21,6 +22,7 @@ def _fit_dict(fit: Fit, price: float | None) -> dict[str, Any]:
         "peak_memory_gib_p90": e.peak_memory_bytes_p90 / GIB,
         "tokens_per_second": e.tokens_per_second,
         "optimizer_steps": e.optimizer_steps,
+        "train_tokens": e.train_tokens,
         "cost": e.cost(price) if price is not None else None,
         "fits_memory": fit.fits_memory,
         "fits_window": fit.fits_window,
@@ -74,8 +76,20 @@ def plan_report(
             "with_gradient_checkpointing": _activations(with_gc, target, setup_terms),
         },
         "other_checkpointing": _fit_dict(other, args.price_per_hour),
+        "grouped_by_length": _grouped(chosen, target, args.price_per_hour),
         "profiles": {name: _fit_dict(fit, args.price_per_hour) for name, fit in profiles.items()},
     }  # fmt: skip
+
+
+def _grouped(chosen: Fit, target: Target, price: float | None) -> dict[str, Any] | None:
+    """The chosen run with its micro-batches grouped by length, where that can pad less."""
+    setup = target.setup
+    if setup is None or setup.packing or setup.group_by_length:
+        return None
+    if chosen.shape.micro_batch_size <= 1 or len(set(target.lengths)) <= 1:
+        return None  # nothing to pad
+    grouped = dataclasses.replace(target, setup=dataclasses.replace(setup, group_by_length=True))
+    return _fit_dict(grouped.evaluate(chosen.shape), price)
 
 
 def _activations(fit: Fit, target: Target, setup_terms: tuple[RunSetup, MemoryTerms]) -> float:
@@ -125,6 +139,13 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
         f"with gradient checkpointing {'on' if other['run']['gradient_checkpointing'] else 'off'}: "
         f"peak {other['peak_memory_gib']:.1f} GiB, p50 {format_duration(other['duration_hours']['p50'] * 3600)}"
     )
+    grouped = report.get("grouped_by_length")
+    if grouped is not None and plan["train_tokens"] > 0:
+        less = 1.0 - grouped["train_tokens"] / plan["train_tokens"]
+        lines.append(
+            f"grouped by length (--packing group_by_length): p50 {format_duration(grouped['duration_hours']['p50'] * 3600)}, "
+            f"p90 {format_duration(grouped['duration_hours']['p90'] * 3600)}, {less:.0%} fewer padded tokens"
+        )
     if plan["cost"] is not None:
         cost = plan["cost"]
         lines.append(
