@@ -116,8 +116,12 @@ class TrialConfig:
         DEFAULT_TRIAL_FRACTION,
         "Share of its full run's training data a trial trains on (the fidelity): every "
         "configuration sees the same data.",
+        above=0,
+        at_most=1,
     )
-    evals: int = knob(6, "Evaluations per trial, evenly spaced: the learning curve's points.")
+    evals: int = knob(
+        6, "Evaluations per trial, evenly spaced: the learning curve's points.", at_least=1
+    )
     rungs: tuple[str, ...] = knob(
         DEFAULT_RUNGS,
         "Successive halving in data fraction, after the trials: K@F sends the K best "
@@ -132,11 +136,14 @@ class TrialConfig:
         "Continue the K best trials to promote_fraction of their full run, as new points of "
         "the same configuration (one rung: replaces rungs).",
         key="promote",
+        at_least=0,
     )
     promote_fraction: float = knob(
         0.3,
         "Share of the full run a promoted trial trains on.",
         key="promote_fraction",
+        above=0,
+        at_most=1,
     )
     # Off since the rungs (docs/curve-replay.md): the last rung's curves go through part of
     # their own decay, which identifies the loss law's annealing term as a reference did, and
@@ -148,6 +155,8 @@ class TrialConfig:
         "of its full run's steps with a decay of its own: the study's loss law learns the "
         "decay's effect from it (0: no reference run; its time counts in the search budget).",
         key="reference_fraction",
+        at_least=0,
+        at_most=1,
     )
 
     def __post_init__(self) -> None:
@@ -162,7 +171,8 @@ class TrialConfig:
         parse_rungs(self._rungs(), self.fraction)  # a bad rung stops the config here
         require_int("promote", self.promote, 0)
         require(
-            self.promote == 0 or self.fraction < self.promote_fraction <= 1,
+            0 < self.promote_fraction <= 1
+            and (self.promote == 0 or self.fraction < self.promote_fraction),
             f"promote_fraction must be in (trial_fraction, 1], but got "
             f"promote_fraction={self.promote_fraction!r}",
         )
@@ -171,7 +181,6 @@ class TrialConfig:
             f"reference_fraction must be in [0, 1], but got "
             f"reference_fraction={self.reference_fraction!r}",
         )
-
 
     @property
     def promotions(self) -> tuple[tuple[int, float], ...]:
@@ -193,14 +202,16 @@ class TrialConfig:
 class FullRunConfig:
     """The full run a preset describes: its length, evaluations and checkpoints."""
 
-    epochs: float = knob(1.0, "Epochs of the full run the preset describes.", key="epochs")
+    epochs: float = knob(1.0, "Epochs of the full run the preset describes.", key="epochs", above=0)
     eval_interval: int = knob(
         STUDY_FULL_EVAL_INTERVAL,
         "Steps between evaluations in the full run.",
+        at_least=1,
     )
     checkpoint_interval: int = knob(
         STUDY_FULL_CHECKPOINT_INTERVAL,
         "Steps between checkpoints in the full run.",
+        at_least=0,
     )
 
     def __post_init__(self) -> None:
@@ -224,6 +235,7 @@ class TrackingConfig(RunTracking):
         "Before the study exits, how long to wait for a tracking server that does not answer "
         "to take the records waiting on disk (0: do not wait; what is left is sent by "
         "python -m hpo.tracking --replay).",
+        at_least=0,
     )
 
     def __post_init__(self) -> None:
@@ -272,6 +284,7 @@ class StudyConfig:
         None,
         "Tokens per validation sample, for every run of the study. Default: the data's p99 "
         "token length, capped by the model's context.",
+        at_least=1,
     )
     full_run: FullRunConfig = part(FullRunConfig, FullRunConfig.__doc__, flat=True, prefix="full_")
     probe_seconds: float = knob(
@@ -280,21 +293,27 @@ class StudyConfig:
         "model: train the probe design (as python -m analysis.calibrate --probe) for about "
         "this many seconds (at least 3 runs) and calibrate from it; later studies reuse it. "
         "0: no probe, the trials alone calibrate.",
+        at_least=0,
     )
     budget: Budget = part(Budget, "The window a full run must fit into, and what an hour costs.")
     sampler: str = knob("tpe", f"Optuna sampler: {' | '.join(SAMPLERS)}.")
     # The rungs after the trials halve the configurations; a pruner inside trials of 0.02
     # of the run would compare them at a fraction of a percent of it (docs/curve-replay.md).
     pruner: str = knob("none", f"Optuna pruner inside each trial: {' | '.join(PRUNERS)}.")
-    n_trials: int = knob(10, "Trials in the study (all workers, all runs).")
-    timeout: float | None = knob(None, "Seconds this worker may spend. Default: no limit.")
+    n_trials: int = knob(10, "Trials in the study (all workers, all runs).", at_least=1)
+    timeout: float | None = knob(None, "Seconds this worker may spend. Default: no limit.", above=0)
     seed: int = knob(0, "Random seed of the sampler and the trials.")
     storage: str | None = knob(None, "Optuna storage URL. Default: SQLite in the work dir.")
     heartbeat_seconds: int = knob(
         30,
         "Worker heartbeat (server storages): a silent worker's trial is retried.",
+        at_least=1,
     )
-    grace_seconds: int = knob(120, "Silence after which a worker counts as dead.")
+    grace_seconds: int = knob(
+        120,
+        "Silence after which a worker counts as dead (longer than heartbeat_seconds).",
+        at_least=2,
+    )
     study_name: str = knob("hpo-demo", "Study name (same name + storage = resume).")
     work_dir: str = knob("hpo-runs", "Where databases, caches and presets go.")
     tracking: TrackingConfig = part(

@@ -32,9 +32,9 @@ LEVER_MODES = ("auto", "on", "off")  # trainers.model.levers
 class LoraSpec:
     """LoRA adapter settings (PEFT's `LoraConfig` is built from these)."""
 
-    r: int = knob(8, "Adapter rank.")
-    alpha: float = knob(16.0, "Scaling numerator (scale = alpha / r).")
-    dropout: float = knob(0.05, "Dropout on the adapter input.")
+    r: int = knob(8, "Adapter rank.", at_least=1)
+    alpha: float = knob(16.0, "Scaling numerator (scale = alpha / r).", above=0)
+    dropout: float = knob(0.05, "Dropout on the adapter input.", at_least=0, below=1)
     use_rslora: bool = knob(False, "Scale by alpha / sqrt(r).")
     target_modules: str | tuple[str, ...] = knob(
         "auto",
@@ -72,17 +72,24 @@ class RecoverySpec:
         "Recover (halve the micro-batch, roll back) instead of failing.",
         flag="recovery",
     )
-    max_rollbacks: int = knob(3, "Rollbacks after NaN/inf or divergence before giving up.")
+    max_rollbacks: int = knob(
+        3, "Rollbacks after NaN/inf or divergence before giving up.", at_least=0
+    )
     lr_factor: float = knob(
         0.5,
         "Learning-rate multiplier applied at each rollback.",
         flag="rollback-lr-factor",
+        above=0,
+        below=1,
     )
     divergence_ratio: float = knob(
         1.5,
         "A validation loss above ratio x its running minimum is diverging.",
+        above=1,
     )
-    divergence_evals: int = knob(3, "Consecutive diverging evaluations that trigger a rollback.")
+    divergence_evals: int = knob(
+        3, "Consecutive diverging evaluations that trigger a rollback.", at_least=1
+    )
 
     def __post_init__(self) -> None:
         require_int("recovery.max_rollbacks", self.max_rollbacks, 0)
@@ -110,8 +117,8 @@ class TrainSpec:
     )
     output_dir: str = knob("train-output", "Checkpoints and logs.")
     lora: LoraSpec = part(LoraSpec, "LoRA adapter settings.", flag_prefix="lora-")
-    micro_batch_size: int = knob(8, "Samples per forward/backward.")
-    gradient_accumulation_steps: int = knob(1, "Micro-batches per optimizer step.")
+    micro_batch_size: int = knob(8, "Samples per forward/backward.", at_least=1)
+    gradient_accumulation_steps: int = knob(1, "Micro-batches per optimizer step.", at_least=1)
     gpus: int = knob(
         1,
         "Processes training this run data-parallel, one per GPU (one per CPU process with "
@@ -119,18 +126,22 @@ class TrainSpec:
         "gradient_accumulation_steps samples on each, so the effective batch is N times "
         "larger. trainers.train starts them itself (through torchrun) unless it was launched "
         "by torchrun or accelerate launch with as many processes.",
+        at_least=1,
     )
-    learning_rate: float = knob(1e-3, "Peak learning rate.")
-    weight_decay: float = knob(0.0, "AdamW weight decay.")
+    learning_rate: float = knob(1e-3, "Peak learning rate.", above=0, below=1)
+    weight_decay: float = knob(0.0, "AdamW weight decay.", at_least=0)
     scheduler: str = knob("linear", f"Learning-rate schedule: {' | '.join(SCHEDULERS)}.")
-    warmup_ratio: float = knob(0.0, "Share of the optimizer steps spent warming up.")
-    max_steps: int | None = knob(None, "Optimizer steps; overrides epochs when set.")
-    epochs: float = knob(1.0, "Passes over the training set.")
-    max_length: int = knob(128, "Tokens per training sample.")
+    warmup_ratio: float = knob(
+        0.0, "Share of the optimizer steps spent warming up.", at_least=0, below=1
+    )
+    max_steps: int | None = knob(None, "Optimizer steps; overrides epochs when set.", at_least=1)
+    epochs: float = knob(1.0, "Passes over the training set.", above=0)
+    max_length: int = knob(128, "Tokens per training sample.", at_least=1)
     eval_max_length: int | None = knob(
         None,
         "Tokens per validation sample (none: max_length). A study sets one length for every "
         "run, so all its losses are on one scale.",
+        at_least=1,
     )
     overflow: str = knob("truncate", f"Samples over max_length: {' | '.join(OVERFLOW_MODES)}.")
     packing: str = knob(
@@ -142,33 +153,46 @@ class TrainSpec:
         "is never packed.",
     )
     skip_bad_lines: bool = knob(False, "Skip malformed records instead of failing.")
-    validation_fraction: float = knob(0.1, "Share of the samples held out for validation.")
-    eval_interval: int = knob(50, "Optimizer steps between evaluations (0: only at the end).")
-    eval_samples: int = knob(64, "Validation samples per evaluation.")
-    checkpoint_interval: int = knob(0, "Optimizer steps between checkpoints (0: none).")
+    validation_fraction: float = knob(
+        0.1, "Share of the samples held out for validation.", above=0, below=1
+    )
+    eval_interval: int = knob(
+        50, "Optimizer steps between evaluations (0: only at the end).", at_least=0
+    )
+    eval_samples: int = knob(64, "Validation samples per evaluation.", at_least=1)
+    checkpoint_interval: int = knob(0, "Optimizer steps between checkpoints (0: none).", at_least=0)
     stop_after_steps: int | None = knob(
         None,
         "Stop after this many optimizer steps of the schedule (a trial is the start of its "
         "full run: same schedule, same data order, cut short).",
+        at_least=1,
     )
-    checkpoint_minutes: float = knob(0.0, "Minutes between checkpoints (0: by steps only).")
-    keep_checkpoints: int = knob(2, "Latest checkpoints kept (the best one is kept as well).")
+    checkpoint_minutes: float = knob(
+        0.0, "Minutes between checkpoints (0: by steps only).", at_least=0
+    )
+    keep_checkpoints: int = knob(
+        2, "Latest checkpoints kept (the best one is kept as well).", at_least=1
+    )
     max_grad_norm: float = knob(
         1.0,
         "Clip the gradient norm to this before each update (0: no clipping).",
+        at_least=0,
     )
     early_stopping_patience: int = knob(
         0,
         "Stop when the validation loss has not improved by early_stopping_min_delta for this "
         "many evaluations (0: off; a full run from trainers.train defaults to 5).",
+        at_least=0,
     )
     early_stopping_min_delta: float = knob(
         1e-3,
         "The least drop of the validation loss that counts as improving.",
+        at_least=0,
     )
     dataloader_workers: int | None = knob(
         None,
         "Data-loader worker processes (none: chosen from the device and CPU count).",
+        at_least=0,
     )
     recovery: RecoverySpec = part(
         RecoverySpec,
