@@ -92,6 +92,10 @@ def test_two_processes_match_one_at_the_same_effective_batch(two_runs) -> None:
         assert b == pytest.approx(a, rel=1e-4)
     # Samples counted once over both processes: 8 per optimizer step.
     assert one["samples_seen"] == two["samples_seen"] == 8 * STEPS
+    # Each process scored every second validation sample, longest first: process 0 (the
+    # report's) the longer of each pair, so at least half the tokens, and fewer than all.
+    for whole, share in zip(one["eval_records"], two["eval_records"], strict=True):
+        assert whole["tokens"] / 2 <= share["tokens"] < whole["tokens"]
     assert two["spec"]["gpus"] == 2 and two["spec"]["micro_batch_size"] == 4
 
 

@@ -60,6 +60,15 @@ def test_four_gpus_take_a_quarter_of_the_steps_plus_the_all_reduce_and_the_wait(
     # Every GPU is paid for the whole run.
     assert four.cost(2.5)["p50"] == pytest.approx(4 * 2.5 * four.seconds_p50 / 3600, rel=1e-12)
     assert four.train_tokens == pytest.approx(one.train_tokens, rel=1e-12)
+    # Each GPU scores 4 of the 16 validation samples, in one batch of 8 (one GPU: 2 batches).
+    fixed, per_batch = c.eval_fixed_seconds, c.eval_seconds_per_batch
+    per_token = c.eval_seconds_per_flop * 2.0 * MODEL.compute_parameters * 100
+    assert one.extra["eval_seconds_each"] == pytest.approx(
+        fixed + 2 * per_batch + 16 * per_token, rel=1e-12
+    )
+    assert four.extra["eval_seconds_each"] == pytest.approx(
+        fixed + per_batch + 4 * per_token, rel=1e-12
+    )
 
 
 def test_memory_per_gpu_adds_the_ddp_buckets() -> None:

@@ -378,6 +378,9 @@ def test_full_runs_fold_into_the_calibration_once(studied: Studied, tmp_path: Pa
     calibration, losses, timed = absorb(base, [finished, stopped, elsewhere])
     # The finished run teaches both; the stopped one only time; another machine's nothing.
     assert (losses, timed) == (1, 2)
+    # A run on two GPUs teaches the loss only: its steps waited for the other GPU.
+    two = FullRun("run-d", {**report, "spec": {**report["spec"], "gpus": 2}})
+    assert two.measurements() is None and two.loss_run() is not None
     assert len(calibration.runs) == len(base.runs) + 2
     again, losses, timed = absorb(calibration, [finished])
     assert (losses, timed) == (0, 0) and again.loss_runs == calibration.loss_runs

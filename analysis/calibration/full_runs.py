@@ -103,6 +103,13 @@ class FullRun:
             return None
         if not self.report.get("micro_step_seconds"):
             return None
+        gpus = int((self.report.get("spec") or {}).get("gpus") or 1)
+        if gpus > 1:
+            # Its steps include the all-reduce and the wait for the slowest of its GPUs,
+            # which the time model adds for N GPUs itself: fitted as one GPU's, they would
+            # count twice. Its loss still counts (`loss_run`).
+            log.info("full run %s trained on %d GPUs: not used for the time model", self.run_id, gpus)
+            return None
         try:
             return RunMeasurements.from_result_dict(dict(self.report))
         except BadInputError as exc:

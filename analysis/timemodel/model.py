@@ -486,10 +486,14 @@ def _grouped_wait_sd(
 
 
 def _eval_seconds(plan: Plan, c: Coefficients, lengths: np.ndarray) -> float:
-    """One evaluation of `plan.eval_samples` samples, `trainers.spec.eval_batch_size` each."""
+    """One evaluation of `plan.eval_samples` samples, `trainers.spec.eval_batch_size` each.
+
+    On N GPUs each scores every N-th sample (`MeasuredTrainer.evaluation_loop`), at once.
+    """
+    samples = math.ceil(plan.eval_samples / max(plan.gpus, 1))
     # The trainer records unpadded eval tokens, so the fitted rate already includes padding.
-    eval_tokens = plan.eval_samples * float(lengths.mean())
-    eval_batches = math.ceil(plan.eval_samples / eval_batch_size(plan.micro_batch_size))
+    eval_tokens = samples * float(lengths.mean())
+    eval_batches = math.ceil(samples / eval_batch_size(plan.micro_batch_size))
     return (
         c.eval_fixed_seconds
         + c.eval_seconds_per_batch * eval_batches
