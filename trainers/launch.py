@@ -4,9 +4,16 @@ torchrun (`torch.distributed.run`) starts one process per GPU, gives each its RA
 WORLD_SIZE and tears them all down when one fails; transformers' Trainer does the rest. This
 module only adds what a user of one command expects: the inputs are checked (and the data
 tokenized into the cache) once, before any process starts; a SIGTERM reaches the processes
-once (torchrun passes it on), so they stop at one step with a checkpoint; and the command's
-exit code is process 0's (torchrun reports any non-zero worker as a failure, the resumable
-stop's 3 included), read from a file process 0 writes.
+from this command, so they stop at one step with a checkpoint; and the command's exit code
+is process 0's (torchrun reports any non-zero worker as a failure, the resumable stop's 3
+included), read from a file process 0 writes.
+
+torchrun runs in a session of its own (its processes have theirs). Given a SIGTERM itself,
+torchrun passes it on and kills its processes 30 s later (`PContext.close`), whether or not
+their step and checkpoint are done; so a SIGTERM to this command (a container's PID 1, a
+scheduler's signal to the user's process group) goes to each training process once,
+straight from here, and the platform's own grace period is the only limit. A SIGTERM sent
+to every process of the machine (a shutdown, a cgroup) still reaches torchrun: 30 s.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from common.errors import BadInputError
 
@@ -79,15 +87,22 @@ def launch(gpus: int, argv: list[str], opened_at: float) -> int:
     with tempfile.TemporaryDirectory(prefix="hpo-train-") as folder:
         exit_file = Path(folder) / "exit_code"
         env = {**os.environ, EXIT_FILE_ENV: str(exit_file), OPENED_ENV: repr(opened_at)}
-        child = subprocess.Popen(torchrun_command(gpus, argv), env=env)
+        child = subprocess.Popen(
+            torchrun_command(gpus, argv), env=env, start_new_session=True
+        )
 
-        def forward(signum: int, frame: FrameType | None) -> None:
-            child.send_signal(signum)  # torchrun passes it to every process once
+        def stop(signum: int, frame: FrameType | None) -> None:
+            workers = _training_processes(child.pid)
+            for worker in workers:
+                worker.send_signal(signum)
+            if not workers:  # none started yet: torchrun passes it on to those it starts
+                child.send_signal(signum)
 
-        previous = signal.signal(signal.SIGTERM, forward)
+        previous = signal.signal(signal.SIGTERM, stop)
         try:
             returncode = child.wait()
-        except KeyboardInterrupt:  # Ctrl-C reached the whole process group already
+        except KeyboardInterrupt:  # Ctrl-C: as it would reach them in one process group
+            os.killpg(child.pid, signal.SIGINT)
             returncode = child.wait()
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -95,6 +110,24 @@ def launch(gpus: int, argv: list[str], opened_at: float) -> int:
             return int(exit_file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return returncode or 1  # process 0 did not get to its end
+
+
+def _training_processes(torchrun: int) -> list[Any]:
+    """torchrun's processes of the run (its children that run trainers.train)."""
+    import psutil
+
+    found = []
+    try:
+        children = psutil.Process(torchrun).children()
+    except psutil.Error:
+        return []
+    for child in children:
+        try:
+            if "trainers.train" in child.cmdline():
+                found.append(child)
+        except psutil.Error:
+            continue  # ended meanwhile
+    return found
 
 
 def report_exit(code: int) -> int:

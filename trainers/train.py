@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if tracker is not None:
         callbacks += _tracking_callbacks(tracker, tracking, spec, data_stats)
     failure: str | None = None
-    stop = StopOnSignal()
+    stop = StopOnSignal(once=not processes.several)
     callbacks.append(stop)
     try:
         with logging_redirect_tqdm(), stop:

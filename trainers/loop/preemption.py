@@ -4,8 +4,10 @@ Schedulers and clouds send SIGTERM before they reclaim a machine: Kubernetes and
 eviction or preemption, spot and preemptible instances when they shut down. The default
 action kills the process and loses every step since the last checkpoint. `StopOnSignal`
 turns the signal into a clean stop instead: the run finishes the optimizer step under way,
-saves a checkpoint and returns, and the command exits as resumable. A second signal acts
-as it would have without this (the handler is removed after the first).
+saves a checkpoint and returns, and the command exits as resumable. In a run of one process
+a second signal acts as it would have without this (the handler is removed after the first);
+a process of a data-parallel run takes every one as the first, since torchrun passes on one
+that the process may have had already.
 """
 
 from __future__ import annotations
@@ -28,8 +30,13 @@ class StopOnSignal(TrainingCallback):
     thread); `received` names the signal, e.g. "SIGTERM", or is None.
     """
 
-    def __init__(self, signals: Sequence[signal.Signals] = (signal.SIGTERM,)) -> None:
+    def __init__(
+        self, signals: Sequence[signal.Signals] = (signal.SIGTERM,), *, once: bool = True
+    ) -> None:
+        """`once=False`: later signals are taken as the first was (a process of a launched
+        run, whose launcher or torchrun may pass on one it also got itself)."""
         self.signals = tuple(signals)
+        self.once = once
         self.received: str | None = None
         self._previous: dict[signal.Signals, Any] = {}
 
@@ -45,9 +52,12 @@ class StopOnSignal(TrainingCallback):
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
+        first = self.received is None
         self.received = sig.name
-        signal.signal(sig, self._previous.pop(sig, signal.SIG_DFL))
-        log.warning("%s received: stopping after this step with a checkpoint", sig.name)
+        if self.once:
+            signal.signal(sig, self._previous.pop(sig, signal.SIG_DFL))
+        if first:
+            log.warning("%s received: stopping after this step with a checkpoint", sig.name)
 
     stop_status = "stopped_by_signal"
 
