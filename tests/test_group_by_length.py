@@ -3,6 +3,7 @@ transformers' length-grouped sampler and priced by the time model as that sample
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from analysis.timemodel.workload import epoch_averages, grouped_averages
+from tests.test_packing import _plan as packing_plan
 from trainers.data.dataset import load_tokenized
 from trainers.data.paths import demo_data_path
 from trainers.loop.run import train
@@ -66,22 +68,13 @@ def test_one_process_takes_every_nth_micro_batch() -> None:
 
 
 def _plan(packing: str, gpus: int, lengths: tuple[int, ...]) -> Any:
-    from analysis.timemodel.model import ModelProfile, Plan
-
-    return Plan(
-        model=ModelProfile(7_000_000_000, 32, 4096, 32000, 4_000_000),
+    """A 7B model's run at micro-batch 2 x 4 on these lengths (bf16 on CUDA)."""
+    return dataclasses.replace(
+        packing_plan(packing),
         token_lengths=lengths,
-        epochs=1.0,
         micro_batch_size=2,
         gradient_accumulation_steps=4,
         max_length=2048,
-        lora_r=16,
-        eval_interval_steps=0,
-        eval_samples=0,
-        checkpoint_interval_steps=0,
-        precision="bf16",
-        device_kind="cuda",
-        packing=packing,
         gpus=gpus,
     )
 
