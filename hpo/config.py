@@ -239,13 +239,14 @@ class TrackingConfig(RunTracking):
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        require_choice("tracking_outage", self.outage, TRACKING_OUTAGES)
+        # Before the parent's bounds check, which names the field without its YAML prefix.
         require(
             self.exit_wait_seconds >= 0,
             f"tracking_exit_wait_seconds must be >= 0, but got "
             f"tracking_exit_wait_seconds={self.exit_wait_seconds!r}",
         )
+        super().__post_init__()
+        require_choice("tracking_outage", self.outage, TRACKING_OUTAGES)
 
 
 @dataclass(frozen=True)
