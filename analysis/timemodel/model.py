@@ -41,10 +41,10 @@ from analysis.timemodel.workload import (
     epoch_averages,
     expected_new_shapes,
     frozen_flops,
-    grouped_averages,
     grouped_padded_lengths,
     packed_averages,
     padded_length_pmf,
+    padded_moments,
     weight_bytes,
 )
 from common.checks import require
@@ -325,6 +325,7 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     """Predict the full run described by `plan`: duration with its interval, peak memory."""
     c, model = coefficients, plan.model
     lengths = clipped_lengths(plan.token_lengths, plan.max_length)
+    grouped: tuple[np.ndarray, np.ndarray] | None = None  # computed once, used twice
     if plan.packing == "padding_free":
         items, tokens, square, shapes = packed_averages(
             lengths, plan.max_length, plan.micro_batch_size, per_sample_attention()
@@ -332,10 +333,9 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
         shape_batch = 1
     elif plan.packing == "group_by_length":
         items = lengths.size
-        tokens, square, shapes = grouped_averages(
-            lengths, plan.micro_batch_size, plan.gradient_accumulation_steps * plan.gpus
-        )
-        shape_batch = 1  # each micro-batch's padded length, as often as the run meets it
+        grouped = _grouped(plan, lengths)
+        tokens, square = padded_moments(*grouped)
+        shapes, shape_batch = grouped[0], 1  # each micro-batch's length, as often as it comes
     else:
         items = lengths.size
         tokens, square = epoch_averages(lengths, lengths.size, plan.micro_batch_size)
@@ -362,7 +362,11 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     allreduce = allreduce_seconds(plan.trainable_parameters, plan.gpus, find_link(plan.interconnect))
     # A GPU's micro-step varies by its noise and, padded to its longest sample, by its
     # batch's length: the step waits for the longest of the N.
-    varies = math.hypot(c.step_noise_sd, padding_sd(plan, c, lengths)) if plan.gpus > 1 else 0.0
+    varies = (
+        math.hypot(c.step_noise_sd, padding_sd(plan, c, lengths, grouped))
+        if plan.gpus > 1
+        else 0.0
+    )
     straggler = straggler_seconds(micro, varies, plan.gradient_accumulation_steps, plan.gpus)
     train = micro_steps * (micro + c.loop_seconds_per_micro_step) + steps * optimizer
     train += steps * (allreduce + straggler)
@@ -430,7 +434,12 @@ def _micro_step_seconds(plan: Plan, c: Coefficients, tokens: float, square: floa
     ) * c.step_mean_ratio
 
 
-def padding_sd(plan: Plan, c: Coefficients, lengths: np.ndarray) -> float:
+def padding_sd(
+    plan: Plan,
+    c: Coefficients,
+    lengths: np.ndarray,
+    grouped: tuple[np.ndarray, np.ndarray] | None = None,
+) -> float:
     """Relative sd of a micro-step's time over the padded lengths its batches take.
 
     A micro-batch is padded to its longest sample, so its work varies with that maximum
@@ -448,7 +457,8 @@ def padding_sd(plan: Plan, c: Coefficients, lengths: np.ndarray) -> float:
     per_token = _micro_step_seconds(plan, c, 1.0, 0.0) - fixed
     per_square = _micro_step_seconds(plan, c, 0.0, 1.0) - fixed
     if plan.packing == "group_by_length":
-        return _grouped_wait_sd(plan, lengths, fixed, per_token, per_square)
+        padded, sizes = grouped if grouped is not None else _grouped(plan, lengths)
+        return _grouped_wait_sd(plan, padded, sizes, fixed, per_token, per_square)
     batch = min(plan.micro_batch_size, int(lengths.size))
     values, pmf = padded_length_pmf(lengths, batch)
     times = fixed + per_token * batch * values + per_square * batch * values**2
@@ -458,8 +468,21 @@ def padding_sd(plan: Plan, c: Coefficients, lengths: np.ndarray) -> float:
     return math.sqrt(max(float(pmf @ (times - mean) ** 2), 0.0)) / mean
 
 
+def _grouped(plan: Plan, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each micro-batch's padded length and size over an epoch grouped by length: the
+    sampler groups one optimizer step of every GPU."""
+    return grouped_padded_lengths(
+        lengths, plan.micro_batch_size, plan.gradient_accumulation_steps * plan.gpus
+    )
+
+
 def _grouped_wait_sd(
-    plan: Plan, lengths: np.ndarray, fixed: float, per_token: float, per_square: float
+    plan: Plan,
+    padded: np.ndarray,
+    sizes: np.ndarray,
+    fixed: float,
+    per_token: float,
+    per_square: float,
 ) -> float:
     """The relative sd that makes `straggler_seconds` wait as long as a grouped epoch does.
 
@@ -468,9 +491,6 @@ def _grouped_wait_sd(
     the wait for the longest is small but not random: it is summed here over the epoch's
     optimizer steps, then expressed as the sd a random wait of that size would have.
     """
-    padded, sizes = grouped_padded_lengths(
-        lengths, plan.micro_batch_size, plan.gradient_accumulation_steps * plan.gpus
-    )
     times = fixed + per_token * sizes * padded + per_square * sizes * padded**2
     per_step = plan.gradient_accumulation_steps * plan.gpus
     steps = times.size // per_step

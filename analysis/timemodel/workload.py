@@ -117,9 +117,11 @@ def grouped_padded_lengths(
     The order transformers' `LengthGroupedSampler` makes (`train_sampling_strategy=
     "group_by_length"`), which the trainer builds with one optimizer step's samples of all
     GPUs (micro-batch x `accumulation`, which counts every GPU's) as its batch: shuffle, cut
-    into mega-batches, sort each longest first, move the longest sample of all to the front. Redone here in numpy (this
-    module must import without torch) on one seeded shuffle: the expected padding of a
-    sorted mega-batch hardly depends on which shuffle it came from.
+    into mega-batches, sort each longest first, move the longest sample of all to the front.
+    Redone here in numpy (this module must import without torch) on one seeded shuffle: the
+    expected padding of a sorted mega-batch hardly depends on which shuffle it came from.
+    Only the lengths are sorted, not their indices: a study's feasibility walk predicts many
+    configurations over data of up to millions of samples.
     """
     n = int(lengths.size)
     batch = max(micro_batch_size, 1)
@@ -127,7 +129,10 @@ def grouped_padded_lengths(
     mult = max(min(n // (group * 4), MEGA_BATCH_MULT), 1)
     mega = mult * group
     shuffled = lengths[np.random.default_rng(seed).permutation(n)]
-    flat = shuffled[np.lexsort((-shuffled, np.arange(n) // mega))]
+    whole = n // mega * mega
+    flat = np.concatenate(
+        (-np.sort(-shuffled[:whole].reshape(-1, mega), axis=1).ravel(), -np.sort(-shuffled[whole:]))
+    )
     firsts = np.arange(0, n, mega)
     longest = firsts[int(np.argmax(flat[firsts]))]
     flat[0], flat[longest] = flat[longest], flat[0]
@@ -144,7 +149,12 @@ def grouped_averages(
     """Mean padded tokens and mean b*s^2 per micro-batch over an epoch grouped by length,
     and each micro-batch's padded length (the shapes a run meets)."""
     padded, sizes = grouped_padded_lengths(lengths, micro_batch_size, accumulation)
-    return float((sizes * padded).mean()), float((sizes * padded**2).mean()), padded
+    return (*padded_moments(padded, sizes), padded)
+
+
+def padded_moments(padded: np.ndarray, sizes: np.ndarray) -> tuple[float, float]:
+    """Mean padded tokens and mean b*s^2 per micro-batch of these padded lengths and sizes."""
+    return float((sizes * padded).mean()), float((sizes * padded**2).mean())
 
 
 def packed_averages(
