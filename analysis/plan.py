@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         longest_sample=args.longest_sample or (max(lengths) if args.data else None),
         packing=args.packing == "padding_free",
         group_by_length=args.packing == "group_by_length",
+        lengths_vary=_lengths_vary(args, lengths, max_length),
         quantization=args.quantization,
         interconnect=args.interconnect,
     )
@@ -402,6 +404,14 @@ def _lengths(args: argparse.Namespace, max_length: int) -> tuple[tuple[int, ...]
     per_sample = args.tokens_per_sample or max_length
     how = "every sample full" if args.tokens_per_sample is None else "as given"
     return lengths_from_count(args.samples, per_sample), f"{per_sample} tokens per sample ({how})"
+
+
+def _lengths_vary(args: argparse.Namespace, lengths: Sequence[int], max_length: int) -> bool:
+    """Whether unpacked micro-batches change shape from step to step: measured lengths that
+    differ, or a --tokens-per-sample under max_length (a mean: real samples spread around it)."""
+    if args.data:
+        return min(lengths) < max(lengths)
+    return args.tokens_per_sample is not None and args.tokens_per_sample < max_length
 
 
 def _chosen(args: argparse.Namespace, space: Any, target: Target) -> Fit:

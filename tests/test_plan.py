@@ -36,6 +36,9 @@ PUBLISHED_PARAMETERS = {
     "llama-2-7b": 6_738_415_616,
     "llama-3.1-8b": 8_030_261_248,
     "llama-3.2-3b": 3_212_749_824,
+    # ms-swift's table; their model pages round these to 6.06B and 7.51B.
+    "yi-6b": 6_061_035_520,
+    "baichuan2-7b": 7_505_973_248,
 }
 FAMILY_CONFIGS = ("mistral-7b-v0.1", "phi-3-mini-4k", "qwen2.5-7b", "tinyllama-1.1b")
 GPUS = ("H100", "A100-80GB", "RTX4090")
@@ -158,6 +161,38 @@ def test_data_file_lengths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     report = json.loads(out.read_text())
     assert report["data"]["train_samples"] == records - round(records * 0.1)
     assert 0 < report["data"]["tokens"] < report["data"]["train_samples"] * 512
+
+
+@pytest.mark.parametrize(
+    ("source", "packing", "varies"),
+    [
+        ("data", [], True),  # the demo file's samples are of many lengths
+        ("data", ["--packing", "padding_free"], False),  # packed rows are always max_length
+        ("tokens", [], True),  # a mean under max_length: real samples spread around it
+        ("full", [], False),  # every sample max_length
+    ],
+)
+def test_lengths_that_vary_show_the_allocators_share_of_the_peak(
+    source: str, packing: list[str], varies: bool, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    out = tmp_path / "plan.json"
+    data = {
+        "data": ["--data", str(demo_data_path("prompt_completion"))],
+        "tokens": ["--samples", "5000", "--tokens-per-sample", "300"],
+        "full": ["--samples", "5000"],
+    }[source]
+    code, stdout, _ = plan_cli(
+        capsys, "--model-config", "tinyllama-1.1b", "--gpu", "A100-80GB", *data, *packing,
+        "--max-length", "1024", "--json", str(out),
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["setup"]["lengths_vary"] is (source != "full")
+    share = report["memory_gib"]["varied_length_reserve"]
+    assert (share > 0) is varies
+    assert ("samples of different lengths:" in stdout) is varies
+    assert ("lengths vary, " in stdout) is varies
 
 
 def test_calibration_measured_on_the_gpu_replaces_the_priors(

@@ -39,8 +39,11 @@ def test_every_row_names_its_source_setup_and_measure(run: object) -> None:
     assert run.memory_gib > 0
     if run.expressible:
         find_gpu(run.gpu)  # a known GPU (raises otherwise)
-        assert math.isfinite(run.time_value) and run.time_value > 0
-        assert run.seconds_per_step > 0
+        if math.isnan(run.time_value):  # fitted and checked for memory alone, and says why
+            assert "Speed not compared" in run.notes
+        else:
+            assert math.isfinite(run.time_value) and run.time_value > 0
+            assert run.seconds_per_step > 0
     else:
         assert run.why_not, "a row the plan cannot express says why"
 
@@ -66,15 +69,23 @@ def test_stored_profiles_are_the_shipped_configs() -> None:
     assert stored[key] == built
 
 
-def test_memory_p90_holds_every_published_peak() -> None:
+def test_memory_p90_holds_the_published_peaks() -> None:
+    """Every fitted peak by construction; held-out peaks (models and points the fit never
+    saw) nine in ten, none more than 10 % above p90."""
     priors = load()
     assert priors is not None
     cache = stored_profiles()
+    held_out = []
     for run in expressible_runs():
         assert (run.model, setup_of(run).peft_targets) in cache, run.name
         replay = replay_with(run, priors, cache)
-        assert replay.memory_p90_gib >= run.memory_gib, run.name
         assert replay.seconds_p10 <= replay.seconds_p50 <= replay.seconds_p90
+        if run.held_out:
+            held_out.append(replay.memory_p90_gib / run.memory_gib)
+        else:
+            assert replay.memory_p90_gib >= run.memory_gib, run.name
+    assert sum(ratio >= 1.0 for ratio in held_out) >= 0.9 * len(held_out)
+    assert min(held_out) >= 0.9
 
 
 def test_setup_fields_move_memory_the_way_published_tables_do() -> None:
@@ -102,6 +113,34 @@ def test_setup_fields_move_memory_the_way_published_tables_do() -> None:
     assert peak(4096, logits_fp32=False) < peak(4096)
     assert peak(4096, memory_measure="allocated") < peak(4096)
     assert peak(4096, longest_sample=1024) < peak(4096)
+
+
+def test_lengths_that_vary_reserve_more_only_where_the_allocator_keeps_blocks() -> None:
+    """Micro-batches of changing shapes add the fitted share of activations and logits to the
+    reserved peak; not to allocated memory, and not to packed rows (always max_length)."""
+    from analysis.planning.fits import RunShape, plan_of_shape
+    from analysis.planning.inputs import lengths_from_count
+    from analysis.timemodel.run_setup import memory_parts
+
+    priors = load()
+    assert priors is not None and priors.memory.varied_length_reserve > 0
+    model = stored_profiles()[("qwen-7b", "auto")]
+    plan = plan_of_shape(
+        RunShape(1, 8, 4096, 64, True), model, lengths_from_count(16, 4096), find_gpu("A100-80GB")
+    )
+
+    def parts(**setup: Any) -> dict[str, float]:
+        return memory_parts(plan, dataclasses.replace(RunSetup(), **setup), priors.memory)
+
+    varied, whole = parts(lengths_vary=True), parts()
+    shaped = whole["activations"] + whole["logits"]
+    assert varied["varied_length_reserve"] == pytest.approx(
+        priors.memory.varied_length_reserve * shaped
+    )
+    assert sum(varied.values()) > sum(whole.values())
+    assert whole["varied_length_reserve"] == 0.0
+    assert parts(lengths_vary=True, memory_measure="allocated")["varied_length_reserve"] == 0.0
+    assert parts(lengths_vary=True, packing=True)["varied_length_reserve"] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -172,3 +211,33 @@ def test_a_row_on_several_gpus_replays_through_the_plans_data_parallel_terms() -
     # No published single-node DDP row yet: the Qwen README's 2 x 2 GPU rows are apart.
     assert several["held_out"]["points"] == several["in_sample"]["points"] == 0
     assert len(several["apart"]) == 6 and all("multinode" in n for n in several["apart"])
+
+
+def test_the_fit_finds_the_share_of_lengths_that_vary_it_was_given() -> None:
+    """Peaks made by known memory terms (the share 0.6, not the fitted 1.04) give those terms
+    back, and a p90 no wider than the fit's margin: nothing is left to bound."""
+    from analysis.priors.fit import MEMORY_MARGIN, fit
+    from analysis.priors.fitted import GIB
+    from analysis.timemodel.run_setup import MemoryTerms, peak_memory
+
+    priors = load()
+    assert priors is not None
+    cache = stored_profiles()
+    truth = dataclasses.replace(
+        MemoryTerms(), activation_scale=1.1, logits_fp32_bytes=11.0, fixed_bytes=1.5 * GIB,
+        reserved_over_allocated=1.05, varied_length_reserve=0.6,
+    )  # fmt: skip
+    from analysis.priors.fit import _memory_plan
+
+    runs = []
+    for run in expressible_runs():
+        if run.held_out:
+            continue
+        plan = _memory_plan(run, cache[(run.model, setup_of(run).peft_targets)])
+        made = peak_memory(plan, setup_of(run), truth)[0] / GIB
+        runs.append(dataclasses.replace(run, memory_gib=made))
+    assert any(run.lengths_vary for run in runs) and not all(run.lengths_vary for run in runs)
+    got = fit(runs, cache).memory
+    assert got.varied_length_reserve == pytest.approx(0.6, abs=0.1)
+    assert got.activation_scale == pytest.approx(1.1, rel=0.1)
+    assert got.log_p90 < MEMORY_MARGIN + 0.05

@@ -122,6 +122,7 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
             else ",".join(report["setup"]["lora_targets"]),
             logits="fp32" if report["setup"]["logits_fp32"] else "16-bit/chunked",
             packing=("packed, " if report["setup"]["packing"] else "")
+            + ("lengths vary, " if report["setup"]["lengths_vary"] and not report["setup"]["packing"] else "")
             + ("NF4 base (QLoRA), " if report["setup"]["quantization"] == "nf4" else ""),
             longest=report["setup"]["longest_sample"] or run["max_length"],
             measure=report["setup"]["memory_measure"],
@@ -139,6 +140,13 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
         f"with gradient checkpointing {'on' if other['run']['gradient_checkpointing'] else 'off'}: "
         f"peak {other['peak_memory_gib']:.1f} GiB, p50 {format_duration(other['duration_hours']['p50'] * 3600)}"
     )
+    varied = report["memory_gib"].get("varied_length_reserve", 0.0)
+    if varied > 0:
+        lines.append(
+            f"samples of different lengths: {varied:.1f} GiB of the peak is the allocator holding blocks "
+            "of earlier micro-batch shapes; packing (--packing padding_free) removes it, and so may "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (PyTorch's remedy, unmeasured here)"
+        )
     grouped = report.get("grouped_by_length")
     if grouped is not None and plan["train_tokens"] > 0:
         less = 1.0 - grouped["train_tokens"] / plan["train_tokens"]

@@ -11,6 +11,7 @@ median of all), one fixed seconds per micro-step for all. The band is the spread
 max) of the leave-one-out errors of the fitted points: a point's error is measured with
 priors fitted without it, so the band is what a new setup sees, not what the fit memorised.
 Memory: `analysis.timemodel.run_setup.MemoryTerms`, its p90 the largest under-prediction.
+A row whose speed was not published (NaN) is fitted for memory alone.
 """
 
 from __future__ import annotations
@@ -220,13 +221,13 @@ def _memory_minimise(
 ) -> MemoryTerms:
     from scipy.optimize import minimize
 
-    bounds = ((0.3, 4.0), (4.0, 16.0), (0.0, 4.0), (1.0, 1.5))
+    bounds = ((0.3, 4.0), (4.0, 16.0), (0.0, 4.0), (1.0, 1.5), (0.0, 3.0))
 
     def terms_of(x: Sequence[float]) -> MemoryTerms:
-        a, b, f, r = (min(max(v, lo), hi) for v, (lo, hi) in zip(x, bounds, strict=True))
+        a, b, f, r, v = (min(max(v, lo), hi) for v, (lo, hi) in zip(x, bounds, strict=True))
         return dataclasses.replace(
             start, activation_scale=a, logits_fp32_bytes=b, fixed_bytes=f * GIB,
-            reserved_over_allocated=r,
+            reserved_over_allocated=r, varied_length_reserve=v,
         )  # fmt: skip
 
     def loss(x: Sequence[float]) -> float:
@@ -241,6 +242,8 @@ def _memory_minimise(
         start.logits_fp32_bytes,
         start.fixed_bytes / GIB,
         start.reserved_over_allocated,
+        # From zero Nelder-Mead's first step is too small to leave it.
+        start.varied_length_reserve or (0.5 if any(run.lengths_vary for run in runs) else 0.0),
     ]
     best = minimize(
         loss, x0, method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-4, "maxiter": 2000}
@@ -258,15 +261,17 @@ def fit(
                log_p10=0.0, log_p90=0.0, memory=neutral)
         for run in runs
     ]  # fmt: skip
+    kept = [i for i, run in enumerate(runs) if math.isfinite(run.seconds_per_step)]
+    timed, timed_replays = [runs[i] for i in kept], [replays[i] for i in kept]
     best: tuple[float, float] | None = None
     for fixed in _FIXED_GRID:
-        _, _, loo = _time_fit(runs, replays, fixed)
+        _, _, loo = _time_fit(timed, timed_replays, fixed)
         score = statistics.median(abs(e) for e in loo)
         if best is None or score < best[0]:
             best = (score, fixed)
     assert best is not None
     fixed = best[1]
-    per_gpu, pooled, loo = _time_fit(runs, replays, fixed)
+    per_gpu, pooled, loo = _time_fit(timed, timed_replays, fixed)
     plans = [_memory_plan(run, profile_for(run, cache)) for run in runs]
     memory = _memory_fit(runs, plans, neutral)
     return PublishedPriors(

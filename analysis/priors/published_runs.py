@@ -46,6 +46,8 @@ class PublishedRun:
         tokens_per_sample: Mean tokens per sample after truncation (max_length when padded
             to it or packed).
         longest_sample: Longest sample; None: max_length.
+        lengths_vary: The samples are of different lengths and not packed, so the
+            micro-batch's shape changes from step to step.
         gradient_checkpointing: As published; `inferred` says when it was not stated.
         attention: flash_attention_2 | sdpa | eager.
         packing: Samples packed into full rows.
@@ -87,6 +89,7 @@ class PublishedRun:
     memory_measure: str
     memory_gib: float
     longest_sample: int | None = None
+    lengths_vary: bool = False
     notes: str = ""
     expressible: bool = True
     why_not: str = ""

@@ -6,7 +6,8 @@ FlashAttention-2 store none), the LoRA targets (attention only vs every linear p
 a quarter of the step), the logits and loss in fp32 at large vocabularies (a 152k vocabulary
 at 8,192 tokens is 4.6 GiB per fp32 copy), the allocator's reserved memory over what tensors
 hold (what nvidia-smi and most tables report), and the length distribution (peak memory
-follows the longest micro-batch, throughput the mean). `RunSetup` carries them, and
+follows the longest micro-batch, throughput the mean; micro-batches whose shapes change from
+step to step leave the caching allocator holding blocks of several sizes). `RunSetup` carries them, and
 `peak_memory` turns a plan plus a setup into peak bytes by part, with the memory terms
 fitted to published runs (`analysis.priors.fit`).
 
@@ -49,6 +50,11 @@ class MemoryTerms:
         logits_16bit_bytes: Bytes per logit when the loss stays in 16 bit or is chunked.
         fixed_bytes: CUDA context, cuBLAS workspaces, the allocator's first blocks.
         reserved_over_allocated: Reserved (what nvidia-smi shows) / allocated at the peak.
+        varied_length_reserve: Reserved memory the caching allocator keeps beyond the peak
+            when unpacked samples of different lengths change the micro-batch's shape from
+            step to step, per byte of what changes shape (activations and logits): blocks cut
+            for one shape are not reused whole for a larger one, so a second set is reserved.
+            0 for whole or packed rows, and for the "allocated" measure.
         log_p90: log(p90 / p50) of the peak: the largest under-prediction among the fitted
             published peaks, so that p90 holds every one of them.
     """
@@ -58,6 +64,7 @@ class MemoryTerms:
     logits_16bit_bytes: float = 4.0
     fixed_bytes: float = 0.5 * 2**30
     reserved_over_allocated: float = 1.1
+    varied_length_reserve: float = 0.0
     log_p90: float = 0.10
 
     def to_dict(self) -> dict[str, float]:
@@ -82,6 +89,9 @@ class RunSetup:
         packing: Samples are packed into full max_length rows (no padding, every row full).
         group_by_length: Samples kept apart, each micro-batch of samples of about one
             length (transformers' length-grouped sampler); ignored when packed.
+        lengths_vary: The samples are not all of one length, so an unpacked micro-batch's
+            shape changes from step to step (`MemoryTerms.varied_length_reserve`); ignored
+            when packed (every row is max_length).
         quantization: "none", or "nf4": the base's linear layers in 4 bits (QLoRA).
         interconnect: The link between the GPUs of a data-parallel run
             (`analysis.timemodel.interconnect.LINKS`).
@@ -94,6 +104,7 @@ class RunSetup:
     longest_sample: int | None = None
     packing: bool = False
     group_by_length: bool = False
+    lengths_vary: bool = False
     quantization: str = "none"
     interconnect: str = DEFAULT_LINK
 
@@ -176,8 +187,12 @@ def memory_parts(
         "ddp_buckets": float(GRADIENT_BYTES * plan.trainable_parameters) if plan.gpus > 1 else 0.0,
     }
     allocated = sum(parts.values())
-    overhead = terms.reserved_over_allocated if setup.memory_measure == "reserved" else 1.0
+    reserved = setup.memory_measure == "reserved"
+    overhead = terms.reserved_over_allocated if reserved else 1.0
     parts["allocator_reserve"] = allocated * (overhead - 1.0)
+    varied = reserved and setup.lengths_vary and not setup.packing
+    shaped = parts["activations"] + parts["logits"]
+    parts["varied_length_reserve"] = terms.varied_length_reserve * shaped if varied else 0.0
     return parts
 
 
