@@ -61,8 +61,11 @@ HELD_OUT = (
 )
 
 
-def synthetic_data(out: Path, *, samples: int = 1200, seed: int = 0) -> Path:
-    """Texts of 1 to 40 demo records each: token lengths spread from ~10 to ~400."""
+def synthetic_data(
+    out: Path, *, samples: int = 1200, seed: int = 0, max_records: int = 40
+) -> Path:
+    """Texts of 1 to `max_records` demo records each: token lengths spread from ~10 to
+    ~400 (at 40), about 10 tokens per record."""
     from trainers.data.paths import demo_data_path
 
     with demo_data_path("text").open(encoding="utf-8") as lines:
@@ -71,7 +74,7 @@ def synthetic_data(out: Path, *, samples: int = 1200, seed: int = 0) -> Path:
     with out.open("w", encoding="utf-8") as handle:
         for _ in range(samples):
             start = rng.randrange(len(texts))
-            count = rng.randint(1, 40)
+            count = rng.randint(1, max_records)
             text = " ".join(texts[(start + i) % len(texts)] for i in range(count))
             handle.write(json.dumps({"text": text}) + "\n")
     return out

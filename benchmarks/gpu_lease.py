@@ -11,7 +11,7 @@ has the exact `run` call):
 | preflight | versions, device, ceilings, NF4 layer, GPU metrics, SDPA kernels | benchmarks.lease.preflight |
 | scale | Mistral-7B bf16 and NF4, TinyLlama-1.1B, against the plan | benchmarks.lease.scale |
 | study | `hpo.study` with Optuna + MLflow, read back; --workers 2 refused | benchmarks.lease.study |
-| levers | tokens/s with each speed lever against without, at equal loss | benchmarks.lease.levers |
+| levers | tokens/s with each speed lever against without, at equal loss; the allocator with lengths that vary | benchmarks.lease.levers |
 | time_model | probe calibration, held-out runs | benchmarks.lease.time_model |
 
 Each part runs as `python -m MODULE --out OUT/PART.json ...` under its own timeout (its
@@ -137,7 +137,12 @@ def headline(name: str, data: dict[str, Any]) -> str:
                     f"{data.get('two_workers_one_gpu', {}).get('refused')}")  # fmt: skip
         if name == "levers":
             rows = data.get("rows", [])
-            return "; ".join(f"{r['lever']} x{r['speedup']:.2f}" for r in rows if "speedup" in r)
+            found = [f"{r['lever']} x{r['speedup']:.2f}" for r in rows if "speedup" in r]
+            varied = [r for r in rows if isinstance(r.get("expandable"), dict)]
+            found += [f"lengths vary: reserved {r['default']['reserved_gib']:.1f} GiB, expandable "
+                      f"{r['expandable']['reserved_gib']:.1f}, plan p50 "
+                      f"{r['plan_lengths_vary']['reserved_p50_gib']:.1f}" for r in varied]  # fmt: skip
+            return "; ".join(found)
         if name == "time_model":
             return (f"median |error| {data['median_abs_pct_error']:.1f} %, in band "
                     f"{100 * data['band_coverage']:.0f} %, memory > p90 "

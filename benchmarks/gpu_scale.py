@@ -174,11 +174,14 @@ def measure(
     smoke: bool,
     inputs: Any = None,
     levers: dict[str, Any] | None = None,
+    overflow: str | None = None,
 ) -> dict[str, Any]:
     """Train `steps` optimizer steps of `setup`; median seconds per step after the warm-up.
 
     `inputs`: a `trainers.loop.inputs.RunInputs` that keeps the base between setups (a 7B
     model loads in tens of seconds). `levers`: the run's speed levers (`trainers.spec`).
+    `overflow`: "truncate" keeps unpacked samples apart, each micro-batch padded to its
+    longest (default: whole rows, samples joined into blocks of max_length).
     """
     import torch
 
@@ -194,7 +197,7 @@ def measure(
         Settings(work_dir=work, eval_interval=0, eval_samples=1, checkpoint_interval=0,
                  device="cpu" if smoke else "cuda", precision="fp32" if smoke else "bf16"),
         model=model, data=data, output_dir=work / "out", max_steps=steps,
-    ), overflow="truncate" if setup.packing == "padding_free" else "pack",
+    ), overflow=overflow or ("truncate" if setup.packing == "padding_free" else "pack"),
         **(levers or {}))  # fmt: skip
     if not smoke:  # reserved is the allocator's cache: start each setup from an empty one
         torch.cuda.empty_cache()

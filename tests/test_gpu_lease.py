@@ -115,6 +115,13 @@ def test_levers_compare_at_equal_loss(lease: Path) -> None:
     fast = rows["sdpa_fast_path"]
     assert fast["equal_loss"] and fast["loss_rel_difference"] < 1e-5  # the same arithmetic
     assert "needs a CUDA device" in rows["liger"]["error"]  # Triton: the lease measures it
+    # Unpacked samples of many lengths: trained, and the plan's share for them beside it.
+    varied = rows["expandable_segments"]
+    assert "error" not in varied, varied
+    assert varied["default"]["allocated_gib"] > 0 and varied["default"]["last_loss"] > 0
+    vary, whole = varied["plan_lengths_vary"], varied["plan_whole_rows"]
+    assert vary["parts_gib"]["varied_length_reserve"] > 0 == whole["parts_gib"]["varied_length_reserve"]
+    assert vary["reserved_p50_gib"] > whole["reserved_p50_gib"]
 
 
 def test_time_model_part_calibrates_and_keeps_its_raw_runs(lease: Path) -> None:

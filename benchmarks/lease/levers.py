@@ -9,6 +9,14 @@ steps on the same data from the same seed: the losses must agree (relative diffe
 under `EQUAL_LOSS`) for a speed-up to count. A lever joins `MEASURED_FASTER` only from
 such a row.
 
+Then the allocator with unpacked samples of many lengths (before torch.compile, which
+rarely has time left): TinyLlama-1.1B at 1 x 2,048 on samples of ~10 to ~3,000 tokens,
+kept apart, with PyTorch's default caching allocator and then with expandable segments
+(`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, set at run time): each one's
+allocated and reserved peaks and tokens/s, beside the plan's reserved p50/p90 with and
+without the share for lengths that vary (`varied_length_reserve`, fitted on ms-swift's
+2023 A100 table: nothing has measured it on this project's trainer).
+
     python -m benchmarks.lease.levers --out levers.json --work DIR [--smoke]
 """
 
@@ -36,6 +44,12 @@ PAIRS: dict[str, tuple[dict[str, Any], Setup]] = {
 SMOKE_SHAPES = {"liger": Setup(2, 2, 64, False), "sdpa_fast_path": Setup(1, 2, 128, False),
                 "compile": Setup(2, 2, 64, False)}  # fmt: skip
 COMPILE_NEEDS_SECONDS = 90.0  # a 7B model's first compiled step took ~48 s (docs/benchmarks/gpu_check.md)
+ALLOCATOR_MODEL = "tinyllama-1.1b"  # loads in seconds; the allocator's share is relative
+# One sample per micro-batch, as ms-swift's table: every step a new shape (at 4 per
+# micro-batch most would be padded to max_length by their longest sample).
+ALLOCATOR_SETUP, SMOKE_ALLOCATOR_SETUP = Setup(1, 1, 2048, False), Setup(1, 1, 128, False)
+ALLOCATOR_STEPS, SMOKE_ALLOCATOR_STEPS = 32, 4
+ALLOCATOR_NEEDS_SECONDS = 30.0
 
 
 def pair(model: str, data: str, work: Path, lever: str, *, smoke: bool) -> dict[str, Any]:
@@ -65,6 +79,60 @@ def pair(model: str, data: str, work: Path, lever: str, *, smoke: bool) -> dict[
             "runtime": with_lever["runtime"]}  # fmt: skip
 
 
+def allocator(work: Path, *, smoke: bool) -> dict[str, Any]:
+    """Peaks of one varied-length run with the default allocator and with expandable
+    segments, and the plan's reserved peak with and without the share for varying lengths."""
+    import dataclasses
+
+    import torch
+
+    from analysis.priors.fit import replay_with
+    from analysis.priors.fitted import load, stored_profiles
+    from benchmarks._held_out import synthetic_data
+    from benchmarks.gpu_scale import as_row, gpu_name_for, measure
+    from benchmarks.lease.scale import model_dir
+
+    setup = SMOKE_ALLOCATOR_SETUP if smoke else ALLOCATOR_SETUP
+    steps = SMOKE_ALLOCATOR_STEPS if smoke else ALLOCATOR_STEPS
+    model = str(model_dir(work, ALLOCATOR_MODEL, smoke=smoke))
+    data = str(synthetic_data(work / "allocator-data.jsonl", samples=400, max_records=300))
+
+    def run() -> dict[str, Any]:
+        got = measure(model, data, work / "allocator", setup, steps, smoke=smoke,
+                      overflow="truncate")  # fmt: skip
+        return {key: got[key] for key in ("allocated_gib", "reserved_gib", "tokens_per_second",
+                                          "tokens_per_step", "first_loss", "last_loss")}  # fmt: skip
+
+    row: dict[str, Any] = {"lever": "expandable_segments", "model": ALLOCATOR_MODEL,
+                           "setup": f"{setup.label}, unpacked, lengths vary", "steps": steps,
+                           "default": run()}  # fmt: skip
+    priors = load()
+    if priors is not None:
+        gpu = "H100" if smoke else gpu_name_for(torch.cuda.get_device_name(0))
+        per_sample = row["default"]["tokens_per_step"] / setup.micro_batch_size
+        measured = {"seconds_per_step": 1.0, "reserved_gib": row["default"]["reserved_gib"]}
+        base = dataclasses.replace(
+            as_row(ALLOCATOR_MODEL, gpu, setup, measured, "reserved"), packing=False,
+            longest_sample=setup.max_length, tokens_per_sample=min(per_sample, setup.max_length),
+        )  # fmt: skip
+        cache = stored_profiles()
+        for name, vary in (("plan_lengths_vary", True), ("plan_whole_rows", False)):
+            replay = replay_with(dataclasses.replace(base, lengths_vary=vary), priors, cache)
+            row[name] = {"reserved_p50_gib": replay.memory_p50_gib,
+                         "reserved_p90_gib": replay.memory_p90_gib,
+                         "parts_gib": replay.memory_parts_gib}  # fmt: skip
+    if smoke:
+        row["expandable"] = "not on the CPU (a CUDA allocator setting)"
+        return row
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    try:
+        row["expandable"] = run()
+    finally:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+    row["speedup"] = row["expandable"]["tokens_per_second"] / row["default"]["tokens_per_second"]
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     args, record, work = start("levers", __doc__, argv)
     from benchmarks._held_out import synthetic_data
@@ -72,6 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     model = str(model_dir(work, MODEL, smoke=args.smoke))
     data = str(synthetic_data(work / "levers-data.jsonl", samples=300 if args.smoke else 3000))
     for lever in PAIRS:
+        if lever == "compile":
+            if record.left() < ALLOCATOR_NEEDS_SECONDS:
+                record.skip("expandable_segments: not enough time left")
+            else:
+                try:
+                    record.append("rows", allocator(work / "levers", smoke=args.smoke))
+                except Exception as exc:
+                    record.append("rows", {"lever": "expandable_segments", "error": first_line(exc)})
         if lever == "compile" and (args.smoke or record.left() < COMPILE_NEEDS_SECONDS):
             record.skip("compile: " + ("minutes of compilation on a CPU" if args.smoke
                                        else "not enough time left"))  # fmt: skip

@@ -151,4 +151,32 @@ def predictions(gpus: tuple[str, ...] = ("H100", "H200")) -> dict[str, Any]:
                        seconds_p90=plan.seconds_p90, tokens_per_second_p50=tokens / plan.seconds_p50)  # fmt: skip
             rows.append(row)
     return {"what": "analysis.plan's replay of every lease setup, before the lease measured it",
-            "priors": "analysis/priors/published_priors.json", "rows": rows}  # fmt: skip
+            "priors": "analysis/priors/published_priors.json", "rows": rows,
+            "allocator": allocator_predictions(gpus, priors, cache)}  # fmt: skip
+
+
+def allocator_predictions(gpus: tuple[str, ...], priors: Any, cache: dict) -> list[dict[str, Any]]:
+    """The levers part's varied-length run: reserved p50/p90 with and without the share for
+    lengths that vary (the peak follows the longest micro-batch, max_length: its data has
+    samples longer than that)."""
+    import dataclasses
+
+    from analysis.priors.fit import replay_with
+    from benchmarks.gpu_scale import as_row
+    from benchmarks.lease.levers import ALLOCATOR_MODEL, ALLOCATOR_SETUP
+
+    setup = ALLOCATOR_SETUP
+    nothing = {"seconds_per_step": float("nan"), "reserved_gib": 0.0}
+    rows = []
+    for gpu in gpus:
+        base = dataclasses.replace(
+            as_row(ALLOCATOR_MODEL, gpu, setup, nothing, "reserved"), packing=False,
+            longest_sample=setup.max_length,
+        )  # fmt: skip
+        row: dict[str, Any] = {"gpu": gpu, "model": ALLOCATOR_MODEL, "setup": setup.label}
+        for name, vary in (("lengths_vary", True), ("whole_rows", False)):
+            plan = replay_with(dataclasses.replace(base, lengths_vary=vary), priors, cache)
+            row[f"{name}_reserved_p50_gib"] = plan.memory_p50_gib
+            row[f"{name}_reserved_p90_gib"] = plan.memory_p90_gib
+        rows.append(row)
+    return rows
