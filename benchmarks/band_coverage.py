@@ -166,7 +166,8 @@ def calibration_bounds(groups: list[list[dict[str, Any]]]) -> dict[str, dict[str
     """
     out: dict[str, dict[str, float]] = {}
     for name, rule in CALIBRATIONS.items():
-        log_errors, row_medians = [], []
+        log_errors: list[float] = []
+        row_medians: list[float] = []
         for group in groups:
             full, p50, last = (
                 np.log([p[k] for p in group]) for k in ("full_run_loss", "p50", "loss_at_fidelity")
@@ -176,7 +177,7 @@ def calibration_bounds(groups: list[list[dict[str, Any]]]) -> dict[str, dict[str
             row_medians.append(float(np.median(np.abs(np.expm1(log_error)))) * 100)
         errors = np.abs(np.expm1(np.array(log_errors))) * 100
         # The least q with 80 % of the |log errors| at or below it.
-        q80 = float(np.quantile(np.abs(log_errors), 0.8, method="inverted_cdf"))
+        q80 = float(np.quantile(np.abs(np.array(log_errors)), 0.8, method="inverted_cdf"))
         out[name] = {
             "median_abs_pct_error": float(np.median(errors)),
             "p80_abs_pct_error": float(np.percentile(errors, 80)),

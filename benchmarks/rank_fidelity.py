@@ -309,7 +309,8 @@ def promotion(
 
     full = np.array([r["full_run_loss"] for r in rows])
     study_attrs = shape_curve_attrs({REFERENCE_KEY: reference["curve"]}) if reference else {}
-    shape = [TrialCurve.from_attr(reference["curve"])] if reference else []
+    first = TrialCurve.from_attr(reference["curve"]) if reference else None
+    shape = [first] if first is not None else []
     # The first trials' curves, then each promoted one's as it ends.
     peers = [c for a in attrs if (c := TrialCurve.from_attr(a[LAW_CURVE_ATTR])) is not None]
     chosen = sorted(range(len(during)), key=lambda i: (during[i]["score"], i))[:promote]

@@ -115,7 +115,9 @@ def nf4_linear(device: str, smoke: bool) -> dict[str, Any]:
     out = layer(x)
     grad = torch.randn_like(out)
     out.backward(grad)
-    weight = bnb.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state)
+    packed = layer.weight
+    assert isinstance(packed, bnb.nn.Params4bit) and x.grad is not None
+    weight = bnb.functional.dequantize_4bit(packed.data, packed.quant_state)
     weight64 = weight.double()
     ref = x.detach().double() @ weight64.t()
     ref_grad = grad.double() @ weight64
@@ -158,7 +160,7 @@ def sdpa(device: str, smoke: bool) -> list[dict[str, Any]]:
     i = torch.arange(tokens, device=device)
     causal = i[None, :] <= i[:, None]
     sliding = causal & (i[:, None] - i[None, :] < window)
-    cases = {
+    cases: dict[str, dict[str, Any]] = {
         "is_causal": {"is_causal": True},
         "causal_mask": {"attn_mask": causal},
         "sliding_window_mask": {"attn_mask": sliding},
