@@ -241,3 +241,19 @@ def test_the_fit_finds_the_share_of_lengths_that_vary_it_was_given() -> None:
     assert got.varied_length_reserve == pytest.approx(0.6, abs=0.1)
     assert got.activation_scale == pytest.approx(1.1, rel=0.1)
     assert got.log_p90 < MEMORY_MARGIN + 0.05
+
+
+def test_padding_free_rows_replay_the_whole_rows_scores() -> None:
+    """A padding-free run (one row of micro-batch x max_length, SDPA computing the whole
+    row's scores under its block-diagonal mask) plans slower than whole rows of its shape,
+    and this project's two measured on an H100 land inside the plan's band."""
+    priors = load()
+    assert priors is not None
+    cache = stored_profiles()
+    free = [run for run in expressible_runs() if run.padding_free]
+    assert len(free) == 2 and all(run.held_out for run in free)  # the fit never saw them
+    for run in free:
+        replay = replay_with(run, priors, cache)
+        whole = replay_with(dataclasses.replace(run, padding_free=False), priors, cache)
+        assert replay.seconds_p50 > whole.seconds_p50
+        assert replay.seconds_p10 <= run.seconds_per_step <= replay.seconds_p90, run.name

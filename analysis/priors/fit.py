@@ -98,6 +98,7 @@ def replay(
         plan_of_shape(shape, model, lengths, gpu),
         max_steps=REPLAY_STEPS, eval_interval_steps=0, checkpoint_interval_steps=0,
         quantization=setup.quantization,
+        packing="padding_free" if run.padding_free else "none",
     )  # fmt: skip
     peak = peak_of(gpu)
     base = prior_coefficients(gpu.hardware(), peak=peak)

@@ -51,6 +51,9 @@ class PublishedRun:
         gradient_checkpointing: As published; `inferred` says when it was not stated.
         attention: flash_attention_2 | sdpa | eager.
         packing: Samples packed into full rows.
+        padding_free: The packed samples keep their attention inside each sample (a micro-batch
+            flattened into one row, position ids restarting: `--packing padding_free`), not
+            whole rows attending across samples.
         lora_r: LoRA rank.
         lora_targets: "all-linear" or module names (HF names).
         logits_fp32: The loss upcasts the full logits to fp32.
@@ -90,6 +93,7 @@ class PublishedRun:
     memory_gib: float
     longest_sample: int | None = None
     lengths_vary: bool = False
+    padding_free: bool = False
     notes: str = ""
     expressible: bool = True
     why_not: str = ""
