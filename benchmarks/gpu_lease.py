@@ -60,7 +60,7 @@ PARTS = (
     Part("preflight", "benchmarks.lease.preflight", 45, 60),
     Part("scale", "benchmarks.lease.scale", 170, 120),
     Part("study", "benchmarks.lease.study", 120, 150),
-    Part("levers", "benchmarks.lease.levers", 110, 120),
+    Part("levers", "benchmarks.lease.levers", 125, 120),
     Part("time_model", "benchmarks.lease.time_model", 120, 120),
 )
 # A part stops starting new work this long before its timeout (model loads, the write-up).
