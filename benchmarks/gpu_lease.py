@@ -61,7 +61,7 @@ PARTS = (
     Part("scale", "benchmarks.lease.scale", 170, 120),
     Part("study", "benchmarks.lease.study", 120, 150),
     Part("levers", "benchmarks.lease.levers", 125, 120),
-    Part("time_model", "benchmarks.lease.time_model", 120, 120),
+    Part("time_model", "benchmarks.lease.time_model", 105, 120),
 )
 # A part stops starting new work this long before its timeout (model loads, the write-up).
 WIND_DOWN_SECONDS = 25.0
