@@ -59,6 +59,9 @@ def test_table_covers_gpus_lengths_and_keeps_points_out() -> None:
     priors = load()
     assert priors is not None, "run python -m benchmarks.published_runs --write-priors"
     assert not {r.name for r in held_out} & set(priors.fitted_points)
+    # The speed was fitted to the rows with a published one; memory to them all.
+    timed = {r.name for r in runs if not r.held_out and math.isfinite(r.time_value)}
+    assert set(priors.timed_points) == timed < set(priors.fitted_points)
 
 
 def test_stored_profiles_are_the_shipped_configs() -> None:

@@ -201,7 +201,7 @@ def coefficients_for(
         where = (
             f"priors for {gpu.name} ({peak / 1e12:g} TFLOP/s {gpu.precision} peak; {kind} "
             f"utilisation {fitted.utilisation_for(gpu):.2f} fitted to "
-            f"{len(fitted.fitted_points)} measured runs (analysis/priors/published_runs.json), band "
+            f"{len(fitted.timed_points)} measured runs (analysis/priors/published_runs.json), band "
             f"x{math.exp(fitted.log_p10):.2f}-x{math.exp(fitted.log_p90):.2f})"
         )
     return prior, where + (f"; not calibrated there ({'; '.join(notes)})" if notes else "")

@@ -283,6 +283,7 @@ def fit(
         log_p90=max(max(loo), 0.0),
         memory=memory,
         fitted_points=tuple(run.name for run in runs),
+        timed_points=tuple(run.name for run in timed),
     )
 
 

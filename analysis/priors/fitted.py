@@ -38,6 +38,8 @@ class PublishedPriors:
         log_p90: Upper end.
         memory: The fitted memory terms.
         fitted_points: Names of the rows fitted (the rest were held out).
+        timed_points: Those of them with a published speed: what the utilisation and the
+            duration band were fitted to (the others fitted memory alone).
     """
 
     utilisation: dict[str, float]
@@ -47,6 +49,7 @@ class PublishedPriors:
     log_p90: float
     memory: MemoryTerms
     fitted_points: tuple[str, ...] = ()
+    timed_points: tuple[str, ...] = ()
 
     def utilisation_source(self, gpu: GpuSpec) -> str:
         """Whose fitted utilisation `utilisation_for` gives `gpu`, in words."""
@@ -77,6 +80,7 @@ class PublishedPriors:
         """Return a JSON-ready dict."""
         data = dataclasses.asdict(self)
         data["fitted_points"] = list(self.fitted_points)
+        data["timed_points"] = list(self.timed_points)
         return data
 
     @classmethod
@@ -90,6 +94,7 @@ class PublishedPriors:
             log_p90=float(data["log_p90"]),
             memory=MemoryTerms(**{k: float(v) for k, v in data["memory"].items()}),
             fitted_points=tuple(data.get("fitted_points", ())),
+            timed_points=tuple(data.get("timed_points", data.get("fitted_points", ()))),
         )
 
 
