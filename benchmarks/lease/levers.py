@@ -80,17 +80,40 @@ def pair(model: str, data: str, work: Path, lever: str, *, smoke: bool) -> dict[
             "runtime": with_lever["runtime"]}  # fmt: skip
 
 
+def allocator_plans(
+    gpu: str, setup: Setup, priors: Any, cache: dict, tokens_per_sample: float | None = None
+) -> dict[str, dict[str, Any]]:
+    """The plan's reserved peak of the varied-length row, with the share for lengths that vary
+    and without it (whole rows). The peak follows the longest micro-batch, max_length: the
+    row's data has samples longer than that. Also `scale.predictions`' (before any lease)."""
+    import dataclasses
+
+    from analysis.priors.fit import replay_with
+    from benchmarks.gpu_scale import as_row
+
+    nothing = {"seconds_per_step": float("nan"), "reserved_gib": 0.0}
+    base = dataclasses.replace(
+        as_row(ALLOCATOR_MODEL, gpu, setup, nothing, "reserved"), packing=False,
+        longest_sample=setup.max_length,
+        tokens_per_sample=min(tokens_per_sample or setup.max_length, setup.max_length),
+    )  # fmt: skip
+    plans = {}
+    for name, vary in (("lengths_vary", True), ("whole_rows", False)):
+        replay = replay_with(dataclasses.replace(base, lengths_vary=vary), priors, cache)
+        plans[name] = {"reserved_p50_gib": replay.memory_p50_gib,
+                       "reserved_p90_gib": replay.memory_p90_gib,
+                       "parts_gib": replay.memory_parts_gib}  # fmt: skip
+    return plans
+
+
 def allocator(work: Path, *, smoke: bool) -> dict[str, Any]:
     """Peaks of one varied-length run with the default allocator and with expandable
     segments, and the plan's reserved peak with and without the share for varying lengths."""
-    import dataclasses
-
     import torch
 
-    from analysis.priors.fit import replay_with
     from analysis.priors.fitted import load, stored_profiles
     from benchmarks._held_out import synthetic_data
-    from benchmarks.gpu_scale import as_row, gpu_name_for, measure
+    from benchmarks.gpu_scale import gpu_name_for, measure
     from benchmarks.lease.scale import model_dir
 
     setup = SMOKE_ALLOCATOR_SETUP if smoke else ALLOCATOR_SETUP
@@ -111,17 +134,8 @@ def allocator(work: Path, *, smoke: bool) -> dict[str, Any]:
     if priors is not None:
         gpu = "H100" if smoke else gpu_name_for(torch.cuda.get_device_name(0))
         per_sample = row["default"]["tokens_per_step"] / setup.micro_batch_size
-        measured = {"seconds_per_step": 1.0, "reserved_gib": row["default"]["reserved_gib"]}
-        base = dataclasses.replace(
-            as_row(ALLOCATOR_MODEL, gpu, setup, measured, "reserved"), packing=False,
-            longest_sample=setup.max_length, tokens_per_sample=min(per_sample, setup.max_length),
-        )  # fmt: skip
-        cache = stored_profiles()
-        for name, vary in (("plan_lengths_vary", True), ("plan_whole_rows", False)):
-            replay = replay_with(dataclasses.replace(base, lengths_vary=vary), priors, cache)
-            row[name] = {"reserved_p50_gib": replay.memory_p50_gib,
-                         "reserved_p90_gib": replay.memory_p90_gib,
-                         "parts_gib": replay.memory_parts_gib}  # fmt: skip
+        plans = allocator_plans(gpu, setup, priors, stored_profiles(), per_sample)
+        row["plan_lengths_vary"], row["plan_whole_rows"] = plans["lengths_vary"], plans["whole_rows"]
     if smoke:
         row["expandable"] = "not on the CPU (a CUDA allocator setting)"
         return row

@@ -156,27 +156,11 @@ def predictions(gpus: tuple[str, ...] = ("H100", "H200")) -> dict[str, Any]:
 
 
 def allocator_predictions(gpus: tuple[str, ...], priors: Any, cache: dict) -> list[dict[str, Any]]:
-    """The levers part's varied-length run: reserved p50/p90 with and without the share for
-    lengths that vary (the peak follows the longest micro-batch, max_length: its data has
-    samples longer than that)."""
-    import dataclasses
+    """The levers part's varied-length run (`levers.allocator_plans`) on each GPU."""
+    from benchmarks.lease.levers import ALLOCATOR_MODEL, ALLOCATOR_SETUP, allocator_plans
 
-    from analysis.priors.fit import replay_with
-    from benchmarks.gpu_scale import as_row
-    from benchmarks.lease.levers import ALLOCATOR_MODEL, ALLOCATOR_SETUP
-
-    setup = ALLOCATOR_SETUP
-    nothing = {"seconds_per_step": float("nan"), "reserved_gib": 0.0}
-    rows = []
-    for gpu in gpus:
-        base = dataclasses.replace(
-            as_row(ALLOCATOR_MODEL, gpu, setup, nothing, "reserved"), packing=False,
-            longest_sample=setup.max_length,
-        )  # fmt: skip
-        row: dict[str, Any] = {"gpu": gpu, "model": ALLOCATOR_MODEL, "setup": setup.label}
-        for name, vary in (("lengths_vary", True), ("whole_rows", False)):
-            plan = replay_with(dataclasses.replace(base, lengths_vary=vary), priors, cache)
-            row[f"{name}_reserved_p50_gib"] = plan.memory_p50_gib
-            row[f"{name}_reserved_p90_gib"] = plan.memory_p90_gib
-        rows.append(row)
-    return rows
+    return [
+        {"gpu": gpu, "model": ALLOCATOR_MODEL, "setup": ALLOCATOR_SETUP.label,
+         **allocator_plans(gpu, ALLOCATOR_SETUP, priors, cache)}
+        for gpu in gpus
+    ]  # fmt: skip
