@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import table  # noqa: E402
-from common.cli import run_cli  # noqa: E402
+from common.cli import check_writable, check_writable_dir, run_cli  # noqa: E402
 from common.errors import BadInputError  # noqa: E402
 from common.files import write_json  # noqa: E402
 
@@ -165,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="only write the plan's predictions of every setup (no GPU)")  # fmt: skip
     args = parser.parse_args(argv)
     parts = chosen(args.parts)
+    if not args.deadline_seconds > 0:  # also NaN
+        raise BadInputError(f"--deadline-seconds must be > 0, but got {args.deadline_seconds}")
     if args.predict:
+        check_writable(args.predict)
         from benchmarks.lease.scale import predictions
 
         write_json(args.predict, predictions())
@@ -173,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.perf_counter()
     out = Path(args.out)
+    check_writable_dir(out, "--out")
+    if args.work:
+        check_writable_dir(args.work, "--work")
     out.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gpu-lease-") as tmp, \

@@ -46,28 +46,36 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
 
 
 def check_writable_dir(path: str | Path, what: str) -> None:
-    """Fail early (bad input) when folder `path` cannot be created or written; creates nothing.
+    """Fail early (bad input) when folder `path` cannot be created or written; creates nothing."""
+    problem = _unwritable(Path(path))
+    if problem:
+        raise BadInputError(f"{what}: cannot {problem}")
+
+
+def check_writable(path: str | Path) -> None:
+    """Fail early (bad input) when output file `path` cannot be written; creates nothing."""
+    target = Path(path)
+    problem = (f"write {path}: it is a folder" if target.is_dir()
+               else _unwritable(target.resolve().parent, shown=path))  # fmt: skip
+    if problem:
+        raise BadInputError(f"cannot {problem}")
+
+
+def _unwritable(folder: Path, shown: str | Path | None = None) -> str:
+    """Why `folder` cannot be created or written ('' when it can), naming it as `shown`.
 
     Probes the nearest existing ancestor with a temporary file, which also catches what
     `os.access` misses for root (read-only file systems, /proc).
     """
-    probe = Path(path).resolve()
+    shown = folder if shown is None else shown
+    probe = folder.resolve()
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
-        raise BadInputError(f"{what}: cannot create {path}: {probe} is a file")
+        return f"create {shown}: {probe} is a file"
     try:
         with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as exc:
-        raise BadInputError(f"{what}: cannot write {path}: {probe}: {exc.strerror}") from None
-
-
-def check_writable(path: str | Path) -> None:
-    """Fail early (bad input) when an output file cannot be written."""
-    parent = Path(path).resolve().parent
-    probe = parent
-    while not probe.exists():
-        probe = probe.parent
-    if not os.access(probe, os.W_OK):
-        raise BadInputError(f"cannot write {path}: {probe} is not writable")
+        return f"write {shown}: {probe}: {exc.strerror}"
+    return ""

@@ -135,3 +135,31 @@ def test_without_cuda_a_part_exits_2_with_one_line(tmp_path: Path) -> None:
                       "--work", tmp_path, timeout=120)  # fmt: skip
     errors = [line for line in proc.stderr.splitlines() if line and "Warning" not in line]
     assert proc.returncode == 2 and len(errors) == 1 and "no CUDA device" in errors[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--deadline-seconds", "-5"], "--deadline-seconds must be > 0"),
+        (["--deadline-seconds", "nan"], "--deadline-seconds must be > 0"),
+        (["--out", "{file}/out"], "--out: cannot create"),
+        (["--work", "{file}/work"], "--work: cannot create"),
+        (["--predict", "{file}/p.json"], "cannot create"),
+        (["--predict", "{tmp}"], "it is a folder"),
+    ],
+)
+def test_bad_lease_input_exits_2_with_one_line_before_any_part(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+) -> None:
+    from benchmarks.gpu_lease import main
+    from common.cli import run_cli
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    out = tmp_path / "out"
+    argv = [a.format(file=a_file, tmp=tmp_path) for a in args]
+    argv = argv if "--out" in argv else ["--out", str(out), *argv]
+    assert run_cli(main, ["--smoke", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert not out.exists()  # no part ran, nothing was written
