@@ -22,6 +22,9 @@ part, all output goes to `lease.log`, and a summary table is printed last. `--pa
 some on a machine that is still warm. At most 8 files come back from $OUT: these 5 parts
 write 6 (time_model also its raw runs), plus lease.json and lease.log.
 
+After a lease, `python -m benchmarks.lease.ingest FOLDER` keeps its files, adds the scale
+rows to the fit and prints what to refit.
+
 `--smoke` runs every part at tiny sizes on the CPU (NF4 through bitsandbytes' CPU path):
 `tests/test_gpu_lease.py` runs it, so the lease cannot rot between leases.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import subprocess
 import sys
@@ -175,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.predict}")
         return 0
     started = time.perf_counter()
+    date = datetime.datetime.now(datetime.UTC).date().isoformat()  # for benchmarks.lease.ingest
     out = Path(args.out)
     check_writable_dir(out, "--out")
     if args.work:
@@ -193,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(run_part(part, out, work, timeout, args.smoke, log))
             print(f"{part.name}: {results[-1]['status']} ({results[-1]['seconds']:.0f} s)",
                   flush=True)  # fmt: skip
-            write_json(out / "lease.json", {"smoke": args.smoke, "parts": results,
+            write_json(out / "lease.json", {"smoke": args.smoke, "date": date, "parts": results,
                                            "seconds": time.perf_counter() - started})  # fmt: skip
     print()
     print(table(["part", "status", "s", "found"],

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,69 @@ def test_bad_lease_input_exits_2_with_one_line_before_any_part(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
     assert not out.exists()  # no part ran, nothing was written
+
+
+def _as_a_gpu_lease(lease: Path, to: Path) -> Path:
+    """The smoke's files as a GPU lease wrote them: not smoke, and reserved peaks (the CPU has
+    no caching allocator, so its reserved peaks are 0: the allocated ones stand in)."""
+    shutil.copytree(lease, to)
+    record = json.loads((to / "lease.json").read_text())
+    (to / "lease.json").write_text(json.dumps({**record, "smoke": False}))
+    scale = json.loads((to / "scale.json").read_text())
+    for row in scale["rows"]:
+        row["reserved_gib"] = row.get("allocated_gib", 0.0)
+    (to / "scale.json").write_text(json.dumps(scale))
+    return to
+
+
+def test_ingest_keeps_the_files_and_adds_the_scale_rows_to_the_fit(
+    lease: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from analysis.priors.fit import replay_with
+    from analysis.priors.fitted import load
+    from analysis.priors.published_runs import measured_runs
+    from benchmarks.lease.ingest import FITTED_MODEL, main
+    from common.cli import run_cli
+
+    out = _as_a_gpu_lease(lease, tmp_path / "out")
+    flags = ["--measurements", str(tmp_path / "docs"), "--into", str(tmp_path / "measured")]
+    # A smoke lease measured no GPU: refused, nothing written.
+    assert run_cli(main, [str(lease), *flags]) == 2
+    assert "--smoke" in capsys.readouterr().err and not (tmp_path / "docs").exists()
+
+    assert run_cli(main, [str(out), *flags]) == 0
+    date = json.loads((lease / "lease.json").read_text())["date"]
+    kept = tmp_path / "docs" / f"gpu-lease-h100-{date}"
+    assert {p.name for p in lease.iterdir()} | {"ingest.json"} == {p.name for p in kept.iterdir()}
+    scale = json.loads((out / "scale.json").read_text())
+    trained = [r for r in scale["rows"] if "error" not in r]
+    runs = measured_runs(tmp_path / "measured")
+    assert [r.name for r in runs] == [f"lease {r['model']} {r['setup']}, H100" for r in trained]
+    for run, row in zip(runs, trained, strict=True):
+        assert run.seconds_per_step == row["seconds_per_step"]
+        assert run.memory_gib == row["reserved_gib"] and run.memory_measure == "reserved"
+        assert run.quantization == row["quantization"] and run.max_length == row["max_length"]
+        assert run.held_out == (row["model"] != FITTED_MODEL or row["quantization"] == "nf4")
+    assert any(not r.held_out for r in runs) and any(r.held_out for r in runs)
+    priors, cache = load(), {}
+    assert priors is not None
+    for run in runs:  # the plan replays each as it replays a published row
+        assert replay_with(run, priors, cache).seconds_p50 > 0
+
+    report = json.loads((kept / "ingest.json").read_text())
+    step = {(r["setup"].removesuffix(" nf4"), r["quantization"]): r["seconds_per_step"]
+            for r in trained if r["model"] == FITTED_MODEL}  # fmt: skip
+    ratios = [step[s, "nf4"] / step[s, "none"] for s, q in step if q == "nf4"]
+    assert ratios and report["nf4"]["step_factor"] == pytest.approx(statistics.median(ratios))
+    measured = {r["lever"]: r for r in json.loads((out / "levers.json").read_text())["rows"]
+                if "speedup" in r}  # fmt: skip
+    assert {f["lever"] for f in report["levers"]} == set(measured)
+    for found in report["levers"]:
+        assert found["step_factor"] == pytest.approx(1 / measured[found["lever"]]["speedup"])
+    assert report["varied_length"]["share_fitted"] > 0
+
+    # Once ingested, the same lease again is refused (the group would be written twice).
+    before = (tmp_path / "measured").joinpath(f"lease-h100-{date}.json").read_text()
+    assert run_cli(main, [str(out), *flags]) == 2
+    assert "ingested already" in capsys.readouterr().err
+    assert (tmp_path / "measured").joinpath(f"lease-h100-{date}.json").read_text() == before

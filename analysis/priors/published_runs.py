@@ -15,6 +15,9 @@ row's own; the Qwen README's table is expanded into one row per model and length
 are named once under "texts" and a field may refer to one ({"text": NAME, "args": {...},
 "then": SUFFIX}). Memory is given as published: GiB, bytes ("memory_bytes") or decimal GB;
 a speed not published is null.
+
+A lease's own measurements (`benchmarks/lease/ingest.py`) are groups of the same shape, one
+file per lease in `measured/`, loaded after the published groups.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 RUNS_FILE = "published_runs.json"
+MEASURED_FOLDER = "measured"  # in analysis.priors: one group per lease
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,8 @@ def _qwen_rows(qwen: Mapping[str, Any], texts: Mapping[str, str]) -> Iterator[Pu
 
 
 def _load() -> tuple[PublishedRun, ...]:
-    data = json.loads(resources.files("analysis.priors").joinpath(RUNS_FILE).read_text("utf-8"))
+    package = resources.files("analysis.priors")
+    data = json.loads(package.joinpath(RUNS_FILE).read_text("utf-8"))
     texts = data["texts"]
     return (
         *_qwen_rows(data["qwen"], texts),
@@ -175,7 +181,19 @@ def _load() -> tuple[PublishedRun, ...]:
             for group in data["groups"]
             for row in group["runs"]
         ),
+        *measured_runs(package.joinpath(MEASURED_FOLDER)),
     )
+
+
+def measured_runs(folder: Traversable) -> tuple[PublishedRun, ...]:
+    """The rows of every group file in `folder` (a lease's, written by
+    `benchmarks.lease.ingest`), in file-name order; none when there is no such folder."""
+    if not folder.is_dir():
+        return ()
+    groups = [json.loads(f.read_text("utf-8"))
+              for f in sorted(folder.iterdir(), key=lambda f: f.name)
+              if f.name.endswith(".json")]  # fmt: skip
+    return tuple(_run({**g["common"], **row}, {}) for g in groups for row in g["runs"])
 
 
 PUBLISHED_RUNS: tuple[PublishedRun, ...] = _load()

@@ -13,6 +13,7 @@ under the lease's work folder, where the levers part finds Mistral-7B again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import replace
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                 if device == "cuda":
                     torch.cuda.empty_cache()
                 continue
-            row = {"model": name, "quantization": setup.quantization, **measured,
+            # The setup's fields too: `benchmarks.lease.ingest` makes fitted rows of them.
+            row = {"model": name, **dataclasses.asdict(setup), **measured,
                    **compare(name, gpu, setup, measured, priors, cache)}  # fmt: skip
             record.append("rows", row)
             print(json.dumps({k: row[k] for k in ("model", "setup", "tokens_per_second")}),
@@ -123,8 +125,6 @@ def predictions(gpus: tuple[str, ...] = ("H100", "H200")) -> dict[str, Any]:
     memory p50/p90 (allocated and reserved). The levers part's pairs run without the lever at
     these shapes too; a lever's own effect has no prior (a factor of 1 until measured).
     """
-    import dataclasses
-
     from analysis.priors.fit import replay_with
     from analysis.priors.fitted import load
     from benchmarks.gpu_scale import as_row
