@@ -225,6 +225,11 @@ def test_ingest_keeps_the_files_and_adds_the_scale_rows_to_the_fit(
     for found in report["levers"]:
         assert found["step_factor"] == pytest.approx(1 / measured[found["lever"]]["speedup"])
     assert report["varied_length"]["share_fitted"] > 0
+    # The time model's raw runs, kept, are what the offline refit reads.
+    from benchmarks.time_model_refit import main as refit
+
+    assert run_cli(refit, [report["time_model_raw"], "--json", str(tmp_path / "refit.json")]) == 0
+    assert json.loads((tmp_path / "refit.json").read_text())["rows"]
 
     # Once ingested, the same lease again is refused (the group would be written twice).
     before = (tmp_path / "measured").joinpath(f"lease-h100-{date}.json").read_text()

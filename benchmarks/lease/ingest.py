@@ -238,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         fitted = [r["ratio"] for r in ratios if r["fitted"]]
         report["nf4"] = {"pairs": ratios,
                          "step_factor": statistics.median(fitted) if fitted else None}  # fmt: skip
+    if (keep / "time_model_raw.json").is_file():
+        report["time_model_raw"] = str(Path(source) / "time_model_raw.json")
     report["levers"] = lever_findings(levers)
     report["varied_length"] = varied_length_share(levers)
     write_json(keep / "ingest.json", report)
@@ -283,6 +285,9 @@ def _print(report: dict[str, Any]) -> None:
             )
         )
     print("then: python -m benchmarks.published_runs --write-priors  (refits with the new rows)")
+    if report.get("time_model_raw"):
+        print(f"and:  python -m benchmarks.time_model_refit {report['time_model_raw']}  "
+              "(the time model's probes and held-out runs, refitted offline)")  # fmt: skip
 
 
 if __name__ == "__main__":
