@@ -142,10 +142,14 @@ def headline(name: str, data: dict[str, Any]) -> str:
         if name == "levers":
             rows = data.get("rows", [])
             found = [f"{r['lever']} x{r['speedup']:.2f}" for r in rows if "speedup" in r]
-            varied = [r for r in rows if isinstance(r.get("expandable"), dict)]
-            found += [f"lengths vary: reserved {r['default']['reserved_gib']:.1f} GiB, expandable "
-                      f"{r['expandable']['reserved_gib']:.1f}, plan p50 "
-                      f"{r['plan_lengths_vary']['reserved_p50_gib']:.1f}" for r in varied]  # fmt: skip
+            for r in rows:
+                if isinstance(r.get("default"), dict) and "plan_lengths_vary" in r:
+                    other = r.get("expandable")
+                    other = (f"{other['reserved_gib']:.1f}" if isinstance(other, dict)
+                             else str(other))  # fmt: skip
+                    found.append(f"lengths vary: reserved {r['default']['reserved_gib']:.1f} GiB,"
+                                 f" expandable {other}, plan p50 "
+                                 f"{r['plan_lengths_vary']['reserved_p50_gib']:.1f}")  # fmt: skip
             return "; ".join(found)
         if name == "time_model":
             return (f"median |error| {data['median_abs_pct_error']:.1f} %, in band "

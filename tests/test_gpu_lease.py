@@ -236,3 +236,18 @@ def test_ingest_keeps_the_files_and_adds_the_scale_rows_to_the_fit(
     assert run_cli(main, [str(out), *flags]) == 2
     assert "ingested already" in capsys.readouterr().err
     assert (tmp_path / "measured").joinpath(f"lease-h100-{date}.json").read_text() == before
+
+
+def test_the_summary_shows_the_varied_length_row_whether_or_not_expandable_ran(
+    lease: Path,
+) -> None:
+    from benchmarks.gpu_lease import headline
+
+    levers = part(lease, "levers")
+    (row,) = [r for r in levers["rows"] if r.get("lever") == "expandable_segments"]
+    plan = f"plan p50 {row['plan_lengths_vary']['reserved_p50_gib']:.1f}"
+    assert "expandable not on the CPU" in headline("levers", levers) and plan in headline("levers", levers)
+    row["expandable"] = {"reserved_gib": 3.25, "tokens_per_second": 1.0}
+    assert "expandable 3.2" in headline("levers", levers)
+    row["expandable"] = "failed: RuntimeError: no virtual memory API"  # kept beside the default
+    assert "expandable failed: RuntimeError" in headline("levers", levers)
