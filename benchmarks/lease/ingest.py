@@ -61,6 +61,14 @@ def _read(folder: Path, name: str) -> dict[str, Any] | None:
     return data
 
 
+def _gpu_of(preflight: dict[str, Any] | None) -> str:
+    """The plan's name of the lease's GPU from the preflight (when the scale part wrote none)."""
+    from analysis.timemodel.gpus import KNOWN_GPUS
+
+    name = (preflight or {}).get("device", {}).get("name")
+    return next((g.name for g in KNOWN_GPUS if g.device_name == name), "gpu")
+
+
 def lease_date(lease: dict[str, Any], folder: Path) -> str:
     """The lease's UTC date (`lease.json` has it since 2026-11-27; else its file's time)."""
     if isinstance(lease.get("date"), str):
@@ -209,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     date = args.date or lease_date(lease, folder)
     preflight, scale = _read(folder, "preflight.json"), _read(folder, "scale.json")
     levers = _read(folder, "levers.json") or {}
-    gpu = (scale or {}).get("gpu") or "gpu"
+    gpu = (scale or {}).get("gpu") or _gpu_of(preflight)
     keep = Path(args.measurements) / f"gpu-lease-{gpu.lower()}-{date}"
     group_file = Path(args.into) / f"lease-{gpu.lower()}-{date}.json"
     for target in (keep, group_file):
