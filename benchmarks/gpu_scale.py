@@ -122,6 +122,7 @@ def as_row(
         gradient_checkpointing=setup.gradient_checkpointing,
         attention="sdpa",
         packing=True,
+        padding_free=setup.packing == "padding_free",
         lora_r=setup.lora_r,
         lora_targets="all-linear",
         logits_fp32=True,

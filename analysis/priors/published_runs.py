@@ -128,7 +128,7 @@ class PublishedRun:
 
 def _text(value: Any, texts: Mapping[str, str]) -> Any:
     """A field's value, with a reference to a named text expanded."""
-    if not isinstance(value, dict):
+    if not isinstance(value, dict) or "text" not in value:  # `extra` is a dict of its own
         return value
     return texts[value["text"]].format(**value.get("args", {})) + value.get("then", "")
 

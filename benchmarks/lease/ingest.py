@@ -24,6 +24,7 @@ explains. A smoke lease (CPU, tiny sizes) is refused: it measured nothing of a G
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import shutil
@@ -79,50 +80,32 @@ def lease_date(lease: dict[str, Any], folder: Path) -> str:
 
 def measured_group(scale: dict[str, Any], preflight: dict[str, Any] | None,
                    source: str, date: str) -> dict[str, Any]:  # fmt: skip
-    """The scale part's measured rows as a group of `published_runs` rows (failed rows left out)."""
+    """The scale part's measured rows as a group of `published_runs` rows (failed rows left
+    out), each made as the scale part's own replay made it (`gpu_scale.as_row`)."""
+    from benchmarks.gpu_scale import Setup, as_row
+
     gpu = scale["gpu"]
     versions = (preflight or {}).get("versions", {})
     device = (preflight or {}).get("device", {}).get("name", gpu)
+    notes = ", ".join(f"{name} {version}" for name, version in versions.items()
+                      if name in ("torch", "transformers", "peft", "bitsandbytes") and version)  # fmt: skip
+    fields = [f.name for f in dataclasses.fields(Setup)]
     runs = []
     for i, row in enumerate(scale.get("rows", [])):
         if "error" in row or not row.get("seconds_per_step") or not row.get("reserved_gib"):
             continue
-        held_out = row["model"] != FITTED_MODEL or row["quantization"] != "none"
-        runs.append({
-            "name": f"lease {row['model']} {row['setup']}, {gpu}",
-            "model": row["model"],
-            "where": f"{source}/scale.json, rows[{i}]",
-            "micro_batch_size": row["micro_batch_size"],
-            "gradient_accumulation_steps": row["gradient_accumulation_steps"],
-            "max_length": row["max_length"],
-            "tokens_per_sample": float(row["max_length"]),
-            "gradient_checkpointing": row["gradient_checkpointing"],
-            "lora_r": row["lora_r"],
-            "quantization": row["quantization"],
-            "padding_free": row.get("packing") == "padding_free",
-            "time_value": row["seconds_per_step"],
-            "memory_gib": row["reserved_gib"],
-            "held_out": held_out,
-        })  # fmt: skip
-    notes = ", ".join(f"{name} {version}" for name, version in versions.items()
-                      if name in ("torch", "transformers", "peft", "bitsandbytes") and version)  # fmt: skip
+        run = dataclasses.replace(
+            as_row(row["model"], gpu, Setup(**{k: row[k] for k in fields}), row, "reserved"),
+            name=f"lease {row['model']} {row['setup']}, {gpu}", source=f"{source}/scale.json",
+            where=f"{source}/scale.json, rows[{i}]", notes=f"{device}; {notes}",
+            held_out=row["model"] != FITTED_MODEL or row["quantization"] != "none",
+        )  # fmt: skip
+        runs.append(dataclasses.asdict(run))
     return {
         "what": (f"measured by this project's GPU lease on {date} (benchmarks/gpu_lease.py, part "
                  f"scale): the trainer as users run it, LoRA r16 on every linear layer, rows "
                  f"packed; held out: every row but {FITTED_MODEL}'s 16-bit ones"),
-        "common": {
-            "source": f"{source}/scale.json",
-            "notes": f"{device}; {notes}",
-            "gpu": gpu,
-            "framework": "trainers.train (transformers Trainer + PEFT)",
-            "precision": "bf16",
-            "attention": "sdpa",
-            "packing": True,
-            "lora_targets": "all-linear",
-            "logits_fp32": True,
-            "time_measure": "s/it",
-            "memory_measure": "reserved",
-        },
+        "common": {},
         "runs": runs,
     }  # fmt: skip
 
