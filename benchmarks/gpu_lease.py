@@ -135,6 +135,14 @@ def headline(name: str, data: dict[str, Any]) -> str:
                     f"{inside} inside p10-p90, memory p90 held {held}")  # fmt: skip
         if name == "study":
             back = data.get("read_back", {})
+            ran = data.get("study", {})
+            if "error" in ran:
+                return str(ran["error"])
+            if ran.get("exit_code") != 0:  # its last line: the error, or the traceback's end
+                lines = [x for x in str(ran.get("stderr_tail", "")).splitlines() if x.strip()]
+                return f"study exit {ran.get('exit_code')}: {lines[-1] if lines else ''}"[:200]
+            if "error" in back:
+                return f"read-back: {back['error']}"[:200]
             return (f"states {back.get('states')}, in MLflow {back.get('every_trial_in_mlflow')} "
                     f"({back.get('child_runs')} runs), GPU metrics "
                     f"{back.get('gpu_metrics_on_every_run')}, 2 workers refused "

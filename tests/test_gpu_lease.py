@@ -3,6 +3,7 @@ run (as the lease runs on a GPU), so that nothing in it rots between leases."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -251,3 +252,27 @@ def test_the_summary_shows_the_varied_length_row_whether_or_not_expandable_ran(
     assert "expandable 3.2" in headline("levers", levers)
     row["expandable"] = "failed: RuntimeError: no virtual memory API"  # kept beside the default
     assert "expandable failed: RuntimeError" in headline("levers", levers)
+
+
+def test_a_study_that_failed_on_the_device_is_a_failed_part_in_the_summary(lease: Path) -> None:
+    # The part runs to its end either way (its JSON complete, the refusal checked), but a study
+    # that exited 1 used to read "ok" with "states None" beside it.
+    from benchmarks.gpu_lease import headline
+    from benchmarks.lease.study import study_status
+
+    study = part(lease, "study")
+    assert study_status(study["study"], study["read_back"]) == "ok" == study["status"]
+    assert headline("study", study).startswith("states {")
+    failed = copy.deepcopy(study)
+    failed["study"] = {"exit_code": 1, "stdout_tail": "",
+                       "stderr_tail": "Traceback ...\nModuleNotFoundError: No module named 'x'\n"}  # fmt: skip
+    failed["read_back"] = {"error": "FileNotFoundError: summary.json"}
+    assert study_status(failed["study"], None) == "study exit 1"
+    assert headline("study", failed) == "study exit 1: ModuleNotFoundError: No module named 'x'"
+    assert study_status({"error": "the study ran past 90 s"}, None) == "study timed out"
+    assert headline("study", {"study": {"error": "the study ran past 90 s"}}) == (
+        "the study ran past 90 s"
+    )
+    assert study_status(study["study"], None) == "read-back failed"
+    failed["study"] = study["study"]
+    assert headline("study", failed) == "read-back: FileNotFoundError: summary.json"

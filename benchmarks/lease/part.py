@@ -57,8 +57,9 @@ class Record:
     def skip(self, what: str) -> None:
         self.append("skipped", {"what": what, "at_seconds": round(self.elapsed(), 1)})
 
-    def finish(self) -> None:
-        self.data["status"] = "ok"
+    def finish(self, status: str = "ok") -> None:
+        """The part ran to its end; `status` says "ok" or what failed in it."""
+        self.data["status"] = status
         self.data["seconds"] = self.elapsed()
         self.save()
 

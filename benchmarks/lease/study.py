@@ -148,14 +148,27 @@ def main(argv: list[str] | None = None) -> int:
     except subprocess.TimeoutExpired as exc:
         ran = {"error": f"the study ran past {exc.timeout:.0f} s"}
     record.set("study", ran)
-    guarded(record, "read_back", lambda: read_back(work, gpu=not args.smoke))
+    back = guarded(record, "read_back", lambda: read_back(work, gpu=not args.smoke))
     try:
         record.set("two_workers_one_gpu", refuse_two_workers(work, str(model), data,
                                                              smoke=args.smoke))  # fmt: skip
     except Exception as exc:
         record.set("two_workers_one_gpu", {"error": first_line(exc)})
-    record.finish()
+    record.finish(study_status(ran, back))
     return 0
+
+
+def study_status(ran: dict[str, Any], back: dict[str, Any] | None) -> str:
+    """The part's status: "ok" only when the study exited 0 and both stores were read back.
+
+    The part itself ends normally either way (the refusal still runs, the JSON is complete),
+    but a study that failed on the GPU is the finding, so the summary's status says so.
+    """
+    if "error" in ran:
+        return "study timed out"
+    if ran.get("exit_code") != 0:
+        return f"study exit {ran.get('exit_code')}"
+    return "ok" if back is not None else "read-back failed"
 
 
 if __name__ == "__main__":
