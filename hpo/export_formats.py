@@ -99,7 +99,10 @@ def trl_config(
         "weight_decay": float(training.get("weight_decay") or 0.0),
         "max_grad_norm": float(training.get("max_grad_norm") or 0.0),
         "max_length": int(data["max_length"]),
-        "activation_checkpointing": bool(training.get("gradient_checkpointing")),
+        # The old name: transformers 5.17 (the GPU image's) knows no `activation_checkpointing`
+        # and `trl sft` refuses the file; later 5.x read it as their alias. Written either way:
+        # TRL's own default is on.
+        "gradient_checkpointing": bool(training.get("gradient_checkpointing")),
         "eval_strategy": "steps",
         "eval_steps": int(training["eval_interval"]),
         "logging_steps": int(training["eval_interval"]),

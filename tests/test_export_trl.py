@@ -58,6 +58,13 @@ def test_native_data_is_referenced_and_the_preset_carried(tmp_path: Path, tiny_m
     assert (sft.per_device_train_batch_size, sft.gradient_accumulation_steps) == (4, 3)
     assert (sft.learning_rate, sft.num_train_epochs, sft.max_length) == (2e-4, 2.0, 96)
     assert sft.lr_scheduler_type.value == "cosine" and sft.warmup_steps == 0.05
+    # Off as in the preset, though TRL's default is on; the name every transformers 5.x reads.
+    assert sft.gradient_checkpointing is False
+    assert getattr(sft, "activation_checkpointing", False) is False
+    on = _preset(tiny_model_dir, data, micro_batch_size=4, gradient_checkpointing=True)
+    _, sft_on, _, _ = _sft_args(write_format("trl", on, tmp_path / "on.yaml")[0])
+    assert sft_on.gradient_checkpointing is True
+    assert getattr(sft_on, "activation_checkpointing", True) is True
     assert not sft.bf16 and not sft.fp16  # the study measured fp32
     assert not sft.packing
     # 30 checkpoint minutes at the estimate's 3 s per step.
