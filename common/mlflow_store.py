@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from common.mlflow_seed import sqlite_path
 from common.outage import is_http
 from common.redact import redact
-from common.retry import retry_schema_race
+from common.retry import lost_schema_race, retry_schema_race
 from common.spool import Spool
 
 if TYPE_CHECKING:
@@ -264,28 +264,45 @@ class MlflowStore:
         """One `log_batch` call. A param another writer logged first keeps its value: MLflow
         refuses to change one (the whole call), and workers of one study share its parent
         run, where two first sessions that start together each log their own search plan.
-        The call is made again without the params the run already holds, and says which
-        ones differed."""
+        When both insert at the same moment, MLflow's check sees neither and the database's
+        key refuses the second (PostgreSQL: duplicate key on `param_pk`). Either way the call
+        is made again without the params the run holds by then, and says which differed."""
         from mlflow.exceptions import MlflowException
 
-        try:
-            self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
-        except MlflowException as exc:
-            if not params or _PARAM_CHANGE not in str(exc):
-                raise
+        for attempt in range(PARAM_CLASH_ATTEMPTS):
+            try:
+                self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+                return
+            except MlflowException as exc:
+                if not params or not _param_clash(exc) or attempt == PARAM_CLASH_ATTEMPTS - 1:
+                    raise
+            # The refused call wrote nothing (params go first, in one transaction), and the
+            # other writer's params are committed: its insert is what refused ours.
             held = self.client.get_run(run_id).data.params
             changed = sorted(p.key for p in params if p.key in held and held[p.key] != p.value)
-            log.warning(
-                "run %s already holds params %s with other values (logged first by another "
-                "writer); those keep their first values",
-                run_id, ", ".join(changed),
-            )  # fmt: skip
-            fresh = [p for p in params if p.key not in held]
-            self.client.log_batch(run_id, metrics=metrics, params=fresh, tags=tags)
+            if changed:
+                log.warning(
+                    "run %s already holds params %s with other values (logged first by another "
+                    "writer); those keep their first values",
+                    run_id, ", ".join(changed),
+                )  # fmt: skip
+            params = [p for p in params if p.key not in held]
 
 
 # What MLflow's stores (file, SQL, and the server relaying them) say when a param would change.
 _PARAM_CHANGE = "Changing param values is not allowed"
+# A third writer could win the next insert too; past that the failure is not a race.
+PARAM_CLASH_ATTEMPTS = 3
+
+
+def _param_clash(exc: BaseException) -> bool:
+    """Whether MLflow refused a batch because the run holds one of its params already: a
+    changed value (MLflow's own check), or two inserts of one key at once (the database's:
+    PostgreSQL names the `param_pk` key, SQLite the `params` table, MySQL its PRIMARY key)."""
+    text = str(exc)
+    if _PARAM_CHANGE in text:
+        return True
+    return lost_schema_race(exc) and ("param_pk" in text or "params." in text)
 
 
 def _local(path: str, spool: Spool | None) -> Path:

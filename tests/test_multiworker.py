@@ -110,3 +110,53 @@ def test_a_dead_workers_trial_is_failed_and_retried(postgres: str, tiny_model_di
     runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`hpo.trial_number` = '{dead.number}'")
     assert len(runs) == 1
     assert runs[0].data.tags["state"] == "failed" and runs[0].info.status == "FAILED"
+
+
+def test_two_writers_inserting_one_param_at_once_both_go_on(
+    postgres: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A CI run (2026-11-27) lost a worker so: both first sessions logged search_plan.* on the
+    # shared parent run at one moment; MLflow's check saw neither, PostgreSQL's key refused
+    # the second insert, and that worker's study exited 1. Here the other writer's insert is
+    # held open in a transaction until MLflow's insert waits on it, then committed.
+    import threading
+
+    from common.mlflow_store import metric
+    from common.mlflow_writer import MlflowWriter
+
+    tracking = _database(postgres, "mlflow_race")
+    writer = MlflowWriter(tracking)
+    experiment = writer.experiment("race", artifact_dir=str(tmp_path / "art"))
+    run_id = writer.create_run(experiment, run_name="parent", tags={})
+    writer.flush()
+    database = tracking.replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(database) as other, psycopg.connect(database, autocommit=True) as watch:
+        other.execute("INSERT INTO params (key, value, run_uuid) VALUES ('plan.source', 'other', %s)",
+                      (run_id,))  # fmt: skip
+        failures: list[BaseException] = []
+
+        def log() -> None:
+            try:
+                writer.log_batch(run_id, metrics=[metric("m", 1.0, 0)],
+                                 params={"plan.source": "none", "plan.new": 4})  # fmt: skip
+                writer.flush()
+            except BaseException as exc:  # the assertion below shows it
+                failures.append(exc)
+
+        thread = threading.Thread(target=log)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not watch.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE 'INSERT INTO params%'"
+        ).fetchall():
+            assert time.monotonic() < deadline, "MLflow's insert never waited on the other's"
+            time.sleep(0.05)
+        other.commit()
+        thread.join(timeout=60)
+    assert not thread.is_alive() and not failures, failures
+    data = MlflowClient(tracking).get_run(run_id).data
+    assert data.params == {"plan.source": "other", "plan.new": "4"}  # the first value kept
+    assert data.metrics == {"m": 1.0}
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "common.mlflow_store"]
+    assert "plan.source" in said and "plan.new" not in said
