@@ -43,27 +43,15 @@ mapfile -t CARRIED < <(for w in .whl/*.whl; do basename "$w" | awk -F- '{print $
 
 rm -rf "$VENV" "$OUT"
 "$PYTHON311" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q "${IMAGE[@]}" 2>&1 | grep -v "is ignored" || true
+"$VENV/bin/python" -m pip install -q "${IMAGE[@]}"
 # --find-links: the slimmed bitsandbytes and the other py3 wheels come from .whl/ itself.
-"$VENV/bin/python" -m pip install -q --no-deps --find-links .whl "${CARRIED[@]}" 2>&1 \
-  | grep -v "is ignored" || true
+"$VENV/bin/python" -m pip install -q --no-deps --find-links .whl "${CARRIED[@]}"
 "$VENV/bin/python" -c "import transformers, peft, accelerate, torch
 print('image stand-in: transformers', transformers.__version__, 'peft', peft.__version__,
       'accelerate', accelerate.__version__, 'torch', torch.__version__)"
 
 if [ -f "$KINDS" ]; then
-  "$VENV/bin/python" - "$KINDS" .whl <<'EOF'
-import importlib.metadata as md, re, sys
-from pathlib import Path
-
-norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
-names = Path(sys.argv[1]).read_text().split("Packages: ")[1].strip().rstrip(".")
-image = {norm(n) for n in names.replace(",", " ").split()}
-carried = {norm(w.name.split("-")[0]) for w in Path(sys.argv[2]).glob("*.whl")}
-extra = sorted({norm(d.metadata["Name"]) for d in md.distributions()} - image - carried
-               - {"pip", "setuptools", "hpo"})  # hpo: this checkout's egg-info, on the path
-print("installed here but in neither the image's list nor .whl/:", ", ".join(extra) or "none")
-EOF
+  "$VENV/bin/python" scripts/gpu_wheels_check.py outside .whl
 fi
 
 code=0

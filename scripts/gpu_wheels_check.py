@@ -1,6 +1,7 @@
 """The two Python halves of `scripts/gpu_wheels.sh --check`.
 
     python scripts/gpu_wheels_check.py image-deps .whl   # the image's packages they declare
+    python scripts/gpu_wheels_check.py outside .whl      # installed, yet not in image or .whl
     python scripts/gpu_wheels_check.py round-trip SITE   # under CPython 3.12, with SITE first
 
 `image-deps` prints the distributions the wheels in the folder require that the device image
@@ -26,9 +27,25 @@ def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def image_deps(folder: Path) -> list[str]:
+def image_packages() -> set[str]:
+    """The distributions the device image holds (KINDS.md's package list), normalised."""
     names = KINDS.read_text().split("Packages: ")[1].strip().rstrip(".").replace(",", " ").split()
-    image = {norm(n) for n in names}
+    return {norm(n) for n in names}
+
+
+def outside(folder: Path) -> list[str]:
+    """Distributions installed in this interpreter that neither the image nor the wheels in
+    `folder` hold (`scripts/gpu_image_smoke.sh`: what the lease would not find there)."""
+    import importlib.metadata as md
+
+    carried = {norm(w.name.split("-")[0]) for w in folder.glob("*.whl")}
+    installed = {norm(d.metadata["Name"]) for d in md.distributions()}
+    # hpo: this checkout's egg-info, on the path when run from the repository
+    return sorted(installed - image_packages() - carried - {"pip", "setuptools", "hpo"})
+
+
+def image_deps(folder: Path) -> list[str]:
+    image = image_packages()
     carried: set[str] = set()
     wanted: set[str] = set()
     for wheel in folder.glob("*.whl"):
@@ -74,5 +91,8 @@ def round_trip(site: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "image-deps":
         print(" ".join(image_deps(Path(sys.argv[2]))))
+    elif sys.argv[1] == "outside":
+        print("installed here but in neither the image's list nor .whl/:",
+              ", ".join(outside(Path(sys.argv[2]))) or "none")  # fmt: skip
     else:
         round_trip(sys.argv[2])
