@@ -152,20 +152,52 @@ class Tracker:
         if self.offline:
             return self._offline_parent(study, params)
         run_id = study.user_attrs.get(PARENT_ATTR)
-        if run_id and self._run_exists(run_id):
-            self.client.update_run(run_id, status="RUNNING")
+        try:
+            known = bool(run_id) and self._run_exists(str(run_id))
+        except TrackingUnreachable:
+            # The server went away between the experiment and this call (another worker's
+            # start, a restart): the parent the study names is trusted, as offline.
+            known = bool(run_id) and not str(run_id).startswith(CLIENT_ID_PREFIX)
+        if known:
+            # Queued: a server that stops answering now makes it wait in the spool.
+            self.writer.update_run(str(run_id), "RUNNING")
             return str(run_id)
-        mine = self.writer.create_run(
-            self.experiment_id,
-            run_name=study.study_name,
-            tags={"hpo.study_name": study.study_name, "hpo.role": "study"},
-        )
-        candidates = self.client.search_runs(
-            [self.experiment_id], filter_string=_parent_filter(study.study_name), max_results=100
-        )
+        try:
+            mine = self.writer.create_run(
+                self.experiment_id,
+                run_name=study.study_name,
+                tags={"hpo.study_name": study.study_name, "hpo.role": "study"},
+            )
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            log.warning(
+                "MLflow tracking server %s stopped answering: the study's parent run waits "
+                "on disk", redact(self.tracking_uri)
+            )
+            return self._offline_parent(study, params)
+        try:
+            candidates = self.client.search_runs(
+                [self.experiment_id], filter_string=_parent_filter(study.study_name), max_results=100
+            )
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            # Its own run exists in the store: it is the parent, as when no other worker
+            # started at the same moment (the one case where the study could hold two).
+            self.writer.log_batch(mine, params=params)
+            study.set_user_attr(PARENT_ATTR, mine)
+            study.set_user_attr(EXPERIMENT_ATTR, self.experiment_id)
+            return mine
         winner = min(candidates, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id
         if winner != mine:
-            self.client.delete_run(mine)
+            try:
+                self.client.delete_run(mine)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                # Every start adopts the oldest parent, so the study still has one in use.
+                log.warning("an empty parent run %s stays: the server stopped answering", mine)
         else:
             self.writer.log_batch(mine, params=params)
         study.set_user_attr(PARENT_ATTR, winner)
@@ -229,10 +261,17 @@ class Tracker:
         return closed
 
     def _run_exists(self, run_id: str) -> bool:
+        """Whether the store holds run `run_id`.
+
+        Raises:
+            TrackingUnreachable: The server did not answer, so nothing is known.
+        """
         try:
             self.client.get_run(run_id)
             return True
-        except Exception:
+        except Exception as exc:
+            if is_outage(exc):
+                raise TrackingUnreachable(f"no answer about run {run_id}") from None
             return False
 
     def update_parent(self, parent_run_id: str, study: optuna.Study) -> None:

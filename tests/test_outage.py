@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 
 from common.errors import BadInputError
 from common.mlflow_replay import replay
-from common.mlflow_store import CLIENT_ID_TAG, metric
+from common.mlflow_store import CLIENT_ID_PREFIX, CLIENT_ID_TAG, metric
 from common.mlflow_writer import MlflowWriter, drain
 from common.outage import TrackingUnreachable, answers
 from common.spool import REJECTED, Spool, spool_folders
@@ -477,3 +477,53 @@ def test_trial_runs_left_open_offline_are_closed_once_the_server_answers(tmp_pat
         assert child.data.tags["state"] != "running" and child.info.status == "FINISHED"
     finally:
         server.stop(kill=True)
+
+
+def test_a_worker_whose_server_stops_as_it_starts_goes_on_and_its_records_arrive(
+    tracking_server: MlflowServer, tmp_path: Path
+) -> None:
+    """The server answered the worker's experiment, then was killed before its parent run:
+    the worker neither fails nor makes a second parent, and what it meant to write arrives."""
+    from hpo.tracking import Tracker
+
+    url = tracking_server.url
+    study = optuna.create_study(study_name="starting")
+    first = Tracker(url, "starting-exp", spool_dir=tmp_path / "s1")
+    parent = first.ensure_parent(study, {"n_trials": 2})
+    first.flush()
+    client = MlflowClient(url)
+    client.set_terminated(parent, "FINISHED")  # an earlier session of the study ended
+    joining = Tracker(url, "starting-exp", spool_dir=tmp_path / "s2")
+    fresh = optuna.create_study(study_name="fresh")
+    founding = Tracker(url, "starting-exp", spool_dir=tmp_path / "s3")
+    assert not joining.offline and not founding.offline
+
+    tracking_server.stop(kill=True)
+    started = time.monotonic()
+    assert joining.ensure_parent(study, {"n_trials": 2}) == parent
+    waiting = founding.ensure_parent(fresh, {"n_trials": 3})
+    joining.flush()
+    founding.flush()
+    assert time.monotonic() - started < 20  # refused at once: no HTTP timeout
+    assert waiting.startswith(CLIENT_ID_PREFIX)
+    assert joining.writer.waiting == 1 and founding.writer.waiting >= 2
+
+    tracking_server.start()
+    deadline = time.monotonic() + 60
+    while (joining.writer.waiting or founding.writer.waiting) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert joining.writer.waiting == 0 and founding.writer.waiting == 0
+    assert client.get_run(parent).info.status == "RUNNING"  # reopened, as at any start
+    experiment = client.get_experiment_by_name("starting-exp")
+    assert experiment is not None
+    parents = {
+        name: client.search_runs(
+            [experiment.experiment_id], filter_string=f"tags.`hpo.study_name` = '{name}'"
+        )
+        for name in ("starting", "fresh")
+    }
+    assert [r.info.run_id for r in parents["starting"]] == [parent]
+    (made,) = parents["fresh"]
+    assert made.data.params == {"n_trials": "3"} and made.data.tags["hpo.role"] == "study"
+    for tracker, run in ((joining, parent), (founding, waiting)):
+        assert tracker.finish_parent(run, exit_wait_seconds=60) == 0
