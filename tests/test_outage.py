@@ -527,3 +527,42 @@ def test_a_worker_whose_server_stops_as_it_starts_goes_on_and_its_records_arrive
     assert made.data.params == {"n_trials": "3"} and made.data.tags["hpo.role"] == "study"
     for tracker, run in ((joining, parent), (founding, waiting)):
         assert tracker.finish_parent(run, exit_wait_seconds=60) == 0
+
+
+def test_a_resumed_full_run_whose_server_is_away_stops_and_later_continues_its_run(
+    tracking_server: MlflowServer, tmp_path: Path
+) -> None:
+    """No answer about the earlier run is not "no such run": the resume stops in one line
+    instead of starting a second run, and continues the first once the server is back."""
+    settings: dict[str, Any] = {
+        "experiment_name": "resumed",
+        "run_name": "full-run",
+        "params": {"lr": 1e-4},
+        "tags": {"hpo.role": "full_training"},
+        "spool_dir": tmp_path / "spool",
+    }
+    first = MlflowRun(tracking_server.url, **settings)
+    first.end("KILLED")  # the machine went away mid-run
+    first.close()
+
+    tracking_server.stop(kill=True)
+    for earlier in (first.run_id, None):  # a resume, and a fresh run of the study's parent
+        with pytest.raises(TrackingUnreachable) as caught:
+            MlflowRun(
+                tracking_server.url, continue_run_id=earlier, parent_run_id=first.run_id, **settings
+            )
+        assert str(caught.value).endswith("pass --tracking-uri off to train without MLflow")
+        assert "\n" not in str(caught.value)
+
+    tracking_server.start()
+    resumed = MlflowRun(tracking_server.url, continue_run_id=first.run_id, **settings)
+    try:
+        assert resumed.continued and resumed.run_id == first.run_id
+    finally:
+        resumed.end("FINISHED")
+        resumed.close()
+    client = MlflowClient(tracking_server.url)
+    experiment = client.get_experiment_by_name("resumed")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_id == first.run_id and run.info.status == "FINISHED"

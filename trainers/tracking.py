@@ -20,7 +20,7 @@ from typing import Any
 from common.files import write_atomic
 from common.mlflow_store import MAX_METRICS_PER_CALL, metric
 from common.mlflow_writer import MlflowWriter, Run
-from common.outage import TrackingUnreachable
+from common.outage import TrackingUnreachable, is_outage
 from trainers.events import EvalInfo, Forecast, RunInfo, StepInfo, TrainingCallback
 from trainers.result import TrainResult
 from trainers.spec import TrainSpec
@@ -107,7 +107,8 @@ class MlflowRun(StepMetrics):
         predicted_seconds: The preset's estimate, logged next to the actual duration.
         flush_seconds: Longest time metrics wait in the buffer.
         continue_run_id: An earlier run of this training (before a resume): reopened and
-            continued when it is in this store, else a new run starts.
+            continued when it is in this store, else a new run starts (a server that does
+            not answer is neither: see Raises).
         run_id_file: Where the run id is recorded once training begins, for a later resume.
         spool_dir: Where records wait while the tracking server does not answer mid-run
             (sent when it answers again, or by ``python -m hpo.tracking --replay DIR``).
@@ -135,18 +136,18 @@ class MlflowRun(StepMetrics):
         writer = MlflowWriter(tracking_uri, spool_root=spool_dir)
         try:
             run_id = writer.setup(lambda: _reopen(writer, continue_run_id))
+            self.continued = run_id is not None
+            if run_id is None:
+                experiment_id = writer.setup(
+                    lambda: _parent_experiment(writer, parent_run_id)
+                ) or writer.experiment(experiment_name)
+                run_id = writer.setup(
+                    lambda: writer.create_run(experiment_id, run_name=run_name, tags=tags)
+                )
         except TrackingUnreachable as exc:
             raise TrackingUnreachable(
                 f"{exc}: start it, or pass --tracking-uri off to train without MLflow"
             ) from None
-        self.continued = run_id is not None
-        if run_id is None:
-            experiment_id = _parent_experiment(writer, parent_run_id) or writer.experiment(
-                experiment_name
-            )
-            run_id = writer.setup(
-                lambda: writer.create_run(experiment_id, run_name=run_name, tags=tags)
-            )
         super().__init__(writer, run_id, flush_seconds=flush_seconds)
         self.run_id: str = run_id
         self.predicted_seconds = predicted_seconds
@@ -286,8 +287,10 @@ def _reopen(writer: MlflowWriter, run_id: str | None) -> str | None:
         return None
     try:
         run = writer.client.get_run(run_id)
-    except Exception:  # tracked in another store before: start a new run
-        return None
+    except Exception as exc:
+        if is_outage(exc):  # no answer is not "no such run": a second run would split it
+            raise
+        return None  # tracked in another store before: start a new run
     if run.info.lifecycle_stage == "deleted":  # deleted in the UI since
         return None
     writer.client.update_run(run_id, status="RUNNING")
@@ -300,5 +303,7 @@ def _parent_experiment(writer: MlflowWriter, parent_run_id: str | None) -> str |
         return None
     try:
         return str(writer.client.get_run(parent_run_id).info.experiment_id)
-    except Exception:  # the study tracked elsewhere: fall back to the experiment name
-        return None
+    except Exception as exc:
+        if is_outage(exc):  # said in one line by the caller's set-up, not guessed around
+            raise
+        return None  # the study tracked elsewhere: fall back to the experiment name
