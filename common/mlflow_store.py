@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.mlflow_seed import sqlite_path
-from common.outage import is_http
+from common.outage import is_http, is_outage
 from common.redact import redact
 from common.retry import lost_schema_race, retry_schema_race
 from common.spool import Spool
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, Run
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,21 @@ def batch_record(
         "params": {k: _param_value(v) for k, v in (params or {}).items()},
         "tags": tag_values(tags or {}),
     }
+
+
+def stored_run(client: MlflowClient, run_id: str) -> Run | None:
+    """Run `run_id`, or None when this store does not hold it.
+
+    Raises:
+        Exception: MLflow's, when the server did not answer: that says nothing about the run,
+            and reading it as "no such run" would start a second one.
+    """
+    try:
+        return client.get_run(run_id)
+    except Exception as exc:
+        if is_outage(exc):
+            raise
+        return None
 
 
 def tag_values(tags: Mapping[str, Any]) -> dict[str, str]:

@@ -22,7 +22,7 @@ import optuna
 
 from common.errors import BadInputError
 from common.mlflow_replay import replay
-from common.mlflow_store import CLIENT_ID_PREFIX, batch_record, metric
+from common.mlflow_store import CLIENT_ID_PREFIX, batch_record, metric, stored_run
 from common.mlflow_writer import MlflowWriter, Run, RunRef
 from common.outage import EXIT_WAIT_SECONDS, TrackingUnreachable, is_outage, send_before_exit
 from common.redact import redact
@@ -153,11 +153,13 @@ class Tracker:
             return self._offline_parent(study, params)
         run_id = study.user_attrs.get(PARENT_ATTR)
         try:
-            known = bool(run_id) and self._run_exists(str(run_id))
-        except TrackingUnreachable:
+            known = bool(run_id) and stored_run(self.client, str(run_id)) is not None
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
             # The server went away between the experiment and this call (another worker's
-            # start, a restart): the parent the study names is trusted, as offline.
-            known = bool(run_id) and not str(run_id).startswith(CLIENT_ID_PREFIX)
+            # start, a restart): as a start while it was away.
+            return self._offline_parent(study, params)
         if known:
             # Queued: a server that stops answering now makes it wait in the spool.
             self.writer.update_run(str(run_id), "RUNNING")
@@ -259,20 +261,6 @@ class Tracker:
             closed += 1
         self.flush()
         return closed
-
-    def _run_exists(self, run_id: str) -> bool:
-        """Whether the store holds run `run_id`.
-
-        Raises:
-            TrackingUnreachable: The server did not answer, so nothing is known.
-        """
-        try:
-            self.client.get_run(run_id)
-            return True
-        except Exception as exc:
-            if is_outage(exc):
-                raise TrackingUnreachable(f"no answer about run {run_id}") from None
-            return False
 
     def update_parent(self, parent_run_id: str, study: optuna.Study) -> None:
         """Queue the parent's best value so far and counts per state (read from the study)."""

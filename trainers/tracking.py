@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from common.files import write_atomic
-from common.mlflow_store import MAX_METRICS_PER_CALL, metric
+from common.mlflow_store import MAX_METRICS_PER_CALL, metric, stored_run
 from common.mlflow_writer import MlflowWriter, Run
-from common.outage import TrackingUnreachable, is_outage
+from common.outage import TrackingUnreachable
 from trainers.events import EvalInfo, Forecast, RunInfo, StepInfo, TrainingCallback
 from trainers.result import TrainResult
 from trainers.spec import TrainSpec
@@ -285,13 +285,9 @@ def _reopen(writer: MlflowWriter, run_id: str | None) -> str | None:
     """The earlier run of a resumed training, reopened; None if it is not in this store."""
     if not run_id:
         return None
-    try:
-        run = writer.client.get_run(run_id)
-    except Exception as exc:
-        if is_outage(exc):  # no answer is not "no such run": a second run would split it
-            raise
-        return None  # tracked in another store before: start a new run
-    if run.info.lifecycle_stage == "deleted":  # deleted in the UI since
+    run = stored_run(writer.client, run_id)
+    # Tracked in another store before, or deleted in the UI since: a new run starts.
+    if run is None or run.info.lifecycle_stage == "deleted":
         return None
     writer.client.update_run(run_id, status="RUNNING")
     return run_id
@@ -301,9 +297,6 @@ def _parent_experiment(writer: MlflowWriter, parent_run_id: str | None) -> str |
     """The experiment of the study's parent run, when that run is in this store."""
     if not parent_run_id:
         return None
-    try:
-        return str(writer.client.get_run(parent_run_id).info.experiment_id)
-    except Exception as exc:
-        if is_outage(exc):  # said in one line by the caller's set-up, not guessed around
-            raise
-        return None  # the study tracked elsewhere: fall back to the experiment name
+    run = stored_run(writer.client, parent_run_id)
+    # The study tracked elsewhere: the caller falls back to the experiment name.
+    return None if run is None else str(run.info.experiment_id)
