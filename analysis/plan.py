@@ -31,6 +31,7 @@ from analysis.planning.fits import (
     best_of_profile,
     coefficients_for,
     gpu_counts,
+    nf4_instead,
     toggled_checkpointing,
 )
 from analysis.planning.inputs import (
@@ -39,7 +40,13 @@ from analysis.planning.inputs import (
     load_model_config,
     shipped_configs,
 )
-from analysis.planning.output import gpu_count_report, plan_lines, plan_report
+from analysis.planning.output import (
+    gpu_count_report,
+    nf4_flags,
+    nf4_report,
+    plan_lines,
+    plan_report,
+)
 from analysis.search.schedule import DEFAULT_RUNGS, DEFAULT_TRIAL_FRACTION, parse_rungs
 from analysis.timemodel.gpus import KNOWN_GPUS, GpuSpec, custom_gpu, find_gpu
 from analysis.timemodel.interconnect import DEFAULT_LINK, LINKS
@@ -318,11 +325,20 @@ def main(argv: list[str] | None = None) -> int:
         for name, profile in space.profiles.items()
     }
     report = plan_report(args, target, config, source, measured, (chosen, other), profiles)
+    # A 16-bit base too large for the GPU: the same run on an NF4 one, the step users take.
+    nf4 = nf4_instead(chosen, target)
+    if nf4 is not None:
+        report["nf4_base"] = nf4_report(nf4[0], args.price_per_hour)
     counts = _gpu_list(args.gpus)
     if counts != [1]:
         report["gpu_counts"] = gpu_count_report(
             *gpu_counts(chosen.shape, target, counts), args.price_per_hour
         )
+        if nf4 is not None and report["gpu_counts"]["fastest"] is None:
+            report["gpu_counts"]["nf4_base"] = {
+                **gpu_count_report(*gpu_counts(nf4[0].shape, nf4[1], counts), args.price_per_hour),
+                "flags": nf4_flags(nf4[0]),
+            }
     if args.search_hours is not None or args.search_budget_pct is not None:
         report["search"] = _search(args, chosen)
     for line in plan_lines(report):

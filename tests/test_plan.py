@@ -139,6 +139,43 @@ def test_shipped_name_and_explicit_run(capsys: pytest.CaptureFixture[str]) -> No
     assert "fits: no (out of memory)" in stdout
 
 
+def test_a_16_bit_base_too_large_for_the_gpu_is_planned_on_nf4_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Mistral-7B's 16-bit base is 13.5 GiB: at 2 x 2,048 tokens it fits a 24 GB GPU neither
+    # as asked nor with checkpointing; its NF4 base (3.8 GiB) does.
+    run = ["--model-config", "mistral-7b-v0.1", "--gpu", "card24", "--gpu-memory-gb", "24",
+           "--gpu-tflops", "120", "--samples", "2000", "--max-length", "2048",
+           "--micro-batch-size", "2", "--gradient-accumulation-steps", "8"]  # fmt: skip
+    out = tmp_path / "plan.json"
+    code, stdout, _ = plan_cli(capsys, *run, "--gpus", "1,2", "--json", str(out))
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert not report["plan"]["fits_memory"]
+    assert not report["other_checkpointing"]["fits_memory"]
+    nf4 = report["nf4_base"]
+    assert nf4["fits_memory"] and nf4["peak_memory_gib_p90"] < report["plan"]["peak_memory_gib_p90"]
+    assert nf4["flags"] == "--quantization nf4 --gradient-checkpointing"
+    assert f"with an NF4 base ({nf4['flags']}): peak" in stdout
+    # Data parallelism copies the base to each GPU: no count fits, for want of memory.
+    counts = report["gpu_counts"]
+    assert counts["fastest"] is None and "no GPU count fits the memory" in stdout
+    assert counts["nf4_base"]["cheapest"] == 1
+    # The flags it names give the run it showed.
+    code, stdout, _ = plan_cli(capsys, *run, *nf4["flags"].split(), "--json", str(out))
+    assert code == 0
+    again = json.loads(out.read_text())
+    assert again["plan"]["peak_memory_gib_p90"] == pytest.approx(nf4["peak_memory_gib_p90"])
+    assert again["plan"]["duration_hours"] == pytest.approx(nf4["duration_hours"])
+    assert "nf4_base" not in again and "with an NF4 base" not in stdout
+    # Where checkpointing alone makes the 16-bit run fit, that is the remedy shown.
+    code, stdout, _ = plan_cli(capsys, *run[:5], "48", *run[6:], "--json", str(out))
+    assert code == 0
+    roomy = json.loads(out.read_text())
+    assert not roomy["plan"]["fits_memory"] and roomy["other_checkpointing"]["fits_memory"]
+    assert "nf4_base" not in roomy
+
+
 def test_unknown_gpu_described_by_flags(capsys: pytest.CaptureFixture[str]) -> None:
     code, stdout, _ = plan_cli(
         capsys, "--model-config", "tinyllama-1.1b", "--gpu", "MI300X", "--gpu-tflops", "1307",

@@ -396,3 +396,24 @@ def toggled_checkpointing(fit: Fit, target: Target) -> Fit:
         fit.shape, gradient_checkpointing=not fit.shape.gradient_checkpointing
     )
     return target.evaluate(shape)
+
+
+def nf4_instead(fit: Fit, target: Target) -> tuple[Fit, Target] | None:
+    """The same run on an NF4 base (QLoRA), where a 16-bit base does not fit the GPU's memory.
+
+    A 16-bit 70B base alone needs about 131 GiB on each GPU (data parallelism copies it), so
+    no count of 80 GB GPUs holds it; its NF4 base is about 41 GiB. The same shape first; if
+    that does not fit either, with gradient checkpointing on. None: the run fits, or its base
+    is NF4 already, or gradient checkpointing alone makes it fit (the cheaper remedy: the
+    base stays as trained).
+    """
+    setup = target.setup or RunSetup()
+    if fit.fits_memory or setup.quantization != "none":
+        return None
+    if not fit.shape.gradient_checkpointing and toggled_checkpointing(fit, target).fits_memory:
+        return None
+    quantized = dataclasses.replace(target, setup=dataclasses.replace(setup, quantization="nf4"))
+    same = quantized.evaluate(fit.shape)
+    if same.fits_memory or fit.shape.gradient_checkpointing:
+        return same, quantized
+    return toggled_checkpointing(same, quantized), quantized

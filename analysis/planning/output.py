@@ -81,6 +81,25 @@ def plan_report(
     }  # fmt: skip
 
 
+def nf4_report(fit: Fit, price: float | None) -> dict[str, Any]:
+    """The run on an NF4 base (`analysis.planning.fits.nf4_instead`), with the flags it takes."""
+    return {**_fit_dict(fit, price), "flags": nf4_flags(fit)}
+
+
+def nf4_flags(fit: Fit) -> str:
+    """The plan's flags that make a 16-bit run `fit`, an NF4 one."""
+    return "--quantization nf4" + (" --gradient-checkpointing" if fit.shape.gradient_checkpointing else "")
+
+
+def _nf4_line(nf4: dict[str, Any], window: float | None) -> str:
+    hours = nf4["duration_hours"]
+    return (
+        f"with an NF4 base ({nf4['flags']}): peak {nf4['peak_memory_gib']:.1f} GiB "
+        f"(p90 {nf4['peak_memory_gib_p90']:.1f}), p50 {format_duration(hours['p50'] * 3600)}, "
+        f"p90 {format_duration(hours['p90'] * 3600)}: fits {_verdict(nf4, window)}"
+    )
+
+
 def _grouped(chosen: Fit, target: Target, price: float | None) -> dict[str, Any] | None:
     """The chosen run with its micro-batches grouped by length, where that can pad less."""
     setup = target.setup
@@ -160,6 +179,8 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
             f"cost: p10 {cost['p10']:.2f}, p50 {cost['p50']:.2f}, p90 {cost['p90']:.2f} at {report['price_per_hour']:g}/h"
         )
     lines.append(f"fits: {_verdict(plan, report['window_hours'])}")
+    if report.get("nf4_base"):
+        lines.append(_nf4_line(report["nf4_base"], report["window_hours"]))
     search = report.get("search")
     if search:
         lines.extend(search["lines"])
@@ -217,11 +238,20 @@ def gpu_count_lines(counts: dict[str, Any], window: float | None) -> list[str]:
             f"GPU-hours p90 {run['gpu_hours_p90']:7.1f}{money}  memory p90 "
             f"{run['peak_memory_gib_p90']:5.1f} GiB/GPU  {_verdict(run, window)}"
         )  # fmt: skip
-    if counts["fastest"] is None:
-        lines.append("no GPU count fits" + (f" the {window:g} h window" if window else " the memory"))
-    else:
-        lines.append(f"fastest that fits: {counts['fastest']} GPU(s); cheapest that fits: {counts['cheapest']} GPU(s)")
+    lines.append(_count_verdict(counts, window))
+    nf4 = counts.get("nf4_base")
+    if nf4 is not None:
+        lines.append(f"with an NF4 base ({nf4['flags']}): " + _count_verdict(nf4, window))
     return lines
+
+
+def _count_verdict(counts: dict[str, Any], window: float | None) -> str:
+    if counts["fastest"] is not None:
+        return f"fastest that fits: {counts['fastest']} GPU(s); cheapest that fits: {counts['cheapest']} GPU(s)"
+    # Data parallelism copies the model to every GPU: more GPUs do not make it fit.
+    if window is None or not any(run["fits_memory"] for run in counts["runs"]):
+        return "no GPU count fits the memory"
+    return f"no GPU count fits the {window:g} h window"
 
 
 def _verdict(fit: dict[str, Any], window: float | None) -> str:
