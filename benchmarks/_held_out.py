@@ -16,7 +16,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.calibrate import PROBE_DESIGN, ProbeConfig, calibrate_from_results, run_probes
+from analysis.calibrate import (
+    PROBE_BUDGET_SECONDS,
+    PROBE_DESIGN,
+    ProbeConfig,
+    calibrate_from_results,
+    run_probes,
+)
 from analysis.calibration.file import Calibration
 from analysis.planning.fits import plan_of_spec, probe_spec
 from analysis.timemodel.model import Estimate, Plan, predict
@@ -159,13 +165,19 @@ def run_held_out(spec: TrainSpec) -> dict[str, Any]:
 
 
 def calibrate(
-    model: str, data: str, work: Path, design: Sequence[ProbeConfig] = PROBE_DESIGN
+    model: str,
+    data: str,
+    work: Path,
+    design: Sequence[ProbeConfig] = PROBE_DESIGN,
+    budget_seconds: float = PROBE_BUDGET_SECONDS,
 ) -> dict[str, Any]:
-    """Run the probe design and fit."""
+    """Run the probe design (no new run after most of `budget_seconds`) and fit."""
     from analysis.timemodel.machine import this_machine
 
     started = time.perf_counter()
-    probes = run_probes(model, data, design, work_dir=work / "probes")
+    probes = run_probes(
+        model, data, design, work_dir=work / "probes", budget_seconds=budget_seconds
+    )
     seconds = time.perf_counter() - started
     walls = [float(p["wall_seconds"]) for p in probes]
     hardware = this_machine()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import shutil
 import statistics
@@ -201,6 +202,10 @@ def measure(
     ), overflow=overflow or ("truncate" if setup.packing == "padding_free" else "pack"),
         **(levers or {}))  # fmt: skip
     if not smoke:  # reserved is the allocator's cache: start each setup from an empty one
+        # A 4-bit base no longer used lives on in a cycle (bitsandbytes' Params4bit refers to
+        # its Linear4bit), and an out-of-memory's traceback holds the activations: collect
+        # them first, or the next setup's peak counts them.
+        gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     result = train(spec, inputs=inputs)

@@ -276,3 +276,49 @@ def test_a_study_that_failed_on_the_device_is_a_failed_part_in_the_summary(lease
     assert study_status(study["study"], None) == "read-back failed"
     failed["study"] = study["study"]
     assert headline("study", failed) == "read-back: FileNotFoundError: summary.json"
+
+
+def test_scale_starts_no_setup_it_could_not_finish(tmp_path: Path) -> None:
+    from benchmarks.lease.scale import SETUPS, SMOKE_SETUPS, expected_seconds
+
+    # 5 s cannot hold a setup's set-up and its base: every one is skipped, none is built.
+    out = tmp_path / "scale.json"
+    proc = run_module("benchmarks.lease.scale", "--smoke", "--out", out, "--work", tmp_path,
+                      "--budget-seconds", "5", timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert record["status"] == "ok" and "rows" not in record
+    assert len(record["skipped"]) == sum(len(s) for s in SMOKE_SETUPS.values())
+    assert not (tmp_path / "models").exists()
+    # On an H100 a 7B setup that loads a base needs that base's seconds beyond one that does not.
+    from analysis.priors.fitted import load
+
+    priors, cache = load(), {}
+    setup = SETUPS["mistral-7b-v0.1"][0]
+    kept = expected_seconds("mistral-7b-v0.1", "H100", setup, priors, cache,
+                            new_base=False, build=False)  # fmt: skip
+    loads = expected_seconds("mistral-7b-v0.1", "H100", setup, priors, cache,
+                             new_base=True, build=True)  # fmt: skip
+    assert loads - kept == pytest.approx(2 * (3.0 + 2.5 * 7.24))
+    assert kept > 6 * 1.0  # six steps of 2 x 2,048 tokens of a 7B model: over a second each
+
+
+def test_time_model_sizes_held_out_runs_to_what_is_left() -> None:
+    from benchmarks.lease.time_model import OVERRUN, held_out_seconds
+
+    assert held_out_seconds(1000.0, 20.0, 5.0) == 100.0  # room: 5 x the longest probe
+    assert held_out_seconds(60.0, 20.0, 5.0) == pytest.approx(60.0 / OVERRUN)
+
+
+def test_memory_freed_between_trials_compares_starts_on_one_base() -> None:
+    from benchmarks.lease.study import FREED_SLACK_MB, freed
+
+    def trial(quantization: str, mb: float) -> dict:
+        return {"quantization": quantization, "start_memory_mb": mb}
+
+    assert freed([trial("none", 0.0)]) is None  # nothing trained
+    assert freed([trial("none", 600.0), trial("none", 640.0), trial("nf4", 300.0)])
+    # A 4-bit base starts lower than the 16-bit one, and is judged against its own first.
+    assert freed([trial("nf4", 300.0), trial("none", 600.0), trial("none", 610.0)])
+    assert not freed([trial("none", 600.0), trial("none", 0.0),
+                      trial("none", 600.0 + 2 * FREED_SLACK_MB)])  # fmt: skip

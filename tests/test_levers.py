@@ -4,13 +4,15 @@ for real on a tiny Mistral: the same losses, with plain causal attention instead
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from common.errors import BadInputError
 from tests.configs import demo_spec
-from trainers.model.levers import LeverChoice, choose_levers
+from trainers.model.levers import LeverChoice, apply_levers, choose_levers
 
 BASE = dict(liger="auto", sdpa_fast_path="auto", device="cuda", model_type="mistral",
             sliding_window=4096, row_length=4096, packing="none", liger_installed=True)  # fmt: skip
@@ -139,3 +141,27 @@ def test_the_time_model_drops_the_logits_under_liger_and_keeps_the_step_time() -
     assert drop == pytest.approx(logits, rel=1e-9)
     # No measured speed-up yet: the same duration either way.
     assert predict(with_liger, c).seconds_p50 == pytest.approx(predict(without, c).seconds_p50)
+
+
+def test_what_a_lever_rebinds_in_a_modeling_module_is_bound_again_when_undone() -> None:
+    from transformers.models.llama import modeling_llama as llama
+
+    from trainers.model.levers import modeling_globals, restore_globals
+
+    original = (llama.apply_rotary_pos_emb, llama.LlamaRMSNorm, llama.LlamaMLP)
+    saved = modeling_globals()
+    try:
+        # What liger-kernel 0.8 does to the module when given a Llama instance: later Llama
+        # models (a run with the lever off) would be built with its classes and RoPE.
+        llama.apply_rotary_pos_emb = lambda *args, **kwargs: args
+        llama.LlamaRMSNorm = type("LigerRMSNorm", (torch.nn.Module,), {})
+        llama.LlamaMLP = type("LigerSwiGLUMLP", (torch.nn.Module,), {})
+        restore_globals(saved)
+        assert (llama.apply_rotary_pos_emb, llama.LlamaRMSNorm, llama.LlamaMLP) == original
+    finally:
+        llama.apply_rotary_pos_emb, llama.LlamaRMSNorm, llama.LlamaMLP = original
+    # A lever that rebinds nothing has nothing to undo.
+    choice = LeverChoice(liger=False, sdpa_fast_path=False, reason="off")
+    model = types.SimpleNamespace(config=types.SimpleNamespace(sliding_window=4096))
+    apply_levers(model, choice)()
+    assert model.config.sliding_window == 4096

@@ -85,6 +85,8 @@ def test_optuna_and_mlflow_hold_every_trial_once(study_run) -> None:
             assert run.info.status == "FINISHED"
         # The naive full-run figure is recorded, clearly named.
         assert trial.user_attrs["naive_full_run_seconds"] > 0
+        # What the process held as training began (a worker's leak shows in it).
+        assert trial.user_attrs["start_memory_bytes"] > 0
     assert summary.states == {
         name: sum(1 for t in trials if STATE_NAMES[t.state] == name)
         for name in STATE_NAMES.values()

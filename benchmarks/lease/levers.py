@@ -23,6 +23,7 @@ without the share for lengths that vary (`varied_length_reserve`, fitted on ms-s
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +44,29 @@ PAIRS: dict[str, tuple[dict[str, Any], Setup]] = {
 }
 SMOKE_SHAPES = {"liger": Setup(2, 2, 64, False), "sdpa_fast_path": Setup(1, 2, 128, False),
                 "compile": Setup(2, 2, 64, False)}  # fmt: skip
+# Two 7B runs of 6 steps each at about 1.7-2.7 s (the plan's p50 on an H100) and a load: a
+# pair is not started with less left than the last one took, nor than this.
+PAIR_NEEDS_SECONDS = 30.0
 COMPILE_NEEDS_SECONDS = 90.0  # a 7B model's first compiled step took ~48 s (docs/benchmarks/gpu_check.md)
 ALLOCATOR_MODEL = "tinyllama-1.1b"  # loads in seconds; the allocator's share is relative
 # One sample per micro-batch, as ms-swift's table: every step a new shape (at 4 per
 # micro-batch most would be padded to max_length by their longest sample).
 ALLOCATOR_SETUP, SMOKE_ALLOCATOR_SETUP = Setup(1, 1, 2048, False), Setup(1, 1, 128, False)
 ALLOCATOR_STEPS, SMOKE_ALLOCATOR_STEPS = 24, 4
-# Two runs of a 1.1B model the scale part saved: a load of seconds and 24 short steps each.
-ALLOCATOR_NEEDS_SECONDS = 20.0
+# Two runs of a 1.1B model the scale part saved: a load of seconds and 24 steps each, each
+# step a new shape (0.25-2 s for a first shape on the H100, docs/benchmarks/gpu_check.md).
+ALLOCATOR_NEEDS_SECONDS = 30.0
 
 
-def pair(model: str, data: str, work: Path, lever: str, *, smoke: bool) -> dict[str, Any]:
-    """The run without the lever, then with it (a lever that cannot run here is a finding)."""
+def pair(
+    model: str, data: str, work: Path, lever: str, *, smoke: bool,
+    measured: Callable[[dict[str, Any]], None] = lambda row: None,
+) -> dict[str, Any]:  # fmt: skip
+    """The run without the lever, then with it (a lever that cannot run here is a finding).
+
+    `measured` gets the row as soon as the run without the lever ends, so that a part cut
+    short keeps it.
+    """
     fields, setup = PAIRS[lever]
     if smoke:
         setup = SMOKE_SHAPES[lever]
@@ -64,6 +76,7 @@ def pair(model: str, data: str, work: Path, lever: str, *, smoke: bool) -> dict[
                            "without_tokens_per_second": without["tokens_per_second"],
                            "without_losses": [without["first_loss"], without["last_loss"]],
                            "without_reserved_gib": without["reserved_gib"]}  # fmt: skip
+    measured(row)
     try:
         with_lever = measure(model, data, work, setup, STEPS, smoke=smoke, levers=fields)
     except Exception as exc:  # e.g. liger=on on the CPU, or a kernel that does not build
@@ -130,12 +143,16 @@ def allocator(work: Path, *, smoke: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"lever": "expandable_segments", "model": ALLOCATOR_MODEL,
                            "setup": f"{setup.label}, unpacked, lengths vary", "steps": steps,
                            "default": run()}  # fmt: skip
-    priors = load()
-    if priors is not None:
-        gpu = "H100" if smoke else gpu_name_for(torch.cuda.get_device_name(0))
-        per_sample = row["default"]["tokens_per_step"] / setup.micro_batch_size
-        plans = allocator_plans(gpu, setup, priors, stored_profiles(), per_sample)
-        row["plan_lengths_vary"], row["plan_whole_rows"] = plans["lengths_vary"], plans["whole_rows"]
+    try:  # the plan beside it; a failure there must not lose the run just measured
+        priors = load()
+        if priors is not None:
+            gpu = "H100" if smoke else gpu_name_for(torch.cuda.get_device_name(0))
+            per_sample = row["default"]["tokens_per_step"] / setup.micro_batch_size
+            plans = allocator_plans(gpu, setup, priors, stored_profiles(), per_sample)
+            row["plan_lengths_vary"] = plans["lengths_vary"]
+            row["plan_whole_rows"] = plans["whole_rows"]
+    except Exception as exc:
+        row["plan_error"] = first_line(exc)
     if smoke:
         row["expandable"] = "not on the CPU (a CUDA allocator setting)"
         return row
@@ -158,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.lease.scale import model_dir
     model = str(model_dir(work, MODEL, smoke=args.smoke))
     data = str(synthetic_data(work / "levers-data.jsonl", samples=300 if args.smoke else 3000))
+    took: float | None = None  # the last pair's seconds: the next one at its shape takes about that
     for lever in PAIRS:
         if lever == "compile":
             if record.left() < ALLOCATOR_NEEDS_SECONDS:
@@ -171,13 +189,22 @@ def main(argv: list[str] | None = None) -> int:
             record.skip("compile: " + ("minutes of compilation on a CPU" if args.smoke
                                        else "not enough time left"))  # fmt: skip
             continue
-        if record.left() < 0:
-            record.skip(lever)
+        need = max(took or 0.0, 0.0 if args.smoke else PAIR_NEEDS_SECONDS)
+        if record.left() < need:
+            record.skip(f"{lever}: {record.left():.0f} s left, it needs ~{need:.0f} s")
             continue
+        started = record.elapsed()
+
+        def keep(row: dict[str, Any], at: int = len(record.data.get("rows", []))) -> None:
+            # The run without the lever, then the whole pair, in one place.
+            record.data.setdefault("rows", [])[at:] = [row]
+            record.save()
+
         try:
-            record.append("rows", pair(model, data, work / "levers", lever, smoke=args.smoke))
+            keep(pair(model, data, work / "levers", lever, smoke=args.smoke, measured=keep))
         except Exception as exc:
-            record.append("rows", {"lever": lever, "error": first_line(exc)})
+            keep({"lever": lever, "error": first_line(exc)})
+        took = record.elapsed() - started
     record.finish()
     return 0
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.lease.part import (  # noqa: E402
     Record,
     cuda_or_smoke,
+    first_line,
     guarded,
     median_seconds,
     parser,
@@ -52,13 +53,22 @@ def versions() -> dict[str, str | None]:
 def device_state(device: str) -> dict[str, Any]:
     import torch
 
-    state: dict[str, Any] = {
-        "device": device,
-        "torch_cuda": torch.version.cuda,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+    state: dict[str, Any] = {"device": device, "torch_cuda": torch.version.cuda}
+    # As this process starts, before the trainer turns TF32 on (transformers 5 does it through
+    # torch's newer fp32_precision settings; after that, the legacy getters raise).
+    readers = {
+        "fp32_precision": lambda: getattr(torch.backends, "fp32_precision"),  # noqa: B009
+        "cuda_matmul_fp32_precision": lambda: torch.backends.cuda.matmul.fp32_precision,
+        "cudnn_fp32_precision": lambda: torch.backends.cudnn.fp32_precision,
+        "float32_matmul_precision": torch.get_float32_matmul_precision,
+        "cuda_matmul_allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
     }
+    for key, read in readers.items():
+        try:
+            state[key] = read()
+        except Exception as exc:  # an API this torch lacks, or one the other API locked
+            state[key] = f"unreadable: {first_line(exc)}"
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         state.update(name=props.name, capability=f"{props.major}.{props.minor}",
@@ -152,7 +162,7 @@ def sdpa(device: str, smoke: bool) -> list[dict[str, Any]]:
     """SDPA with is_causal, an explicit causal mask and a sliding window: kernel and time."""
     import torch
     import torch.nn.functional as F
-    from torch.profiler import profile
+    from torch.profiler import ProfilerActivity, profile
 
     tokens, heads, dim, window = SDPA_SMOKE if smoke else SDPA_SHAPE
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -173,7 +183,9 @@ def sdpa(device: str, smoke: bool) -> list[dict[str, Any]]:
             return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
         seconds = median_seconds(run, 2 if smoke else 5, _sync(device))
-        with profile() as prof:
+        # The CPU side names the aten kernel; CUDA's side needs CUPTI, which a sandbox
+        # (the H200 machines run under gVisor) may not give.
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
             out = run()
             _sync(device)()
         ops = sorted({e.name for e in prof.events() if e.name.startswith("aten::_scaled_dot")})
@@ -195,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     record = Record(args.out, "preflight", args.budget_seconds)
     record.set("versions", versions())
     device = cuda_or_smoke(args.smoke)
-    record.set("device", device_state(device))
+    guarded(record, "device", lambda: device_state(device))
     guarded(record, "ceilings", lambda: ceilings(device, args.smoke))
     guarded(record, "nf4_linear", lambda: nf4_linear(device, args.smoke))
     guarded(record, "gpu_metrics", gpu_metrics)

@@ -52,6 +52,33 @@ SMOKE_SETUPS: dict[str, tuple[Setup, ...]] = {
 }
 
 
+# What a setup costs beyond its steps, to start only setups that end inside the part: a new
+# base (built and saved once, then loaded in 16 bits or quantized to NF4) about 3 s + 2.5 s
+# per billion parameters, and the Trainer's set-up about 5 s. The H100 lease of 2026-11-24
+# spent about 7 s per setup beyond its steps, loading a 7-8B base for each
+# (docs/measurements/gpu-scale-h100.json: 307 s, 222 s of them steps, 12 setups).
+BILLIONS = {"mistral-7b-v0.1": 7.24, "tinyllama-1.1b": 1.10}
+SETUP_SECONDS = 5.0
+
+
+def base_seconds(name: str, *, smoke: bool) -> float:
+    return 3.0 + (0.0 if smoke else 2.5 * BILLIONS[name])  # the smoke's models are shrunk
+
+
+def expected_seconds(
+    name: str, gpu: str, setup: Setup, priors: Any, cache: dict, *,
+    new_base: bool, build: bool, smoke: bool = False,
+) -> float:  # fmt: skip
+    """The setup's STEPS at the plan's p90 step, its set-up, and its base where it loads one."""
+    from analysis.priors.fit import replay_with
+    from benchmarks.gpu_scale import as_row
+
+    nothing = {"seconds_per_step": float("nan"), "allocated_gib": 0.0}
+    step = replay_with(as_row(name, gpu, setup, nothing, "allocated"), priors, cache).seconds_p90
+    bases = int(new_base) + int(build)
+    return STEPS * step + SETUP_SECONDS + base_seconds(name, smoke=smoke) * bases
+
+
 def model_dir(work: Path, name: str, *, smoke: bool) -> Path:
     """The lease's copy of a shipped config with random weights (built once, then reused)."""
     out = work / "models" / name
@@ -67,7 +94,7 @@ def setups_of(smoke: bool) -> dict[str, tuple[Setup, ...]]:
 def main(argv: list[str] | None = None) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     record = Record(args.out, "scale", args.budget_seconds)
-    device = cuda_or_smoke(args.smoke)
+    cuda_or_smoke(args.smoke)
 
     import torch
 
@@ -85,12 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     data = str(synthetic_data(work / "scale-data.jsonl", samples=300 if args.smoke else 6000))
     cache: dict = {}
     for name, setups in setups_of(args.smoke).items():
-        folder = model_dir(work, name, smoke=args.smoke)
         inputs = RunInputs(keep_base=True)
+        folder: Path | None = None
+        loaded: str | None = None  # the quantization of the base `inputs` holds
         for setup in setups:
-            if record.left() < 0:
-                record.skip(f"{name} {setup.label}")
+            # Start only what ends inside the part: a later, cheaper setup may still fit.
+            need = expected_seconds(name, gpu, setup, priors, cache, smoke=args.smoke,
+                                    new_base=setup.quantization != loaded, build=folder is None)  # fmt: skip
+            if record.left() < need:
+                record.skip(f"{name} {setup.label} (needs ~{need:.0f} s)")
                 continue
+            if folder is None:
+                folder = model_dir(work, name, smoke=args.smoke)
+            loaded = setup.quantization
             try:
                 measured = measure(str(folder), data, work / "scale", setup, STEPS,
                                    smoke=args.smoke, inputs=inputs)  # fmt: skip
@@ -98,17 +132,15 @@ def main(argv: list[str] | None = None) -> int:
                 record.append("rows", {"model": name, "setup": setup.label,
                                        "quantization": setup.quantization,
                                        "error": first_line(exc)})  # fmt: skip
-                inputs.release()
-                if device == "cuda":
-                    torch.cuda.empty_cache()
-                continue
+                inputs.release()  # the base stays loaded for the next setup
+                continue  # the next `measure` collects what the failure left
             # The setup's fields too: `benchmarks.lease.ingest` makes fitted rows of them.
             row = {"model": name, **dataclasses.asdict(setup), **measured,
                    **compare(name, gpu, setup, measured, priors, cache)}  # fmt: skip
             record.append("rows", row)
             print(json.dumps({k: row[k] for k in ("model", "setup", "tokens_per_second")}),
                   flush=True)  # fmt: skip
-        del inputs
+        del inputs  # a 4-bit base lives on in a cycle until the next `measure` collects it
     record.finish()
     return 0
 

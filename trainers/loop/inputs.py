@@ -20,12 +20,13 @@ import dataclasses
 import gc
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainers.data.dataset import TokenizedData, load_tokenized
-from trainers.model.levers import LeverChoice, apply_levers, detect_levers
+from trainers.model.levers import LeverChoice, apply_levers, detect_levers, nothing_to_undo
 from trainers.model.lora import ModelInfo, apply_lora, load_base_model, load_tokenizer
 from trainers.model.quantization import load_quantized
 from trainers.spec import TrainSpec
@@ -90,6 +91,7 @@ class RunInputs:
     _base: Any = None
     _state: BaseState | None = None
     _attached: Any = None
+    _undo_levers: Callable[[], None] = field(default_factory=lambda: nothing_to_undo)
     _frozen: bool = False
 
     def attach(self, spec: TrainSpec, device: str, precision: str = "fp32") -> Attached:
@@ -191,7 +193,7 @@ class RunInputs:
             self._base = load_quantized(path, device=key.device, precision=key.compute_precision)
         else:
             self._base = load_base_model(path)
-        apply_levers(self._base, key.levers)
+        self._undo_levers = apply_levers(self._base, key.levers)
         self._state = _snapshot(self._base)
         self._key = key
         self.loads += 1
@@ -199,6 +201,8 @@ class RunInputs:
 
     def _forget_base(self) -> None:
         self._base = self._state = self._key = None
+        self._undo_levers()
+        self._undo_levers = nothing_to_undo
         if self._frozen:
             gc.unfreeze()  # the old model was frozen with the rest: let it be collected
             self._frozen = False

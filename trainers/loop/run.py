@@ -95,12 +95,14 @@ def _train_attached(
     log.info("runtime: %s; %s", runtime.reason, loaded.levers.reason)
     if runtime.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    start_memory = torch.cuda.memory_allocated() if runtime.device == "cuda" else rss_bytes()
     if saved:
         log.info("resuming from %s (step %d)", resume_dir, saved["step"])
 
     clock = Clock(runtime.device)
     recovery = RecoveryState.from_dict(saved) if saved else RecoveryState.from_spec(spec)
     result = _new_result(spec, runtime, loaded, recovery, saved, resume_dir)
+    result.start_memory_bytes = int(start_memory)
     loading = choose_data_loading(runtime.device, available_cpus(), spec.dataloader_workers)
     result.data_loading = loading.to_dict()
     log.info("data loader: %s", loading.reason)

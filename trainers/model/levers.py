@@ -21,7 +21,10 @@ Two levers, each off unless asked for until a GPU lease (`benchmarks/gpu_lease.p
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,15 +157,50 @@ def detect_levers(spec: Any, device: str) -> LeverChoice:
     )
 
 
-def apply_levers(model: Any, choice: LeverChoice) -> Any:
-    """Apply `choice` to a freshly loaded base model (before the adapters go on)."""
+def apply_levers(model: Any, choice: LeverChoice) -> Callable[[], None]:
+    """Apply `choice` to a freshly loaded base model (before the adapters go on).
+
+    Returns:
+        What undoes the levers beyond `model`: call it once the model is let go.
+    """
     if choice.sdpa_fast_path:
         model.config.sliding_window = None
         text = getattr(model.config, "text_config", None)
         if text is not None and hasattr(text, "sliding_window"):
             text.sliding_window = None
-    if choice.liger:
-        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    if not choice.liger:
+        return nothing_to_undo
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
-        _apply_liger_kernel_to_instance(model=model)
-    return model
+    # Given an instance, liger-kernel 0.8 still rebinds its model type's modeling module
+    # (`apply_rotary_pos_emb`, the RMSNorm and MLP classes): every later model of that type
+    # in the process would be built with Liger's modules and RoPE (a study worker's run with
+    # the lever off, the lease's run without it). The instance's RoPE is that module global,
+    # so the module is put back when the model is let go, not at once.
+    saved = modeling_globals()
+    _apply_liger_kernel_to_instance(model=model)
+    return functools.partial(restore_globals, saved)
+
+
+def nothing_to_undo() -> None:
+    return None
+
+
+def modeling_globals() -> dict[str, dict[str, Any]]:
+    """The names bound in every transformers modeling module imported so far."""
+    return {
+        name: dict(vars(module))
+        for name, module in list(sys.modules.items())
+        if name.startswith("transformers.models.") and module is not None
+    }
+
+
+def restore_globals(saved: dict[str, dict[str, Any]]) -> None:
+    """Bind again what `modeling_globals` saw (names bound since are left alone)."""
+    for name, names in saved.items():
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        for key, value in names.items():
+            if getattr(module, key, None) is not value:
+                setattr(module, key, value)
