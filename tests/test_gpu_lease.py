@@ -306,8 +306,11 @@ def test_scale_starts_no_setup_it_could_not_finish(tmp_path: Path) -> None:
 def test_time_model_sizes_held_out_runs_to_what_is_left() -> None:
     from benchmarks.lease.time_model import OVERRUN, held_out_seconds
 
-    assert held_out_seconds(1000.0, 20.0, 5.0) == 100.0  # room: 5 x the longest probe
-    assert held_out_seconds(60.0, 20.0, 5.0) == pytest.approx(60.0 / OVERRUN)
+    assert held_out_seconds(1000.0, 20.0, 8.0, 5.0) == 100.0  # room: 5 x the longest probe
+    assert held_out_seconds(60.0, 20.0, 8.0, 5.0) == pytest.approx(60.0 / OVERRUN)
+    assert held_out_seconds(20.0, 20.0, 8.0, 5.0) is None  # under 2 typical probes
+    # Probes quicker than the run wanted (the CPU smoke's): it needs only its own length.
+    assert held_out_seconds(30.0, 1.0, 0.9, 1.5) == 1.5
 
 
 def test_memory_freed_between_trials_compares_starts_on_one_base() -> None:

@@ -39,9 +39,13 @@ MIN_HELD_OUT_PROBES = 2.0  # a held-out run predicted shorter than 2 median prob
 OVERRUN = 1.5  # a run may take this x its prediction (the machine's drift, the band's p90)
 
 
-def held_out_seconds(left: float, longest: float, factor: float) -> float:
-    """How long a held-out run is sized to: `factor` x the longest probe, or what is left."""
-    return min(factor * longest, left / OVERRUN)
+def held_out_seconds(left: float, longest: float, median: float, factor: float) -> float | None:
+    """How long a held-out run is sized to: `factor` x the longest probe, or what is left;
+    None where what is left holds less than that or 2 typical probes, the shorter."""
+    wanted = factor * longest
+    if left / OVERRUN < min(wanted, MIN_HELD_OUT_PROBES * median):
+        return None
+    return min(wanted, left / OVERRUN)
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -82,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         HELD_OUT[: SMOKE_HELD_OUT_RUNS if args.smoke else HELD_OUT_RUNS]
     ):
         longest = probes["longest_seconds"]
-        seconds = held_out_seconds(record.left(), longest, factor)
-        if seconds < MIN_HELD_OUT_PROBES * probes["median_seconds"]:
+        seconds = held_out_seconds(record.left(), longest, probes["median_seconds"], factor)
+        if seconds is None:
             record.skip(f"held-out {config.name}: {record.left():.0f} s left")
             continue
         rows.append(held_out_row(str(model), data, work / "time-model", probes, index, config,
