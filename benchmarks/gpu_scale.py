@@ -100,6 +100,9 @@ def gpu_name_for(device_name: str) -> str:
     for gpu in KNOWN_GPUS:
         if gpu.device_name == device_name:
             return gpu.name
+    for gpu in KNOWN_GPUS:  # a variant of a known one ("NVIDIA H200 NVL")
+        if device_name.startswith(gpu.device_name + " "):
+            return gpu.name
     raise BadInputError(f"the plan knows no GPU named {device_name!r}; known: "
                         f"{', '.join(g.device_name for g in KNOWN_GPUS)}")  # fmt: skip
 

@@ -84,3 +84,20 @@ def test_without_cuda_exits_2_with_one_line_and_never_imports_optuna_or_mlflow(
     assert len(errors) == 1 and "no CUDA device:" in errors[0], errors
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("device_name", "gpu"),
+    [("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200 NVL", "H200")],
+)
+def test_the_lease_names_the_gpu_cuda_reports(device_name: str, gpu: str) -> None:
+    from benchmarks.gpu_scale import gpu_name_for
+
+    assert gpu_name_for(device_name) == gpu
+
+
+def test_a_gpu_the_plan_does_not_know_is_bad_input() -> None:
+    from benchmarks.gpu_scale import gpu_name_for
+
+    with pytest.raises(BadInputError, match="knows no GPU named 'NVIDIA B200'"):
+        gpu_name_for("NVIDIA B200")
