@@ -80,8 +80,10 @@ def test_preflight_runs_nf4_and_names_the_sdpa_kernels(lease: Path) -> None:
 
 
 def test_scale_trains_bf16_and_nf4_rows_against_the_plan(lease: Path) -> None:
-    rows = part(lease, "scale")["rows"]
+    scale = part(lease, "scale")
+    rows = scale["rows"]
     assert not [r for r in rows if "error" in r]
+    assert {b["model"] for b in scale["builds"]} == {r["model"] for r in rows}
     assert {r["quantization"] for r in rows} == {"none", "nf4"}
     for row in rows:
         assert row["plan_seconds_p10"] < row["plan_seconds_p50"] < row["plan_seconds_p90"]
