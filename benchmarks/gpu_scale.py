@@ -107,6 +107,12 @@ def gpu_name_for(device_name: str) -> str:
                         f"{', '.join(g.device_name for g in KNOWN_GPUS)}")  # fmt: skip
 
 
+def planned_row(model: str, gpu: str, setup: Setup, measure: str) -> PublishedRun:
+    """A setup nothing has measured yet, as a published row (for the plan's replay alone)."""
+    return as_row(model, gpu, setup, {"seconds_per_step": float("nan"), f"{measure}_gib": 0.0},
+                  measure)  # fmt: skip
+
+
 def as_row(
     model: str, gpu: str, setup: Setup, measured: dict[str, Any], measure: str
 ) -> PublishedRun:

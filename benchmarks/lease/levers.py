@@ -102,11 +102,10 @@ def allocator_plans(
     import dataclasses
 
     from analysis.priors.fit import replay_with
-    from benchmarks.gpu_scale import as_row
+    from benchmarks.gpu_scale import planned_row
 
-    nothing = {"seconds_per_step": float("nan"), "reserved_gib": 0.0}
     base = dataclasses.replace(
-        as_row(ALLOCATOR_MODEL, gpu, setup, nothing, "reserved"), packing=False,
+        planned_row(ALLOCATOR_MODEL, gpu, setup, "reserved"), packing=False,
         longest_sample=setup.max_length,
         tokens_per_sample=min(tokens_per_sample or setup.max_length, setup.max_length),
     )  # fmt: skip

@@ -71,10 +71,9 @@ def expected_seconds(
 ) -> float:  # fmt: skip
     """The setup's STEPS at the plan's p90 step, its set-up, and its base where it loads one."""
     from analysis.priors.fit import replay_with
-    from benchmarks.gpu_scale import as_row
+    from benchmarks.gpu_scale import planned_row
 
-    nothing = {"seconds_per_step": float("nan"), "allocated_gib": 0.0}
-    step = replay_with(as_row(name, gpu, setup, nothing, "allocated"), priors, cache).seconds_p90
+    step = replay_with(planned_row(name, gpu, setup, "allocated"), priors, cache).seconds_p90
     bases = int(new_base) + int(build)
     return STEPS * step + SETUP_SECONDS + base_seconds(name, smoke=smoke) * bases
 
@@ -164,7 +163,7 @@ def predictions(gpus: tuple[str, ...] = ("H100", "H200")) -> dict[str, Any]:
     """
     from analysis.priors.fit import replay_with
     from analysis.priors.fitted import load
-    from benchmarks.gpu_scale import as_row
+    from benchmarks.gpu_scale import planned_row
     from benchmarks.lease.levers import MODEL, PAIRS
 
     priors = load()
@@ -174,13 +173,12 @@ def predictions(gpus: tuple[str, ...] = ("H100", "H200")) -> dict[str, Any]:
     setups += [(MODEL, s) for _, s in PAIRS.values() if (MODEL, s) not in setups]
     cache: dict = {}
     rows = []
-    nothing = {"seconds_per_step": float("nan"), "allocated_gib": 0.0, "reserved_gib": 0.0}
     for gpu in gpus:
         for name, setup in setups:
             row: dict[str, Any] = {"gpu": gpu, "model": name, "setup": setup.label,
                                    **dataclasses.asdict(setup)}  # fmt: skip
             for kind in ("allocated", "reserved"):
-                plan = replay_with(as_row(name, gpu, setup, nothing, kind), priors, cache)
+                plan = replay_with(planned_row(name, gpu, setup, kind), priors, cache)
                 row[f"{kind}_p50_gib"] = plan.memory_p50_gib
                 row[f"{kind}_p90_gib"] = plan.memory_p90_gib
             tokens = setup.micro_batch_size * setup.gradient_accumulation_steps * setup.max_length
