@@ -28,6 +28,7 @@ from typing import Any
 import optuna
 
 from analysis.calibration.full_runs import FULL_RUN_ROLE, MEASURED_PREFIX
+from trainers.preset import DEPARTS_TAG
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,9 @@ def full_run_results(
         experiment_id: The study's experiment.
         study_name: The study whose runs to keep.
         data_path: The study's data; a run trained on other data (`--data` given over the
-            preset's) is left out: its validation loss is not on the study's scale.
+            preset's) is left out: its validation loss is not on the study's scale. So is a
+            run tagged as changing what its loss depends on over its preset
+            (`trainers.preset.DEPARTS_TAG`: --max-steps, another rate, other data).
     """
     runs = client.search_runs(
         [experiment_id], filter_string=f"tags.`{ROLE_TAG}` = '{FULL_RUN_ROLE}'", max_results=500
@@ -94,6 +97,10 @@ def full_run_results(
         tags, metrics = run.data.tags, run.data.metrics
         if tags.get(STUDY_TAG) != study_name or tags.get(STATUS_TAG) != "finished":
             continue  # another study's, or stopped before its schedule's end
+        if tags.get(DEPARTS_TAG):  # a smoke test at --max-steps 20, another rate...
+            log.info("full run %s changed %s over its preset: not compared",
+                     run.info.run_id, tags[DEPARTS_TAG])  # fmt: skip
+            continue
         data = run.data.params.get(DATA_PARAM)
         if not same_data(data, data_path):
             log.info("full run %s trained on other data (%s): not compared", run.info.run_id, data)

@@ -320,6 +320,67 @@ def test_cli_stops_at_the_window_with_exit_3_and_the_resume_command_finishes(
     assert [m.step for m in history] == list(range(2, 11))
 
 
+def test_a_smoke_test_of_a_preset_is_not_taken_for_its_full_run(
+    tiny_model_dir: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mlflow import MlflowClient
+
+    from analysis.calibration.full_runs import FullRun
+    from hpo.full_run_reports import full_run_results
+    from trainers.preset import DEPARTS_TAG
+
+    spec = _spec(tiny_model_dir, tmp_path / "unused", cache_dir, checkpoint_interval=0)
+    band = {"p10": 1.0, "p50": 2.0, "p90": 4.0}
+    estimate = {"duration_hours": {"p50": 0.01}, "final_val_loss": band,
+                "final_val_loss_uncorrected_p50": 2.0}  # fmt: skip
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(yaml.safe_dump(preset_dict(
+        spec, estimate=estimate, provenance={"study": "demo", "trial": 3}
+    )))  # fmt: skip
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def trained(name: str, *flags: str) -> tuple[dict[str, Any], list[str]]:
+        report = tmp_path / f"{name}.json"
+        argv = ["--preset", str(preset), "--output-dir", str(tmp_path / name), "--json",
+                str(report), "--quiet", "--tracking-uri", tracking, *flags]  # fmt: skip
+        assert run_cli(main, argv) == 0
+        return json.loads(report.read_text()), capsys.readouterr().out.splitlines()
+
+    smoke, smoke_out = trained("smoke", "--max-steps", "4", "--seed", "1")
+    assert smoke["status"] == "finished" and smoke["final_step"] == 4
+    assert smoke["preset_departures"] == {"max_steps": [12, 4]}  # the seed changes nothing
+    assert any(line.startswith("not the preset's full run: max_steps 4") for line in smoke_out)
+    assert not any(line.startswith(("duration:", "final validation loss:")) for line in smoke_out)
+    assert smoke["predicted_seconds"] is None
+    run = FullRun("smoke", smoke)
+    assert run.loss_run() is None and run.shape_curve() is None
+    assert run.measurements() is not None  # its steps still time the machine
+
+    full, full_out = trained("full")
+    assert full["preset_departures"] == {} and full["final_step"] == 12
+    measured = full["final_eval_loss"]
+    where = "inside p10-p90" if 1.0 <= measured <= 4.0 else "above p90" if measured > 4 else "below p10"
+    assert (
+        f"final validation loss: predicted 2.0000 (p10-p90 1.0000 to 4.0000), measured "
+        f"{measured:.4f} (x{measured / 2:.2f}, {where})"
+    ) in full_out
+    assert any(line.startswith("duration: predicted") for line in full_out)
+    assert FullRun("full", full).loss_run() is not None
+
+    # The study reads back its trial's full run, not the smoke test beside it.
+    client = MlflowClient(tracking_uri=tracking)
+    experiment = client.get_experiment_by_name("hpo-lora")
+    assert experiment is not None
+    runs = {r.data.tags.get(DEPARTS_TAG): r for r in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {"max_steps", None}
+    assert "predicted_final_val_loss_p50" not in runs["max_steps"].data.metrics
+    assert runs[None].data.metrics["predicted_final_val_loss_p50"] == 2.0
+    found = full_run_results(client, experiment.experiment_id, "demo")
+    assert [(r.run_id, r.trial, r.loss) for r in found] == [
+        (runs[None].info.run_id, 3, pytest.approx(measured)),
+    ]  # fmt: skip
+
+
 def test_sigterm_stops_after_the_step_with_a_checkpoint_and_exit_3(
     tiny_model_dir: Path, cache_dir: Path, tmp_path: Path
 ) -> None:

@@ -18,6 +18,8 @@ from trainers.preset import (
     DEFAULT_CHECKPOINT_MINUTES,
     DEFAULT_EARLY_STOPPING_PATIENCE,
     PRESET_VERSION,
+    changes_the_loss,
+    departures,
     preset_dict,
 )
 from trainers.spec import RecoverySpec, TrainSpec
@@ -95,3 +97,49 @@ def test_an_unknown_version_is_refused(tmp_path: Path, version: object) -> None:
     content["version"] = version
     with pytest.raises(BadInputError, match="unsupported preset version"):
         _run_spec("--preset", str(_write(tmp_path, content)))
+
+
+def test_what_a_run_changes_over_its_preset_decides_what_it_is_compared_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "d.jsonl").write_text("")
+    spec = TrainSpec(
+        model=str(tmp_path / "m"), data=str(tmp_path / "d.jsonl"),
+        micro_batch_size=4, gradient_accumulation_steps=4,
+    )  # fmt: skip
+    path = _write(tmp_path, preset_dict(spec, estimate={}, provenance={}))
+    own = _run_spec("--preset", str(path))
+    monkeypatch.chdir(tmp_path)
+
+    def changed(*flags: str) -> dict[str, list[Any]]:
+        return departures(own, _run_spec("--preset", str(path), *flags))
+
+    # Where it writes, its seed, how it recovers, the same data named another way: the run.
+    assert changed("--output-dir", "elsewhere", "--seed", "3", "--data", "./d.jsonl") == {}
+    assert changed("--no-recovery", "--early-stopping-patience", "0") == {}
+    # Another GPU count at the preset's effective batch: another duration, the same loss.
+    on_two = changed("--gpus", "2")
+    assert on_two == {"gpus": [1, 2], "gradient_accumulation_steps": [4, 2]}
+    assert changes_the_loss(on_two) == []
+    assert changes_the_loss(changed("--gradient-checkpointing", "--eval-interval", "7")) == []
+    # A smoke test, another rate or rank, another batch: not the run its estimate predicted.
+    assert changed("--max-steps", "20") == {"max_steps": [None, 20]}
+    assert changes_the_loss(changed("--max-steps", "20")) == ["max_steps"]
+    assert changes_the_loss(changed("--learning-rate", "0.01", "--lora-r", "4")) == [
+        "learning_rate", "lora.r",
+    ]  # fmt: skip
+    assert changes_the_loss(changed("--micro-batch-size", "2")) == [
+        "effective_batch_size",
+    ]  # fmt: skip
+    (tmp_path / "other.jsonl").write_text("")
+    assert changes_the_loss(changed("--data", "other.jsonl")) == ["data"]
+
+
+def test_a_preset_only_the_flags_make_valid_is_not_the_run_it_predicted(tmp_path: Path) -> None:
+    from trainers.train import _departures
+
+    content = preset_dict(TRIAL_LIKE, estimate={}, provenance={})
+    content["training"]["micro_batch_size"] = 0  # edited by hand
+    path = _write(tmp_path, content)
+    run = _run_spec("--preset", str(path), "--micro-batch-size", "4")
+    assert changes_the_loss(_departures(str(path), run)) == ["preset"]

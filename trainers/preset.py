@@ -117,6 +117,71 @@ def on_gpus(spec: TrainSpec, preset_gpus: int, given: Mapping[str, Any]) -> Trai
     )
 
 
+# What a run may change over its preset and still be the full run the preset's estimate
+# predicted: where it writes and what it keeps, how it recovers or stops early (a run that
+# stops is not finished and is compared with nothing), its seed.
+_BESIDE_THE_RUN = frozenset({
+    "output_dir", "cache_dir", "keep_checkpoints", "dataloader_workers", "recovery",
+    "early_stopping_patience", "early_stopping_min_delta", "stop_after_steps", "seed",
+})  # fmt: skip
+# What changes its duration but not the loss it ends at: where and how each step's samples
+# are computed (the effective batch, compared on its own, stays), how often it evaluates
+# and saves.
+_SPEED_ONLY = frozenset({
+    "gpus", "micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
+    "compile", "liger", "sdpa_fast_path", "device", "precision", "eval_interval",
+    "checkpoint_interval", "checkpoint_minutes",
+})  # fmt: skip
+_PATHS = ("model", "data")
+# The MLflow tag of a full run that changed what its loss depends on: its names, comma-separated.
+DEPARTS_TAG = "hpo.departs_from_preset"
+
+
+def departures(preset: TrainSpec, run: TrainSpec) -> dict[str, list[Any]]:
+    """The settings `run` changed over its preset's own run, {name: [preset's, run's]}.
+
+    A LoRA setting is named `lora.r`; the effective batch is compared on its own
+    (`effective_batch_size`); model and data paths are compared as the files they name.
+    What leaves the run the one its estimate predicted (`_BESIDE_THE_RUN`) is left out.
+    """
+    def flat(spec: TrainSpec) -> dict[str, Any]:
+        values = spec.to_dict()
+        out = {k: v for k, v in values.items() if k != "lora" and k not in _BESIDE_THE_RUN}
+        out.update({f"lora.{k}": v for k, v in values["lora"].items()})
+        out["effective_batch_size"] = spec.effective_batch_size
+        for name in _PATHS:
+            out[name] = str(Path(out[name]).expanduser().resolve())
+        return out
+
+    before, after = flat(preset), flat(run)
+    return {k: [before[k], after[k]] for k in before if before[k] != after[k]}
+
+
+def changes_the_loss(departed: Mapping[str, Any] | None) -> list[str]:
+    """The departures (`departures`) after which a run does not end at the loss its preset
+    predicted: not its configuration's full run (its step times still measure the machine)."""
+    return sorted(k for k in departed or {} if k not in _SPEED_ONLY)
+
+
+def departure_line(departed: Mapping[str, Any]) -> str:
+    """One line on what a run changed over its preset, and what is then not compared."""
+    changed = ", ".join(
+        f"{name} {_shown(values[1])} (the preset's: {_shown(values[0])})"
+        for name, values in sorted(departed.items())
+    )
+    if changes_the_loss(departed):
+        return (
+            f"not the preset's full run: {changed}; its duration and final loss are not "
+            "compared with the preset's estimate, nor reported to its study as the "
+            "configuration's (its step times still are)"
+        )
+    return f"the preset's run, on other settings: {changed}; its duration is not compared"
+
+
+def _shown(value: Any) -> str:
+    return "none" if value is None else str(value)
+
+
 def launch_command(path: str | Path, *, tracking_uri: str | None = None) -> str:
     """The command that trains the preset at `path`, on however many GPUs it names.
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from common.fmt import format_duration
 from trainers.loop.window import WindowGuard
+from trainers.preset import departure_line
 from trainers.result import TrainResult
 
 
@@ -19,6 +21,25 @@ def predicted_seconds(estimate: dict[str, Any]) -> float | None:
     return float(p50) * 3600 if isinstance(p50, (int, float)) and p50 > 0 else None
 
 
+def loss_line(result: TrainResult, band: Mapping[str, Any] | None) -> str | None:
+    """The finished run's final validation loss against its preset's p10-p90; None without
+    both."""
+    measured = result.final_eval_loss
+    if result.status != "finished" or measured is None or not isinstance(band, Mapping):
+        return None
+    try:
+        p10, p50, p90 = (float(band[q]) for q in ("p10", "p50", "p90"))
+    except (KeyError, TypeError, ValueError):  # a preset edited by hand: nothing to compare
+        return None
+    if not p50 > 0:
+        return None
+    where = "inside p10-p90" if p10 <= measured <= p90 else "above p90" if measured > p90 else "below p10"
+    return (
+        f"final validation loss: predicted {p50:.4f} (p10-p90 {p10:.4f} to {p90:.4f}), "
+        f"measured {measured:.4f} (x{measured / p50:.2f}, {where})"
+    )
+
+
 def resume_command(argv: list[str]) -> str:
     """The exact command that resumes this run: same interpreter, folder and flags."""
     args = [a for a in argv if a != "--resume"]
@@ -26,8 +47,22 @@ def resume_command(argv: list[str]) -> str:
     return f"cd {shlex.quote(os.getcwd())} && {command}"
 
 
-def summary_lines(result: TrainResult, guard: WindowGuard) -> list[str]:
-    """A few lines: steps, speed and losses; predicted vs actual; a window stop; recoveries."""
+def summary_lines(
+    result: TrainResult,
+    guard: WindowGuard,
+    *,
+    predicted_loss: Mapping[str, Any] | None = None,
+    departed: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """A few lines: steps, speed and losses; predicted vs actual; a window stop; recoveries.
+
+    Args:
+        result: The run.
+        guard: Its window.
+        predicted_loss: The preset's predicted final validation loss (p10, p50, p90), for a
+            run that changed nothing it depends on.
+        departed: What the run changed over its preset (`trainers.preset.departures`).
+    """
     train_loss = result.final_train_loss
     lines = [
         f"{result.optimizer_steps} steps in {result.wall_seconds:.1f} s "
@@ -41,12 +76,16 @@ def summary_lines(result: TrainResult, guard: WindowGuard) -> list[str]:
         lines.append(f"resumed from step {result.resumed_from_step}")
     for reason in result.recoveries:
         lines.append(f"recovered: {reason}")
+    if departed:
+        lines.append(departure_line(departed))
     if result.status == "finished" and result.predicted_seconds:
         actual = result.cumulative_wall_seconds
         lines.append(
             f"duration: predicted {format_duration(result.predicted_seconds)}, actual "
             f"{format_duration(actual)} (x{actual / result.predicted_seconds:.2f})"
         )
+    if (line := loss_line(result, predicted_loss)) is not None:
+        lines.append(line)
     if result.status == "stopped_by_window" and guard.window_seconds is not None:
         lines.append(
             f"stopped by the time window at step {result.final_step:,} of "

@@ -201,9 +201,14 @@ class MlflowRun(StepMetrics):
     def attach_report(self, report: Mapping[str, Any]) -> None:
         """Attach the run's report (`result.json`) and its predicted final loss to the run.
 
-        The study that exported the preset reads it back to calibrate its predictions.
+        The study that exported the preset reads it back to calibrate its predictions. A run
+        that changed what its loss depends on (`preset_departures`) is not the run predicted:
+        no predicted loss beside it.
         """
-        loss = (report.get("estimate") or {}).get("final_val_loss") or {}
+        from trainers.preset import changes_the_loss
+
+        departed = changes_the_loss(report.get("preset_departures"))
+        loss = {} if departed else (report.get("estimate") or {}).get("final_val_loss") or {}
         metrics = {
             f"predicted_final_val_loss_{q}": float(loss[q])
             for q in ("p10", "p50", "p90")

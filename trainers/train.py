@@ -37,7 +37,10 @@ from trainers.loop.window import WindowGuard
 from trainers.preset import (
     DEFAULT_CHECKPOINT_MINUTES,
     DEFAULT_EARLY_STOPPING_PATIENCE,
+    DEPARTS_TAG,
     Preset,
+    changes_the_loss,
+    departures,
     with_full_run_defaults,
 )
 from trainers.run_options import RunTracking, RunWindow
@@ -249,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     preset = load_run(args.preset, given)
     spec = preset.spec
     guard = window_guard(args, preset.estimate, started_at)
-    predicted = predicted_seconds(preset.estimate)
+    # A smoke test of a preset (--max-steps 20) is not the run its estimate predicted: its
+    # duration and loss are compared with nothing and do not report back as its trial's.
+    departed = _departures(args.preset, spec) if args.preset and given else {}
+    predicted = None if departed else predicted_seconds(preset.estimate)
     if args.json:
         check_writable(args.json)
     if spec.gpus > 1 and not processes.several:
@@ -264,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainers.loop.run import train
 
     callbacks: list[Any] = [] if args.quiet or not processes.main else [TqdmProgress(file=sys.stderr)]
-    tracker = _tracker(args, tracking, preset, spec, predicted) if processes.main else None
+    tracker = _tracker(args, tracking, preset, spec, predicted, departed) if processes.main else None
     if tracker is not None:
         callbacks += _tracking_callbacks(tracker, tracking, spec, data_stats)
     failure: str | None = None
@@ -286,9 +292,20 @@ def main(argv: list[str] | None = None) -> int:
         distributed.wait_for_all()  # process 0 writes the report, then every process ends
         return EXIT_FAILED if failure is not None else _exit_code(result)
     try:
-        return _report(args, raw_argv, preset, spec, result, guard, tracker, predicted, failure)
+        return _report(
+            args, raw_argv, preset, spec, result, guard, tracker, predicted, departed, failure
+        )
     finally:
         distributed.wait_for_all()
+
+
+def _departures(preset_path: str, spec: TrainSpec) -> dict[str, list[Any]]:
+    """What the flags changed over the preset's own run (`trainers.preset.departures`)."""
+    try:
+        own = load_run(preset_path, {}).spec
+    except BadInputError:  # a preset that only the flags made valid: not the run it predicted
+        return {"preset": ["refused without the flags", "made valid by them"]}
+    return departures(own, spec)
 
 
 def _cuda_devices(device: str) -> int:
@@ -332,13 +349,15 @@ def _report(
     guard: WindowGuard,
     tracker: Any,
     predicted: float | None,
+    departed: dict[str, list[Any]],
     failure: str | None,
 ) -> int:
     """The summary, the JSON report and the MLflow run's end; returns the exit code."""
     result.predicted_seconds = predicted
-    for line in summary_lines(result, guard):
+    band = None if changes_the_loss(departed) else preset.estimate.get("final_val_loss")
+    for line in summary_lines(result, guard, predicted_loss=band, departed=departed):
         print(line)
-    report = run_report(result, preset, spec)
+    report = run_report(result, preset, spec, departed)
     if tracker is not None:
         _close_tracker(tracker, result, report, preset, spec, args.register_model)
     if args.json:
@@ -397,11 +416,14 @@ def _close_tracker(
     tracker.close()  # records the server did not take wait in the output dir's spool
 
 
-def run_report(result: Any, preset: Preset, spec: TrainSpec) -> dict[str, Any]:
+def run_report(
+    result: Any, preset: Preset, spec: TrainSpec, departed: dict[str, list[Any]] | None = None
+) -> dict[str, Any]:
     """What the run measured, beside its settings and the preset's estimate and provenance.
 
-    `spec` is what the run ran with (flags and full-run defaults applied): a preset's
-    `training` section can be checked against it.
+    `spec` is what the run ran with (flags and full-run defaults applied); `departed`, what
+    the flags changed over the preset's own run (`trainers.preset.departures`): a run that
+    changed what its loss depends on is not the full run the estimate predicted.
 
     `python -m analysis.calibrate --full-run FILE` (and the next study, through the run's
     MLflow artifact `result.json`) compares the measured final validation loss and step
@@ -412,6 +434,7 @@ def run_report(result: Any, preset: Preset, spec: TrainSpec) -> dict[str, Any]:
         "spec": spec.to_dict(),
         "estimate": dict(preset.estimate),
         "provenance": dict(preset.provenance),
+        "preset_departures": dict(departed or {}),
     }
 
 
@@ -421,6 +444,7 @@ def _tracker(
     preset: Preset,
     spec: TrainSpec,
     predicted: float | None,
+    departed: dict[str, list[Any]],
 ) -> Any:
     """The MLflow run of this training, or None when tracking is off."""
     uri = tracking.uri
@@ -433,6 +457,8 @@ def _tracker(
     for key, tag in _PROVENANCE_TAGS.items():
         if provenance.get(key) is not None:
             tags[tag] = str(provenance[key])
+    if changed := changes_the_loss(departed):  # the study does not take it for its trial's
+        tags[DEPARTS_TAG] = ",".join(changed)
     params = {k: v for k, v in spec.to_dict().items() if k not in ("lora", "recovery")}
     params.update({f"lora_{k}": v for k, v in spec.to_dict()["lora"].items()})
     params["effective_batch_size"] = spec.effective_batch_size

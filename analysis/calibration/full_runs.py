@@ -29,6 +29,7 @@ from analysis.calibration.fit import update
 from analysis.calibration.measurements import RunMeasurements
 from common.errors import BadInputError
 from common.redact import redact
+from trainers.preset import changes_the_loss
 from trainers.tracking import REPORT_ARTIFACT
 
 log = logging.getLogger(__name__)
@@ -59,12 +60,21 @@ class FullRun:
         value = (self.report.get("estimate") or {}).get("hardware_fingerprint")
         return str(value) if value else None
 
+    @property
+    def departed(self) -> bool:
+        """Whether the run changed what its loss depends on over its preset (a smoke test at
+        --max-steps 20, another rate or data): not the full run its estimate predicted."""
+        return bool(changes_the_loss(self.report.get("preset_departures")))
+
     def loss_run(self) -> LossRun | None:
-        """Measured against predicted final loss; None without both, or if it stopped early."""
+        """Measured against predicted final loss; None without both, if it stopped early, or
+        if it was not the run predicted (`departed`)."""
         estimate = self.report.get("estimate") or {}
         predicted = estimate.get("final_val_loss_uncorrected_p50")
         measured = self.report.get("final_eval_loss")
         if self.report.get("status") != "finished" or predicted is None or measured is None:
+            return None
+        if self.departed:
             return None
         try:  # a report someone edited by hand: skip it rather than stop the study
             return LossRun(run_id=self.run_id, predicted=float(predicted), measured=float(measured))
@@ -75,10 +85,13 @@ class FullRun:
         """The finished run's whole validation curve on its schedule, for the study's joint
         fit: the keys of `hpo.final_loss.TrialCurve.to_attr` (steps, samples, losses and the
         schedule: scheduler, warm-up ratio, peak rate, the run's optimizer steps). None when
-        it stopped early (its schedule's end is not where it stopped) or has no curve."""
+        it stopped early (its schedule's end is not where it stopped), has no curve, or was
+        not the run its preset predicted (`departed`: other data, say)."""
         report, spec = self.report, self.report.get("spec") or {}
         total = int(report.get("final_step") or 0)
         if report.get("status") != "finished" or total < 1 or "scheduler" not in spec:
+            return None
+        if self.departed:
             return None
         points = {
             int(r["step"]): (int(r.get("samples_seen", 0)), float(r["loss"]))
