@@ -331,7 +331,8 @@ def test_a_smoke_test_of_a_preset_is_not_taken_for_its_full_run(
 
     spec = _spec(tiny_model_dir, tmp_path / "unused", cache_dir, checkpoint_interval=0)
     band = {"p10": 1.0, "p50": 2.0, "p90": 4.0}
-    estimate = {"duration_hours": {"p50": 0.01}, "final_val_loss": band,
+    hours = {"p10": 0.005, "p50": 0.01, "p90": 0.02}  # 18 s to 72 s
+    estimate = {"duration_hours": hours, "final_val_loss": band,
                 "final_val_loss_uncorrected_p50": 2.0}  # fmt: skip
     preset = tmp_path / "preset.yaml"
     preset.write_text(yaml.safe_dump(preset_dict(
@@ -364,7 +365,10 @@ def test_a_smoke_test_of_a_preset_is_not_taken_for_its_full_run(
         f"final validation loss: predicted 2.0000 (p10-p90 1.0000 to 4.0000), measured "
         f"{measured:.4f} (x{measured / 2:.2f}, {where})"
     ) in full_out
-    assert any(line.startswith("duration: predicted") for line in full_out)
+    (duration,) = [line for line in full_out if line.startswith("duration: predicted 36 s")]
+    seconds = full["cumulative_wall_seconds"]
+    where = "inside p10-p90" if 18 <= seconds <= 72 else "above p90" if seconds > 72 else "below p10"
+    assert "(p10-p90 18 s to " in duration and duration.endswith(f"{where})")
     assert FullRun("full", full).loss_run() is not None
 
     # The study reads back its trial's full run, not the smoke test beside it.

@@ -33,11 +33,26 @@ def loss_line(result: TrainResult, band: Mapping[str, Any] | None) -> str | None
         return None
     if not p50 > 0:
         return None
-    where = "inside p10-p90" if p10 <= measured <= p90 else "above p90" if measured > p90 else "below p10"
+    where = _where(measured, p10, p90)
     return (
         f"final validation loss: predicted {p50:.4f} (p10-p90 {p10:.4f} to {p90:.4f}), "
         f"measured {measured:.4f} (x{measured / p50:.2f}, {where})"
     )
+
+
+def _where(value: float, p10: float, p90: float) -> str:
+    return "inside p10-p90" if p10 <= value <= p90 else "above p90" if value > p90 else "below p10"
+
+
+def _seconds_band(hours: Mapping[str, Any] | None) -> tuple[float, float] | None:
+    """The p10 and p90 of a preset's `duration_hours`, in seconds; None without both."""
+    if not isinstance(hours, Mapping):
+        return None
+    try:
+        low, high = float(hours["p10"]) * 3600, float(hours["p90"]) * 3600
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (low, high) if 0 < low <= high else None
 
 
 def resume_command(argv: list[str]) -> str:
@@ -52,6 +67,7 @@ def summary_lines(
     guard: WindowGuard,
     *,
     predicted_loss: Mapping[str, Any] | None = None,
+    predicted_duration: Mapping[str, Any] | None = None,
     departed: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """A few lines: steps, speed and losses; predicted vs actual; a window stop; recoveries.
@@ -61,6 +77,7 @@ def summary_lines(
         guard: Its window.
         predicted_loss: The preset's predicted final validation loss (p10, p50, p90), for a
             run that changed nothing it depends on.
+        predicted_duration: The preset's `duration_hours` (p10, p50, p90), likewise.
         departed: What the run changed over its preset (`trainers.preset.departures`).
     """
     train_loss = result.final_train_loss
@@ -80,9 +97,14 @@ def summary_lines(
         lines.append(departure_line(departed))
     if result.status == "finished" and result.predicted_seconds:
         actual = result.cumulative_wall_seconds
+        band, where = "", ""
+        if (low_high := _seconds_band(predicted_duration)) is not None:
+            low, high = low_high
+            band = f" (p10-p90 {format_duration(low)} to {format_duration(high)})"
+            where = ", " + _where(actual, low, high)
         lines.append(
-            f"duration: predicted {format_duration(result.predicted_seconds)}, actual "
-            f"{format_duration(actual)} (x{actual / result.predicted_seconds:.2f})"
+            f"duration: predicted {format_duration(result.predicted_seconds)}{band}, actual "
+            f"{format_duration(actual)} (x{actual / result.predicted_seconds:.2f}{where})"
         )
     if (line := loss_line(result, predicted_loss)) is not None:
         lines.append(line)

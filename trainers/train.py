@@ -355,7 +355,10 @@ def _report(
     """The summary, the JSON report and the MLflow run's end; returns the exit code."""
     result.predicted_seconds = predicted
     band = None if changes_the_loss(departed) else preset.estimate.get("final_val_loss")
-    for line in summary_lines(result, guard, predicted_loss=band, departed=departed):
+    hours = None if departed else preset.estimate.get("duration_hours")
+    for line in summary_lines(
+        result, guard, predicted_loss=band, predicted_duration=hours, departed=departed
+    ):
         print(line)
     report = run_report(result, preset, spec, departed)
     if tracker is not None:
