@@ -77,7 +77,8 @@ def summary_lines(
         guard: Its window.
         predicted_loss: The preset's predicted final validation loss (p10, p50, p90), for a
             run that changed nothing it depends on.
-        predicted_duration: The preset's `duration_hours` (p10, p50, p90), likewise.
+        predicted_duration: The preset's `duration_hours`: its p10-p90 beside the duration
+            line, which needs `result.predicted_seconds` (None for a departed run).
         departed: What the run changed over its preset (`trainers.preset.departures`).
     """
     train_loss = result.final_train_loss

@@ -355,7 +355,7 @@ def _report(
     """The summary, the JSON report and the MLflow run's end; returns the exit code."""
     result.predicted_seconds = predicted
     band = None if changes_the_loss(departed) else preset.estimate.get("final_val_loss")
-    hours = None if departed else preset.estimate.get("duration_hours")
+    hours = preset.estimate.get("duration_hours")  # shown only with `predicted`, never departed
     for line in summary_lines(
         result, guard, predicted_loss=band, predicted_duration=hours, departed=departed
     ):
