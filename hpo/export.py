@@ -124,6 +124,8 @@ def export_estimate(
     ran = measured_standing(study, [trial]).get(trial.number)
     if ran is not None:  # its configuration's full run reported back: what it measured
         estimate["final_val_loss_measured"] = {"loss": ran.loss, "run_id": ran.run_id}
+        if ran.best_step is not None:  # stopped early: its best evaluation, its kept checkpoint
+            estimate["final_val_loss_measured"]["best_step"] = ran.best_step
     fit = attrs.get(FIT_ATTR)
     if correction is not None and isinstance(fit, dict):
         refit = refit or _refit(study, trial, correction)

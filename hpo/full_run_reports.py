@@ -7,6 +7,13 @@ study and the trial the preset was exported from, and logs its final validation 
 attribute per run on the study (`record`), so that the pick (`hpo.pick.pick_trial`), the
 summary and the preset can say what the configuration measured.
 
+A full run that early stopping ended (on by default: patience 5) measured the configuration
+too: its best evaluation (`val_loss_best`), the checkpoint it keeps and the adapter its user
+has. It counts with that loss and says so (`MeasuredRun.best_step`). It stays out of the loss
+correction and the shape fit (`analysis.calibration.full_runs`): those compare with the
+schedule's end, which it did not reach. A run the window or a signal stopped measured no
+configuration's loss: it is left out.
+
 A prediction is not thrown away: the pick compares the best measured loss with the best
 configuration that has no full run yet, through that configuration's predicted level (its
 end refit). On 11 recorded rank_fidelity sets (37 cases), a user who trained each pick's
@@ -38,27 +45,42 @@ ROLE_TAG, STUDY_TAG, TRIAL_TAG, STATUS_TAG = (
     "hpo.role", "hpo.study_name", "hpo.trial_number", "status",
 )  # fmt: skip
 FINAL_LOSS_METRIC = "val_loss_final"
+# A run that stopped early: its best evaluation and its step (trainers.tracking.MlflowRun).
+BEST_LOSS_METRIC, BEST_STEP_METRIC = "val_loss_best", "best_step"
 DATA_PARAM = "data"  # the run's TrainSpec.data, logged with its other settings
 
 
 @dataclass(frozen=True)
 class MeasuredRun:
-    """A finished full run of one of the study's trials.
+    """A full run of one of the study's trials that finished, or that early stopping ended.
 
     Attributes:
         run_id: Its MLflow run id.
         trial: The trial its preset was exported from.
-        loss: Its final validation loss.
+        loss: Its final validation loss; its best one where it stopped early.
         added_at: When the study first read it (unix seconds).
+        best_step: Where it stopped early: the step of its best evaluation (its kept
+            checkpoint); None for a run that finished its schedule.
     """
 
     run_id: str
     trial: int
     loss: float
     added_at: float = 0.0
+    best_step: int | None = None
 
     def to_attr(self) -> dict[str, Any]:
-        return {"trial": self.trial, "loss": self.loss, "added_at": self.added_at}
+        attr: dict[str, Any] = {"trial": self.trial, "loss": self.loss, "added_at": self.added_at}
+        if self.best_step is not None:
+            attr["best_step"] = self.best_step
+        return attr
+
+    def ended(self) -> str:
+        """How its loss was measured, for a line a user reads: "ended at 1.9000", or
+        "stopped early; its best, at step 120, was 1.9000"."""
+        if self.best_step is None:
+            return f"ended at {self.loss:.4f}"
+        return f"stopped early; its best, at step {self.best_step:,}, was {self.loss:.4f}"
 
     @classmethod
     def from_attr(cls, run_id: str, value: object) -> MeasuredRun | None:
@@ -67,6 +89,9 @@ class MeasuredRun:
             return None
         try:
             run = cls(run_id, int(value["trial"]), float(value["loss"]), float(value["added_at"]))
+            best_step = value.get("best_step")  # absent: a run that finished its schedule
+            if best_step is not None:
+                run = cls(run.run_id, run.trial, run.loss, run.added_at, int(best_step))
         except (KeyError, TypeError, ValueError):
             return None
         return run if math.isfinite(run.loss) else None
@@ -75,7 +100,8 @@ class MeasuredRun:
 def full_run_results(
     client: Any, experiment_id: str, study_name: str, data_path: str | None = None
 ) -> list[MeasuredRun]:
-    """The finished full runs of `study_name` in an MLflow experiment, with their final loss.
+    """The full runs of `study_name` in an MLflow experiment that finished (with their final
+    loss) or that early stopping ended (with their best loss and its step).
 
     Read from the runs' tags, params and metrics (no artifact downloaded): a run whose report
     another study of the experiment absorbed first still counts for its own study.
@@ -95,8 +121,9 @@ def full_run_results(
     found = []
     for run in runs:
         tags, metrics = run.data.tags, run.data.metrics
-        if tags.get(STUDY_TAG) != study_name or tags.get(STATUS_TAG) != "finished":
-            continue  # another study's, or stopped before its schedule's end
+        status = tags.get(STATUS_TAG)
+        if tags.get(STUDY_TAG) != study_name or status not in ("finished", "stopped_early"):
+            continue  # another study's, stopped by the window or a signal, or failed
         if tags.get(DEPARTS_TAG):  # a smoke test at --max-steps 20, another rate...
             log.info("full run %s changed %s over its preset: not compared",
                      run.info.run_id, tags[DEPARTS_TAG])  # fmt: skip
@@ -105,12 +132,15 @@ def full_run_results(
         if not same_data(data, data_path):
             log.info("full run %s trained on other data (%s): not compared", run.info.run_id, data)
             continue
+        early = status == "stopped_early"
         try:
-            trial, loss = int(tags[TRIAL_TAG]), float(metrics[FINAL_LOSS_METRIC])
+            trial = int(tags[TRIAL_TAG])
+            loss = float(metrics[BEST_LOSS_METRIC if early else FINAL_LOSS_METRIC])
+            best_step = int(metrics[BEST_STEP_METRIC]) if early else None
         except (KeyError, TypeError, ValueError):  # trained without a preset, or no loss
             continue
         if math.isfinite(loss):
-            found.append(MeasuredRun(run.info.run_id, trial, loss))
+            found.append(MeasuredRun(run.info.run_id, trial, loss, best_step=best_step))
     return found
 
 
@@ -132,7 +162,8 @@ def record(study: optuna.Study, runs: Iterable[MeasuredRun]) -> int:
     for run in runs:
         key = MEASURED_PREFIX + run.run_id
         if key not in held:
-            study.set_user_attr(key, MeasuredRun(run.run_id, run.trial, run.loss, now).to_attr())
+            held_run = MeasuredRun(run.run_id, run.trial, run.loss, now, run.best_step)
+            study.set_user_attr(key, held_run.to_attr())
             new += 1
     return new
 

@@ -140,7 +140,7 @@ def _against_measured(
     why = ""
     if best is not None and level is not None:
         why = f", below trial {best.number}'s predicted {level:.4f}"
-    return done, f"measured: its full run ended at {ran.loss:.4f}{why}"
+    return done, f"measured: its full run {ran.ended()}{why}"
 
 
 def _predicted_level(

@@ -308,7 +308,13 @@ def plan_parts(plan: dict[str, Any]) -> str:
 
 def _print_estimate(estimate: dict[str, Any]) -> None:
     ran = estimate.get("final_val_loss_measured") or {}
-    if "loss" in ran:
+    if "loss" in ran and ran.get("best_step") is not None:  # early stopping ended it
+        print(
+            f"full run's validation loss: {ran['loss']:.4f} measured by its full run at its "
+            f"best checkpoint (step {ran['best_step']:,}), where early stopping ended it "
+            f"(MLflow run {ran.get('run_id')})"
+        )
+    elif "loss" in ran:
         print(
             f"full run's final validation loss: {ran['loss']:.4f} measured by its full run "
             f"(MLflow run {ran.get('run_id')})"

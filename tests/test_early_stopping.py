@@ -120,6 +120,9 @@ def test_overfitting_advice_is_in_the_json_and_on_the_mlflow_run(overfitting_run
     assert run.data.tags["status"] == "stopped_early"
     assert run.data.tags["advice.overfitting"] == report["advice"][0]
     assert run.data.tags["best_checkpoint"] == report["best_checkpoint"]
+    # Its best evaluation, which its study reads as the configuration's loss.
+    assert run.data.metrics["val_loss_best"] == pytest.approx(report["best_val_loss"])
+    assert run.data.metrics["best_step"] == report["best_step"]
 
 
 def test_gradient_norms_and_system_metrics_reach_mlflow(overfitting_run) -> None:
@@ -307,3 +310,17 @@ def test_an_early_stop_always_says_why_and_what_to_try() -> None:
         _evals([3.0, 2.5, 2.6, 2.7, 2.8], [3.0, 2.4, 2.0, 1.6, 1.2]), stopped_early=True
     )
     assert [line.split(":")[0] for line in overfit] == ["overfitting"]
+
+
+def test_an_early_stop_of_a_run_still_improving_says_so_and_not_to_lower_the_rate() -> None:
+    # Each evaluation below the one before, but by less than min_delta 0.1 after step 20
+    # (not a plateau: 3 % over the last 4): patience ran out on a run whose last evaluation
+    # was its best.
+    val, train = [2.50, 2.30, 2.27, 2.25, 2.23], [2.6, 2.4, 2.38, 2.37, 2.36]
+    (line,) = advise(_evals(val, train), learning_rate=0.05, stopped_early=True, min_delta=0.1)
+    assert line == (
+        "stopped early while still improving: validation loss fell to 2.2300 at step 50 (its "
+        "best), but by less than --early-stopping-min-delta 0.1 below 2.3000 (step 20) for 3 "
+        "evaluations; a smaller --early-stopping-min-delta or a larger "
+        "--early-stopping-patience lets it run its schedule"
+    )

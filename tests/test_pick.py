@@ -180,3 +180,21 @@ def test_a_bad_rule_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--pick must be 'best' or 'cheapest-within PCT'" in err[0]
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_full_run_that_stopped_early_counts_by_its_best_checkpoint() -> None:
+    """Early stopping ends full runs by default: the adapter its user keeps is the best
+    checkpoint's, and the study reads that loss as the configuration's and says so."""
+    study = _study()
+    assert record(study, [MeasuredRun("early", 0, 2.004, best_step=120)]) == 1
+    trial, rule = pick_trial(study)
+    assert trial.number == 0
+    assert rule == (
+        "measured: its full run stopped early; its best, at step 120, was 2.0040, "
+        "below trial 1's predicted 2.0100"
+    )
+    (ran,) = measured_standing(study).values()
+    assert (ran.loss, ran.best_step) == (2.004, 120)
+    # A study that recorded runs before early stops were read holds no best_step: finished.
+    study.set_user_attr("full_run_measured:old", {"trial": 2, "loss": 2.5, "added_at": 1.0})
+    assert measured_standing(study)[2].best_step is None

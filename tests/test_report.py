@@ -397,3 +397,7 @@ def test_the_report_lists_the_full_runs_that_reported_back() -> None:
         "Full runs reported back, final validation loss measured: trial 3: 1.9000 (MLflow run "
         "a); trial 5: 2.2500 (MLflow run b)."
     )
+    attrs[MEASURED_PREFIX + "c"] = {"trial": 7, "loss": 2.0, "added_at": 3.0, "best_step": 40}
+    assert measured_line(attrs).endswith(
+        "; trial 7: 2.0000 (MLflow run c, stopped early, its best at step 40)."
+    )

@@ -113,3 +113,48 @@ def test_a_pick_whose_full_run_reported_back_says_what_it_measured(
         "trained already (MLflow run abc); to train it again: python -m trainers.train "
         "--preset p.yaml --tracking-uri sqlite:///m.db"
     ) in out
+
+
+def test_a_pick_whose_full_run_stopped_early_says_it_was_its_best_checkpoint(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    summary = _summary("prediction")
+    summary.picked_by = "measured: its full run stopped early; its best, at step 1,200, was 1.9000"
+    summary.measured_full_runs = {3: 1.9}
+    summary.best_estimate = {
+        "final_val_loss": {"p10": 1.5, "p50": 2.0, "p90": 2.5},
+        "final_val_loss_measured": {"loss": 1.9, "run_id": "abc", "best_step": 1200},
+    }
+    print_summary(summary, {})
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        "full run's validation loss: 1.9000 measured by its full run at its best checkpoint "
+        "(step 1,200), where early stopping ended it (MLflow run abc)"
+    ) in out
+    assert not any(line.startswith("full run's final validation loss: 1.9") for line in out)
+
+
+def test_a_run_that_stopped_early_reads_its_best_evaluation_against_the_band() -> None:
+    from trainers.result import TrainResult
+    from trainers.run_summary import loss_line
+
+    band = {"p10": 1.5, "p50": 2.0, "p90": 2.5}
+    result = TrainResult(
+        device="cpu", precision="fp32", runtime_reason="test", trainable_parameters=1,
+        total_parameters=2, lora_targets=["q"], lora_parameters_per_rank=1, n_layers=1,
+        hidden_size=8, vocab_size=16, micro_batch_size=1, gradient_accumulation_steps=1,
+        max_length=8, lora_r=1, gradient_checkpointing=False, total_steps=2000,
+        status="stopped_early", final_step=900,
+    )  # fmt: skip
+    result.final_eval_loss, result.best_val_loss, result.best_step = 2.6, 1.8, 600
+    assert loss_line(result, band) == (
+        "validation loss: predicted 2.0000 (p10-p90 1.5000 to 2.5000) at the schedule's end, "
+        "best 1.8000 at step 600 of 2,000 before it stopped early (x0.90, inside p10-p90)"
+    )
+    result.status = "stopped_by_window"  # its best is where the window cut it: no line
+    assert loss_line(result, band) is None
+    result.status = "finished"  # a finished run: its final evaluation, as the law predicts
+    assert loss_line(result, band) == (
+        "final validation loss: predicted 2.0000 (p10-p90 1.5000 to 2.5000), measured 2.6000 "
+        "(x1.30, above p90)"
+    )

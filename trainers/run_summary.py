@@ -23,9 +23,13 @@ def predicted_seconds(estimate: dict[str, Any]) -> float | None:
 
 def loss_line(result: TrainResult, band: Mapping[str, Any] | None) -> str | None:
     """The finished run's final validation loss against its preset's p10-p90; None without
-    both."""
-    measured = result.final_eval_loss
-    if result.status != "finished" or measured is None or not isinstance(band, Mapping):
+    both. A run that stopped early is read by its best evaluation (the checkpoint it keeps,
+    and what its study takes as the configuration's loss: `hpo.full_run_reports`)."""
+    early = result.status == "stopped_early" and result.best_step is not None
+    measured = result.best_val_loss if early else result.final_eval_loss
+    if not (result.status == "finished" or early) or measured is None:
+        return None
+    if not isinstance(band, Mapping):
         return None
     try:
         p10, p50, p90 = (float(band[q]) for q in ("p10", "p50", "p90"))
@@ -34,10 +38,14 @@ def loss_line(result: TrainResult, band: Mapping[str, Any] | None) -> str | None
     if not p50 > 0:
         return None
     where = _where(measured, p10, p90)
-    return (
-        f"final validation loss: predicted {p50:.4f} (p10-p90 {p10:.4f} to {p90:.4f}), "
-        f"measured {measured:.4f} (x{measured / p50:.2f}, {where})"
-    )
+    predicted = f"predicted {p50:.4f} (p10-p90 {p10:.4f} to {p90:.4f})"
+    if early:
+        return (
+            f"validation loss: {predicted} at the schedule's end, best {measured:.4f} at step "
+            f"{result.best_step:,} of {result.total_steps:,} before it stopped early "
+            f"(x{measured / p50:.2f}, {where})"
+        )
+    return f"final validation loss: {predicted}, measured {measured:.4f} (x{measured / p50:.2f}, {where})"
 
 
 def _where(value: float, p10: float, p90: float) -> str:

@@ -177,6 +177,11 @@ class MlflowRun(StepMetrics):
         }
         if result.final_eval_loss is not None:
             final["val_loss_final"] = result.final_eval_loss
+        if result.best_val_loss is not None and result.best_step is not None:
+            # The checkpoint a run that stopped early keeps: its study reads it as the
+            # configuration's loss (hpo.full_run_reports).
+            final["val_loss_best"] = result.best_val_loss
+            final["best_step"] = result.best_step
         if self.predicted_seconds:
             final["predicted_seconds"] = self.predicted_seconds
             if result.status == "finished":

@@ -182,11 +182,14 @@ def measured_line(study_attrs: Mapping[str, object]) -> str | None:
         if key.startswith(MEASURED_PREFIX) and isinstance(value, Mapping):
             trial, loss = value.get("trial"), value.get("loss")
             if isinstance(trial, int) and isinstance(loss, (int, float)):
-                runs.append((trial, float(loss), key.removeprefix(MEASURED_PREFIX)))
+                best = value.get("best_step")  # early stopping ended it: its best evaluation
+                early = f", stopped early, its best at step {best}" if isinstance(best, int) else ""
+                runs.append((trial, float(loss), key.removeprefix(MEASURED_PREFIX), early))
     if not runs:
         return None
     listed = "; ".join(
-        f"trial {trial}: {loss:.4f} (MLflow run {run})" for trial, loss, run in sorted(runs)
+        f"trial {trial}: {loss:.4f} (MLflow run {run}{early})"
+        for trial, loss, run, early in sorted(runs)
     )
     return f"Full runs reported back, final validation loss measured: {listed}."
 

@@ -69,6 +69,15 @@ STOPPED_EARLY_ADVICE = (
     "bounces around its minimum: try {lower} (now {lr}), or a larger "
     "--early-stopping-patience if the loss was still falling slowly"
 )
+# An early stop whose last evaluation was its best: the loss still fell, by less than the
+# least drop that counts as an improvement, for the whole patience. Lowering the rate would
+# not help; letting the run go on would.
+STILL_FALLING_ADVICE = (
+    "stopped early while still improving: validation loss fell to {last:.4f} at step {step} "
+    "(its best), but by less than --early-stopping-min-delta {min_delta:g} below {anchor:.4f} "
+    "(step {anchor_step}) for {n} evaluations; a smaller --early-stopping-min-delta or a "
+    "larger --early-stopping-patience lets it run its schedule"
+)
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,7 @@ def advise(
     learning_rate: float | None = None,
     gave_up: str | None = None,
     stopped_early: bool = False,
+    min_delta: float = 0.0,
     overfit_evals: int = OVERFIT_EVALS,
     plateau_evals: int = 4,
 ) -> list[str]:
@@ -147,7 +157,10 @@ def advise(
         gave_up: Why recovery gave up (a non-finite loss or a divergence after its last
             rollback); the advice then says so and names the learning rate.
         stopped_early: Early stopping ended the run: where the curves show none of the
-            problems above, the advice says it stopped and names the learning rate.
+            problems above, the advice says it stopped and names the learning rate (or,
+            where its last evaluation was its best, that it was still improving).
+        min_delta: The run's `--early-stopping-min-delta`, named where it stopped a run
+            that was still improving.
         overfit_evals: Overfitting: the best validation loss is at least this many
             evaluations old and the last one is above it, while the training loss kept
             falling (by more than `TRAIN_DROP` since the best).
@@ -159,7 +172,7 @@ def advise(
         return [GAVE_UP_ADVICE.format(reason=gave_up.split(";")[0], lr=lr, lower=lower)]
     advice = _curve_advice(evals, learning_rate, overfit_evals, plateau_evals)
     if stopped_early and not advice and evals:
-        return [_stopped_early(evals, learning_rate)]
+        return [_stopped_early(evals, learning_rate, min_delta)]
     return advice
 
 
@@ -186,11 +199,20 @@ def _curve_advice(
 
 
 def _stopped_early(
-    evals: Sequence[tuple[int, float, float | None]], learning_rate: float | None
+    evals: Sequence[tuple[int, float, float | None]],
+    learning_rate: float | None,
+    min_delta: float = 0.0,
 ) -> str:
     """The line for an early stop the curves explain no other way."""
     best = min(range(len(evals)), key=lambda i: evals[i][1])
     step, loss, _ = evals[best]
+    if best == len(evals) - 1 and len(evals) > 1:  # still falling, by less than min_delta
+        rule = EarlyStopping(patience=len(evals) + 1, min_delta=min_delta)
+        rule.replay([(s, v) for s, v, _ in evals])
+        return STILL_FALLING_ADVICE.format(
+            last=loss, step=step, min_delta=min_delta, anchor=rule.best_loss,
+            anchor_step=rule.best_step, n=rule.evals_without_improvement,
+        )  # fmt: skip
     lr, lower, _ = _rates(learning_rate)
     first = evals[0][1]
     falling = f", {100 * (1 - loss / first):.1f} % below its first" if first > 0 else ""

@@ -279,8 +279,9 @@ def _best_and_advice(result: TrainResult, spec: TrainSpec, learning_rate: float)
     evals = [(s, *by_step[s]) for s in sorted(by_step) if s in kept]
     stopped_early = result.status == "stopped_early"
     result.advice = advise(
-        evals, learning_rate=learning_rate, gave_up=gave_up, stopped_early=stopped_early
-    )
+        evals, learning_rate=learning_rate, gave_up=gave_up, stopped_early=stopped_early,
+        min_delta=spec.early_stopping_min_delta,
+    )  # fmt: skip
     for line in result.advice:
         log.warning("advice: %s", line)
 
