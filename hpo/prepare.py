@@ -43,6 +43,12 @@ def prepare(config: StudyConfig) -> Prepared:
 
     given_space = load_space(config.space) if config.space else None
     work = WorkDir(config.work_dir)
+    if config.model is None and config.data:
+        # The default tiny model is built (and its progress shown) before its tokenizer reads
+        # the data: bad data is refused first, in one line (read again below, tokenized).
+        from trainers.data.records import read_native
+
+        read_native(config.data)
     model_path = config.model or str(default_tiny_model(work.models))
     model_type = family_model_type(model_path)
     space = given_space or space_for_model_type(model_type)

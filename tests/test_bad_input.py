@@ -329,3 +329,18 @@ def test_full_run_output_folder_comes_from_the_preset(tmp_path: Path, tiny_model
     content["provenance"]["work_dir"] = str(tmp_path / "elsewhere")
     fourth = _file(tmp_path / "fourth.yaml", yaml.safe_dump(content))
     assert load_run(fourth, {}).spec.output_dir == str(Path("hpo-runs/full/fourth"))
+
+
+def test_bad_data_is_refused_before_the_default_model_is_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --model the study builds its tiny demo model; data that cannot be used is
+    refused first: one line, and no model written into the work dir."""
+    from common.workdir import WorkDir
+    from hpo.study import main
+
+    work = tmp_path / "work"
+    argv = ["--no-progress", "--work-dir", str(work), "--n-trials", "1"]
+    code = run_cli(main, [*argv, "--data", _file(tmp_path / "empty.jsonl", "")])
+    _assert_refused(code, capsys.readouterr().err, "empty.jsonl: no usable records")
+    assert not WorkDir(str(work)).models.exists()
