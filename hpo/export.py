@@ -343,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
 
         preset = build_preset(study, trial, storage_url=args.storage)
         preset["provenance"]["picked_by"] = rule
-        written = write_format(args.format, preset, args.out)
+        config = study.user_attrs.get(CONFIG_ATTR) or {}
+        written = write_format(args.format, preset, args.out, tracking=config)
         print(f"{args.format} config of trial {trial.number} ({rule}) written to {written[0]}")
         print(f"run it with: trl sft --config {written[0]}")
         return EXIT_OK

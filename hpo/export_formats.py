@@ -8,6 +8,13 @@ prompt/completion, messages) from a JSON(L) or Parquet file is referenced where 
 anything else (Alpaca, ShareGPT, CSV, a `save_to_disk` folder) is written beside the config as
 `<config stem>.data.jsonl` in the equivalent native shape.
 
+A study tracked in MLflow gets its TRL run tracked beside it: the config sets `report_to:
+[mlflow]` and, in TRL's `env` section, the study's tracking URI and experiment and the tags
+that nest the run under the study's parent run and name the study, trial, role
+(`full_training_trl`) and the preset's duration estimate (transformers' `MLflowCallback` reads
+them). Its `train_runtime` then sits beside the estimate in the UI. Its loss does not report
+back: TRL evaluates another held-out split, all of it, and chat data on every token.
+
 axolotl and LLaMA-Factory formats are not shipped: neither package installs on these
 machines in reasonable time without replacing the CPU torch (docs/how-to/export.md), so a written
 file could not be checked with their own config loaders.
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +32,28 @@ import yaml
 
 from common.errors import BadInputError
 from common.files import write_atomic
+from common.fmt import format_duration
+from common.redact import redact
 
 FORMATS = ("preset", "trl")
 # `datasets` builders TRL's loader can point at a user's file directly.
 _TRL_READABLE = {"jsonl": "json", "json": "json", "parquet": "parquet"}
 _NATIVE = ("text", "prompt_completion", "messages")
+# The `hpo.role` tag of a TRL run of a preset: not `full_training`, whose loss the study reads.
+TRL_ROLE = "full_training_trl"
 
 
-def write_format(fmt: str, preset: dict[str, Any], out: str | Path) -> list[Path]:
+def write_format(
+    fmt: str,
+    preset: dict[str, Any],
+    out: str | Path,
+    tracking: Mapping[str, Any] | None = None,
+) -> list[Path]:
     """Write `preset` (as `trainers.preset.preset_dict` makes it) for the trainer `fmt`.
+
+    Args:
+        tracking: The study's `tracking_uri` and `experiment_name` (as its config stores them,
+            a password hidden); None or a URI of "off": the run is not tracked.
 
     Returns:
         The files written: the config first, then converted data if any.
@@ -43,7 +64,7 @@ def write_format(fmt: str, preset: dict[str, Any], out: str | Path) -> list[Path
     if fmt != "trl":
         raise BadInputError(f"--format must be one of {', '.join(FORMATS)}, but got {fmt!r}")
     path = Path(out)
-    config, data_rows = trl_config(preset, data_out=_data_file(path))
+    config, data_rows = trl_config(preset, data_out=_data_file(path), tracking=tracking)
     written = []
     if data_rows is not None:
         lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in data_rows)
@@ -57,13 +78,14 @@ def _data_file(config_path: Path) -> Path:
 
 
 def trl_config(
-    preset: dict[str, Any], *, data_out: Path
+    preset: dict[str, Any], *, data_out: Path, tracking: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
     """The `trl sft` config of a preset, and the converted records when TRL cannot read the data.
 
     Args:
         preset: The preset content.
         data_out: Where converted records will be written (referenced by the config).
+        tracking: As `write_format`'s.
     """
     from trainers.data.records import read_native
     from trainers.data.sources import open_source
@@ -107,7 +129,7 @@ def trl_config(
         "eval_steps": int(training["eval_interval"]),
         "logging_steps": int(training["eval_interval"]),
         "seed": int(training.get("seed") or 0),
-        "report_to": "none",
+        "report_to": "none",  # `_mlflow` for a study tracked in MLflow
         # Beside the config, like the converted data: `<config stem>-output`.
         "output_dir": str(
             data_out.resolve().with_name(f"{data_out.name.removesuffix('.data.jsonl')}-output")
@@ -120,7 +142,43 @@ def trl_config(
         config["num_train_epochs"] = float(training["epochs"])
     config.update(_save_cadence(training, estimate))
     config.update(_precision(training.get("precision", "auto"), estimate))
+    config.update(_mlflow(preset, tracking))
     return config, rows
+
+
+def _mlflow(preset: dict[str, Any], tracking: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`report_to: [mlflow]` and the environment transformers' `MLflowCallback` reads, for a
+    study tracked in MLflow; nothing for one that is not (the run reports nowhere)."""
+    provenance = preset.get("provenance") or {}
+    uri = str((tracking or {}).get("tracking_uri") or "")
+    experiment = (tracking or {}).get("experiment_name")
+    if not uri or uri == "off" or not experiment:
+        return {}
+    tags = {
+        "hpo.role": TRL_ROLE,
+        "hpo.study_name": str(provenance.get("study")),
+        "hpo.trial_number": str(provenance.get("trial")),
+    }
+    parent = provenance.get("mlflow_parent_run_id")
+    if parent:  # the UI shows it under the study's run
+        tags["mlflow.parentRunId"] = str(parent)
+    predicted = _duration_band(preset.get("estimate") or {})
+    if predicted:
+        tags["hpo.predicted_duration"] = predicted
+    env = {"MLFLOW_EXPERIMENT_NAME": str(experiment), "MLFLOW_TAGS": json.dumps(tags)}
+    if redact(uri) == uri and "***" not in uri:  # a URI with a password is not written out
+        env = {"MLFLOW_TRACKING_URI": uri, **env}
+    run_name = f"{provenance.get('study')}-trial-{provenance.get('trial')}-trl"
+    return {"report_to": ["mlflow"], "run_name": run_name, "env": env}
+
+
+def _duration_band(estimate: dict[str, Any]) -> str:
+    """The preset's duration estimate as one tag value: "1.1 h (p10-p90 54 min to 1.4 h)"."""
+    hours = estimate.get("duration_hours") or {}
+    if not all(_is_number(hours.get(q)) for q in ("p10", "p50", "p90")):
+        return ""
+    p10, p50, p90 = (format_duration(float(hours[q]) * 3600) for q in ("p10", "p50", "p90"))
+    return f"{p50} (p10-p90 {p10} to {p90})"
 
 
 def _packing(packing: str, overflow: str) -> dict[str, Any]:
@@ -188,6 +246,16 @@ def _header(preset: dict[str, Any], config: dict[str, Any], path: Path) -> str:
         "evaluation on the whole held-out split (hpo: eval_samples of it); "
         "chat data takes loss on every token (hpo: assistant turns only)",
     ]
+    env = config.get("env") or {}
+    if env:
+        where = "the study's tracking URI" if "MLFLOW_TRACKING_URI" in env else (
+            "the MLFLOW_TRACKING_URI you set (the study's holds a password this file does "
+            "not carry; set MLFLOW_TRACKING_USERNAME/PASSWORD too)"
+        )  # fmt: skip
+        lines.append(
+            f"tracked in MLflow under the study's run, experiment {env['MLFLOW_EXPERIMENT_NAME']}, "
+            f"at {where}; its loss is not reported back to the study (another split)"
+        )
     if training.get("checkpoint_minutes") and config.get("save_strategy") == "steps":
         lines.append(
             f"checkpoint every {training['checkpoint_minutes']} min -> save_steps "

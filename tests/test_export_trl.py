@@ -111,10 +111,24 @@ def test_precision(precision: str, measured: str, flags: tuple[bool, bool], tmp_
 
 
 def test_trl_sft_trains_the_exported_config_and_the_loss_falls(
-    tmp_path: Path, tiny_model_dir: Path
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Alpaca rows in Parquet: converted beside the config, then trained by `trl sft`'s main."""
+    """Alpaca rows in Parquet: converted beside the config, then trained by `trl sft`'s main,
+    tracked in the study's MLflow store under its parent run."""
+    import mlflow.tracking._tracking_service.utils as tracking_utils
+    import mlflow.tracking.fluent as fluent
+    from mlflow import MlflowClient
     from trl.scripts.sft import main
+
+    # The config's `env` section sets these in this process, and MLflow's callback sets the
+    # fluent API's URI and experiment: all put back after the test.
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_TAGS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tracking_utils, "_tracking_uri", tracking_utils._tracking_uri)
+    monkeypatch.setattr(fluent, "_active_experiment_id", fluent._active_experiment_id)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.create_run(client.create_experiment("studies")).info.run_id
 
     # Eight short answers repeated: a random-init model learns them fast, so the loss must fall.
     rows = [
@@ -125,7 +139,9 @@ def test_trl_sft_trains_the_exported_config_and_the_loss_falls(
     datasets.disable_progress_bars()
     datasets.Dataset.from_list(rows).to_parquet(str(data))
     preset = _preset(tiny_model_dir, data, micro_batch_size=8, learning_rate=3e-3, max_length=64)
-    config, converted = write_format("trl", preset, tmp_path / "trl.yaml")
+    preset["provenance"] = {**PROVENANCE, "mlflow_parent_run_id": parent}
+    tracking = {"tracking_uri": uri, "experiment_name": "studies"}
+    config, converted = write_format("trl", preset, tmp_path / "trl.yaml", tracking=tracking)
     records = [json.loads(line) for line in converted.read_text().splitlines()]
     assert len(records) == len(rows) and records[0]["messages"][1]["content"] == "red"
     assert yaml.safe_load(config.read_text())["datasets"][0]["data_files"] == str(converted)
@@ -141,3 +157,32 @@ def test_trl_sft_trains_the_exported_config_and_the_loss_falls(
     assert last < first - 0.5, losses
     adapter = json.loads((output / "adapter_config.json").read_text())
     assert (adapter["r"], adapter["lora_alpha"]) == (8, 16)
+    # One run, beside the study's: nested under its parent, named by study, trial and role,
+    # its measured runtime next to the estimate it was exported with.
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("studies").experiment_id],
+        filter_string="tags.`hpo.role` = 'full_training_trl'",
+    )
+    tags = run.data.tags
+    assert tags["mlflow.parentRunId"] == parent and run.info.run_name == "demo-study-trial-7-trl"
+    assert (tags["hpo.study_name"], tags["hpo.trial_number"]) == ("demo-study", "7")
+    assert tags["hpo.predicted_duration"] == "1.0 h (p10-p90 30.0 min to 1.5 h)"
+    assert run.data.metrics["train_runtime"] > 0 and "train_loss" in run.data.metrics
+
+
+def test_a_study_tracked_behind_a_password_or_not_at_all(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The password a study's URI needs is not written out (the store keeps it hidden): the
+    user's own MLFLOW_TRACKING_URI is used. A study not tracked reports nowhere."""
+    preset = _preset(tiny_model_dir, demo_data_path("prompt_completion"))
+    hidden = {"tracking_uri": "http://me:***@mlflow.example:5000", "experiment_name": "e"}
+    (written,) = write_format("trl", preset, tmp_path / "pw.yaml", tracking=hidden)
+    config = yaml.safe_load(written.read_text())
+    assert config["report_to"] == ["mlflow"] and config["env"]["MLFLOW_EXPERIMENT_NAME"] == "e"
+    assert "MLFLOW_TRACKING_URI" not in config["env"] and "***" not in written.read_text()
+    assert "the MLFLOW_TRACKING_URI you set" in written.read_text()
+    _, sft, _, _ = _sft_args(written)  # TRL reads it, `env` and all
+    assert sft.report_to == ["mlflow"]
+    for tracking in (None, {"tracking_uri": "off", "experiment_name": "e"}):
+        (off,) = write_format("trl", preset, tmp_path / "off.yaml", tracking=tracking)
+        config = yaml.safe_load(off.read_text())
+        assert config["report_to"] == "none" and "env" not in config
