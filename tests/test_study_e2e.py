@@ -144,6 +144,12 @@ def test_export_trl_names_the_trial_and_the_data(study_run, tmp_path: Path) -> N
     assert trl["lora_r"] == summary.best_params["lora_r"]
     assert trl["per_device_train_batch_size"] == summary.best_params["micro_batch_size"]
     assert trl["datasets"][0]["data_files"] == str(demo_data_path("prompt_completion").resolve())
+    # Its TRL run is tracked in the study's store, nested under the study's run.
+    env = trl["env"]
+    assert trl["report_to"] == ["mlflow"] and env["MLFLOW_TRACKING_URI"] == summary.tracking_uri
+    tags = json.loads(env["MLFLOW_TAGS"])
+    assert tags["mlflow.parentRunId"] == summary.mlflow_parent_run_id
+    assert tags["hpo.trial_number"] == str(summary.best_trial)
 
 
 def test_resume_adds_no_duplicates(study_run, tiny_model_dir: Path) -> None:
