@@ -475,6 +475,7 @@ class Objective:
             "eval_seconds": float(result.timings.get("eval", 0.0)),
             "trained_steps": float(result.optimizer_steps),
             "peak_memory_bytes": float(result.peak_memory_bytes),
+            "peak_reserved_bytes": float(result.peak_reserved_bytes),  # CUDA; 0 elsewhere
             "start_memory_bytes": float(result.start_memory_bytes),
             # Not the time model: optimizer steps of the full run x measured median step time.
             "naive_full_run_seconds": steps * median_step,

@@ -67,8 +67,9 @@ def verdict_of(
     constraints = {
         # Relative overshoot: unit-free, so TPE can add the two when it ranks violations.
         "duration": full.seconds_p90 / available_seconds - 1.0,
-        # The p90: an under-predicted peak is an out-of-memory crash hours in.
-        "memory": full.peak_memory_bytes_p90 / memory_limit_bytes - 1.0,
+        # The p90 (on CUDA what the allocator reserves): an under-predicted peak is an
+        # out-of-memory crash hours in.
+        "memory": full.memory_bound_bytes / memory_limit_bytes - 1.0,
     }
     reasons = []
     if constraints["duration"] > 0:
@@ -78,9 +79,12 @@ def verdict_of(
             f"> {format_duration(available_seconds)} available"
         )
     if constraints["memory"] > 0:
+        reserved = ""
+        if full.peak_reserved_bytes_p90 > full.peak_memory_bytes_p90:
+            reserved = f", {full.peak_reserved_bytes_p90 / GIB:.1f} GB reserved by the allocator"
         reasons.append(
             f"predicted peak memory {full.peak_memory_bytes / GIB:.1f} GB "
-            f"(p90 {full.peak_memory_bytes_p90 / GIB:.1f} GB) "
+            f"(p90 {full.peak_memory_bytes_p90 / GIB:.1f} GB{reserved}) "
             f"> {memory_limit_bytes / GIB:.1f} GB limit"
         )
     return Verdict(not reasons, "; ".join(reasons), full, own, constraints, coefficients)
@@ -97,9 +101,7 @@ def describe_estimate(
 ) -> dict[str, Any]:
     """The preset's `estimate`: duration with interval, cost, throughput, budget, hardware."""
     available = budget.available_seconds
-    fits = (
-        estimate.seconds_p90 <= available and estimate.peak_memory_bytes_p90 <= memory_limit_bytes
-    )
+    fits = estimate.seconds_p90 <= available and estimate.memory_bound_bytes <= memory_limit_bytes
     return rounded(
         {
             "method": "time model: start-up + steps x (accumulation x micro-step + optimizer "
@@ -120,6 +122,8 @@ def describe_estimate(
             "gpu_hours_p50": estimate.gpus * estimate.seconds_p50 / 3600,
             "peak_memory_gb": estimate.peak_memory_bytes / GIB,
             "peak_memory_gb_p90": estimate.peak_memory_bytes_p90 / GIB,
+            # CUDA: what the caching allocator holds at that peak (nvidia-smi's number).
+            "peak_memory_reserved_gb_p90": estimate.memory_bound_bytes / GIB,
             "memory_limit_gb": memory_limit_bytes / GIB,
             "fits_window": fits,
             "window_hours": budget.window_hours,

@@ -499,3 +499,42 @@ def test_leave_one_out_refits_equal_scipy_refits_one_by_one(seed: int) -> None:
     moved = np.abs(np.log(fits[:, 1] / everything[1]))
     assert np.all(np.delete(moved, [3, 7]) > 1e-5)
     assert moved[3] < np.median(np.delete(moved, [3, 7]))
+
+
+def test_the_device_is_judged_by_what_its_allocator_reserves() -> None:
+    """CUDA runs out at the caching allocator's reserved peak, above what tensors hold: the
+    memory check compares that, from the prior's ratio until trials measure their own."""
+    from analysis.timemodel.hardware import CUDA_RESERVED_OVER_ALLOCATED, HardwareInfo
+    from hpo.predictions import verdict_of
+
+    gpu = HardwareInfo("cuda", "NVIDIA H100 80GB HBM3", int(79.2 * 2**30), 16, "bf16")
+    assert prior_coefficients(gpu).reserved_over_allocated == CUDA_RESERVED_OVER_ALLOCATED > 1
+    assert PRIOR.reserved_over_allocated == 1.0  # a CPU has no caching allocator
+    measured = runs(seed=2)[:3]
+    # Trials that measured their reserved peak: the largest ratio (one run's fragmentation is
+    # the next one's out-of-memory); none measured: the prior's.
+    reserved = [
+        dataclasses.replace(r, peak_reserved_bytes=int(r.peak_memory_bytes * ratio))
+        for r, ratio in zip(measured, (1.02, 1.30, 1.10), strict=True)
+    ]
+    ratio = fit(reserved, MODEL, CPU, prior=PRIOR).coefficients.reserved_over_allocated
+    assert ratio == pytest.approx(1.30, rel=1e-6)
+    assert fit(measured, MODEL, CPU, prior=PRIOR).coefficients.reserved_over_allocated == 1.0
+    # A result file carries it; one written before it did reads as not measured.
+    row = measured[0].to_dict()
+    old = {k: v for k, v in row.items() if k != "peak_reserved_bytes"}
+    assert RunMeasurements.from_result_dict(old).peak_reserved_bytes == 0
+    row["peak_reserved_bytes"] = 3 * 10**9
+    assert RunMeasurements.from_result_dict(row).peak_reserved_bytes == 3 * 10**9
+
+    coefficients = dataclasses.replace(PRIOR, reserved_over_allocated=1.30)
+    estimate = predict(PLAN, coefficients)
+    assert estimate.peak_reserved_bytes_p90 == pytest.approx(1.30 * estimate.peak_memory_bytes_p90, rel=1e-6)
+    assert estimate.memory_bound_bytes == estimate.peak_reserved_bytes_p90
+    # A limit between the two p90s: the tensors fit, the allocator's blocks do not.
+    limit = 1.15 * estimate.peak_memory_bytes_p90
+    judged = verdict_of(estimate, estimate, coefficients, available_seconds=1e9, memory_limit_bytes=limit)
+    assert not judged.feasible and "reserved by the allocator" in judged.reason
+    plain = predict(PLAN, PRIOR)  # ratio 1: as before
+    assert plain.memory_bound_bytes == plain.peak_memory_bytes_p90
+    assert verdict_of(plain, plain, PRIOR, available_seconds=1e9, memory_limit_bytes=limit).feasible

@@ -54,6 +54,9 @@ class TrainResult:
     samples_seen: int = 0  # training samples through the model (the data a run has seen)
     tokens_per_second: float = 0.0
     peak_memory_bytes: int = 0
+    # CUDA: what the caching allocator held at its peak (torch.cuda.max_memory_reserved), what
+    # nvidia-smi shows and what runs out; `peak_memory_bytes` is what tensors held. 0: CPU/MPS.
+    peak_reserved_bytes: int = 0
     # In use as training starts, the base and the adapter attached (CUDA: allocated; CPU: the
     # process's RSS): in a study's worker, what an earlier trial left behind shows here.
     start_memory_bytes: int = 0

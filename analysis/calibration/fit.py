@@ -17,7 +17,7 @@ import numpy as np
 
 from analysis.calibration.file import MAX_STORED_RUNS, VERSION, Calibration, LossRun
 from analysis.calibration.measurements import RunMeasurements
-from analysis.calibration.memory import fit_memory, memory_margin
+from analysis.calibration.memory import fit_memory, memory_margin, reserved_ratio
 from analysis.calibration.robust_fit import robust_positive_fit
 from analysis.calibration.spread import configuration, step_spread
 from analysis.timemodel.hardware import HardwareInfo, fingerprint, prior_coefficients
@@ -222,6 +222,7 @@ def _fit_coefficients(
         drift_log_sd=spread[4],
         drift_log_p90=spread[5],
         memory_log_p90=margin,
+        reserved_over_allocated=reserved_ratio(stored, prior),
         loop_seconds_per_micro_step=loop,
     )
     coefficients, n_warmup = _fit_warmup(stored, model, coefficients)

@@ -33,6 +33,8 @@ class RunMeasurements:
         checkpoint_seconds: Wall time of each checkpoint save.
         startup_seconds: Process start to first step.
         peak_memory_bytes: Peak memory of the run (0 = not measured).
+        peak_reserved_bytes: CUDA: the allocator's reserved peak (0 = not measured: CPU, MPS,
+            or a run recorded before it was).
         lora_r: LoRA rank.
         trainable_parameters: Trainable parameters of the run.
         gradient_checkpointing: Whether activations were recomputed.
@@ -74,6 +76,7 @@ class RunMeasurements:
     quantization: str = "none"
     micro_step_new_shape: tuple[bool, ...] = ()
     levers: tuple[str, ...] = ()  # speed levers the run used (trainers.model.levers)
+    peak_reserved_bytes: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.micro_step_seconds)
@@ -148,6 +151,7 @@ class RunMeasurements:
                 quantization=str(get("quantization", "none")),
                 micro_step_new_shape=tuple(bool(x) for x in data.get("micro_step_new_shape", ())),
                 levers=tuple(str(x) for x in data.get("levers", ())),
+                peak_reserved_bytes=int(data.get("peak_reserved_bytes") or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, BadInputError):

@@ -87,6 +87,22 @@ def _memory_prior(prior: Coefficients) -> np.ndarray:
     return np.array([prior.memory_fixed_bytes, prior.activation_memory_scale])
 
 
+def reserved_ratio(runs: Sequence[RunMeasurements], prior: Coefficients) -> float:
+    """What the CUDA allocator reserved over what tensors held at the peak, for the runs that
+    measured both: the largest (the bound is compared with the device's memory, and one
+    run's fragmentation is the next one's out-of-memory); the prior's without any.
+
+    Trials run on the study's own data, so the shapes that fragment the cache (unpacked
+    samples of varied lengths) show in their ratio.
+    """
+    ratios = [
+        r.peak_reserved_bytes / r.peak_memory_bytes
+        for r in runs
+        if r.peak_reserved_bytes > 0 and r.peak_memory_bytes > 0
+    ]
+    return max(1.0, *ratios) if ratios else prior.reserved_over_allocated
+
+
 def memory_margin(
     runs: Sequence[RunMeasurements],
     model: ModelProfile,

@@ -272,10 +272,11 @@ def evaluate(
     estimate = predict(plan, coefficients)
     if setup is not None:
         p50, p90 = peak_memory(plan, setup, memory or MemoryTerms())
-        estimate = dataclasses.replace(
-            estimate, peak_memory_bytes=int(p50), peak_memory_bytes_p90=int(p90)
-        )
-    fits_memory = estimate.peak_memory_bytes_p90 <= gpu.memory_gib * 2**30
+        estimate = dataclasses.replace(  # in the setup's own measure, reserved or allocated
+            estimate, peak_memory_bytes=int(p50), peak_memory_bytes_p90=int(p90),
+            peak_reserved_bytes_p90=0,
+        )  # fmt: skip
+    fits_memory = estimate.memory_bound_bytes <= gpu.memory_gib * 2**30
     window = None if window_hours is None else estimate.seconds_p90 <= window_hours * 3600
     return Fit(shape, estimate, fits_memory, window)
 

@@ -244,6 +244,9 @@ class Coefficients:
     drift_log_sd: float = 0.0
     drift_log_p90: float = 0.0
     memory_log_p90: float = _PRIOR_MEMORY_LOG_P90  # log(p90 / p50) of the peak memory
+    # What the CUDA caching allocator reserves over what tensors hold at the peak: the peak
+    # above is of allocated memory, the device runs out at the reserved one (1: CPU, MPS).
+    reserved_over_allocated: float = 1.0
     source: str = "prior"
 
     @property
@@ -282,7 +285,9 @@ class Estimate:
     """Predicted full-run duration (with an interval), throughput and peak memory.
 
     `peak_memory_bytes` is the median peak; `peak_memory_bytes_p90` an upper bound that nine
-    runs in ten stay under (compare it, not the median, with a memory limit).
+    runs in ten stay under; on CUDA both count what tensors hold, and
+    `peak_reserved_bytes_p90` what the caching allocator then holds. Compare
+    `memory_bound_bytes`, not the median, with a memory limit.
     """
 
     seconds_p10: float
@@ -300,6 +305,12 @@ class Estimate:
     source: str = "prior"
     extra: dict[str, float] = field(default_factory=dict)
     gpus: int = 1  # the run's GPUs: each is paid for the whole run
+    peak_reserved_bytes_p90: int = 0  # 0: no allocator beyond the peak (CPU, MPS, a plan's own)
+
+    @property
+    def memory_bound_bytes(self) -> int:
+        """What the device must hold, nine runs in ten: the reserved p90 where there is one."""
+        return max(self.peak_memory_bytes_p90, self.peak_reserved_bytes_p90)
 
     def cost(self, price_per_hour: float) -> dict[str, float]:
         """Money for the run at `price_per_hour` per GPU, for p10/p50/p90."""
@@ -401,6 +412,9 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
         tokens_per_second=train_tokens / train if train > 0 else 0.0,
         peak_memory_bytes=memory,
         peak_memory_bytes_p90=int(memory * math.exp(max(c.memory_log_p90, 0.0))),
+        peak_reserved_bytes_p90=int(
+            memory * math.exp(max(c.memory_log_p90, 0.0)) * max(c.reserved_over_allocated, 1.0)
+        ),
         optimizer_steps=steps,
         micro_steps=micro_steps,
         n_evaluations=n_evals,

@@ -88,6 +88,8 @@ def read_back(work: Path, *, gpu: bool) -> dict[str, Any]:
             "estimate_error_pct": attrs.get("trial_estimate_error_pct"),
             "inside_band": attrs.get("trial_inside_band"),
             "peak_memory_gib": (attrs.get("peak_memory_bytes") or 0) / 2**30,
+            # What the allocator held: its ratio to the above is the memory check's own.
+            "peak_reserved_gib": (attrs.get("peak_reserved_bytes") or 0) / 2**30,
             "start_memory_mb": (attrs.get("start_memory_bytes") or 0) / 2**20,
             "tokens_per_second": attrs.get("tokens_per_second"),
         }  # fmt: skip

@@ -94,6 +94,9 @@ def _train_attached(
     # Logged once the inputs are known good, so a bad-input error stays the only line.
     log.info("runtime: %s; %s", runtime.reason, loaded.levers.reason)
     if runtime.device == "cuda":
+        # Blocks an earlier trial of this worker left cached would count as reserved here; a
+        # full run starts with none.
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     start_memory = torch.cuda.memory_allocated() if runtime.device == "cuda" else rss_bytes()
     if saved:
@@ -445,5 +448,6 @@ def _finish(
         result.status = "finished"  # a stop request at the last step changes nothing
     if result.device == "cuda":
         result.peak_memory_bytes = int(torch.cuda.max_memory_allocated())
+        result.peak_reserved_bytes = int(torch.cuda.max_memory_reserved())
     else:
         result.peak_memory_bytes = max(recorder.peak_rss, rss_bytes())
