@@ -38,7 +38,10 @@ from analysis.timemodel.model import ModelProfile  # noqa: E402
 from analysis.timemodel.workload import adapter_flops, attention_flops, frozen_flops  # noqa: E402
 from benchmarks._common import machine, median, table, write_json  # noqa: E402
 from benchmarks._held_out import HELD_OUT, calibrate, synthetic_data  # noqa: E402
-from benchmarks.time_model_accuracy import held_out_row  # noqa: E402
+from benchmarks.time_model_accuracy import (  # noqa: E402
+    held_out_row,
+    reserved_above_bound_fraction,
+)
 from benchmarks.time_model_refit import raw_payload  # noqa: E402
 from benchmarks.trainer_throughput import (  # noqa: E402
     bare_tokens_per_second,
@@ -160,6 +163,7 @@ def time_model(
         "band_coverage": sum(r["inside_band"] for r in rows) / len(rows),
         "memory_median_abs_pct_error": median([r["memory_abs_pct_error"] for r in rows]),
         "memory_above_p90_fraction": sum(r["memory_above_p90"] for r in rows) / len(rows),
+        "reserved_above_bound_fraction": reserved_above_bound_fraction(rows),
         "rows": rows,
     }
 

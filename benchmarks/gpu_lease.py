@@ -160,9 +160,11 @@ def headline(name: str, data: dict[str, Any]) -> str:
                                  f"{r['plan_lengths_vary']['reserved_p50_gib']:.1f}")  # fmt: skip
             return "; ".join(found)
         if name == "time_model":
+            reserved = data.get("reserved_above_bound_fraction")
+            over = "" if reserved is None else f", reserved > bound {100 * reserved:.0f} %"
             return (f"median |error| {data['median_abs_pct_error']:.1f} %, in band "
                     f"{100 * data['band_coverage']:.0f} %, memory > p90 "
-                    f"{100 * data['memory_above_p90_fraction']:.0f} %")  # fmt: skip
+                    f"{100 * data['memory_above_p90_fraction']:.0f} %{over}")  # fmt: skip
     except (KeyError, TypeError, ValueError):
         pass
     return ""

@@ -71,6 +71,7 @@ def held_out_row(
     result = run_held_out(spec)
     measured = float(result["wall_seconds"])
     memory = float(result["peak_memory_bytes"])
+    reserved = float(result.get("peak_reserved_bytes") or 0)  # CUDA only
     return {
         "config": config.name,
         "optimizer_steps": plan.max_steps,
@@ -90,6 +91,10 @@ def held_out_row(
         "memory_abs_pct_error": 100 * abs(estimate.peak_memory_bytes - memory) / memory,
         "memory_pct_above_p50": 100 * (memory / estimate.peak_memory_bytes - 1),
         "memory_above_p90": memory > estimate.peak_memory_bytes_p90,
+        # CUDA: the allocator's reserved peak against the bound the memory check compares.
+        "predicted_reserved_p90_mb": estimate.memory_bound_bytes / 2**20,
+        "measured_reserved_mb": reserved / 2**20,
+        "reserved_above_bound": reserved > estimate.memory_bound_bytes if reserved else None,
         "predicted_breakdown_s": estimate.breakdown,
         "measured_breakdown_s": result["timings"],
         "result": result,  # the trainer's dict, for --raw; dropped from the summary
@@ -187,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def reserved_above_bound_fraction(rows: list[dict[str, Any]]) -> float | None:
+    """Of the rows that measured the allocator's reserved peak (CUDA), the share above the
+    memory check's bound; None where none did (a CPU)."""
+    measured = [r["reserved_above_bound"] for r in rows if r.get("reserved_above_bound") is not None]
+    return sum(measured) / len(measured) if measured else None
+
+
 def summarize(
     repeats: list[tuple[dict[str, Any], list[dict[str, Any]]]], noise: dict[str, Any] | None
 ) -> dict[str, Any]:
@@ -230,6 +242,7 @@ def summarize(
         "band_coverage": sum(r["inside_band"] for r in singles) / len(singles),
         "memory_median_abs_pct_error": median([r["memory_abs_pct_error"] for r in singles]),
         "memory_above_p90_fraction": sum(r["memory_above_p90"] for r in singles) / len(singles),
+        "reserved_above_bound_fraction": reserved_above_bound_fraction(singles),
         "memory_max_pct_above_p50": max(r["memory_pct_above_p50"] for r in singles),
         "levels": levels,
         "level_spread_pct": level_spread_pct(levels),

@@ -49,11 +49,14 @@ def held_out_seconds(left: float, longest: float, median: float, factor: float) 
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    from benchmarks.time_model_accuracy import reserved_above_bound_fraction
+
     return {
         "median_abs_pct_error": median([r["abs_pct_error"] for r in rows]),
         "band_coverage": sum(r["inside_band"] for r in rows) / len(rows),
         "memory_median_abs_pct_error": median([r["memory_abs_pct_error"] for r in rows]),
         "memory_above_p90_fraction": sum(r["memory_above_p90"] for r in rows) / len(rows),
+        "reserved_above_bound_fraction": reserved_above_bound_fraction(rows),
     }
 
 
