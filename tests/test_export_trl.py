@@ -121,10 +121,12 @@ def test_trl_sft_trains_the_exported_config_and_the_loss_falls(
     from trl.scripts.sft import main
 
     # The config's `env` section sets these in this process, and MLflow's callback sets the
-    # fluent API's URI and experiment: all put back after the test.
+    # fluent API's URI and experiment: all put back after the test. A URI another test left
+    # set in this process would win over the config's (`MLflowCallback` keeps a set one):
+    # `trl sft` starts in a process of its own, without one.
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_TAGS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(tracking_utils, "_tracking_uri", tracking_utils._tracking_uri)
+    monkeypatch.setattr(tracking_utils, "_tracking_uri", None)  # as in a fresh `trl sft`
     monkeypatch.setattr(fluent, "_active_experiment_id", fluent._active_experiment_id)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
