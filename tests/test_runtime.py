@@ -82,3 +82,24 @@ def test_compile_only_on_cuda() -> None:
 def test_impossible_requests_are_bad_input(overrides) -> None:
     with pytest.raises(BadInputError):
         _choose(**overrides)
+
+
+def test_a_single_process_trains_on_one_gpu_however_many_it_sees(tmp_path) -> None:
+    """transformers gives a process that sees 8 GPUs n_gpu 8: its Trainer would wrap the model
+    in DataParallel and take 8 micro-batches a step. The trainer's arguments keep one."""
+    from transformers import TrainingArguments
+
+    from trainers.loop.trainer_setup import one_gpu_per_process, training_arguments
+    from trainers.spec import TrainSpec
+
+    spec = TrainSpec(model="m", data="d", output_dir=str(tmp_path), micro_batch_size=4)
+    args = training_arguments(spec, _choose())
+    assert args.n_gpu <= 1 and args.train_batch_size == 4  # this CPU: as it was
+    seen = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, use_cpu=True)
+    _ = seen.device
+    seen._n_gpu = 8  # what _setup_devices sets on a node of 8 visible GPUs
+    assert seen.train_batch_size == 32  # the DataParallel batch the Trainer would load
+    kept = one_gpu_per_process(seen)
+    assert kept.n_gpu == 1 and kept.train_batch_size == 4
+    _ = kept.device  # a cached property: asked again, it does not set n_gpu back
+    assert kept.n_gpu == 1

@@ -101,7 +101,7 @@ def training_arguments(
     loading = data_loading or choose_data_loading(runtime.device, 1, spec.dataloader_workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return TrainingArguments(
+        args = TrainingArguments(
             output_dir=spec.output_dir,
             per_device_train_batch_size=spec.micro_batch_size,
             per_device_eval_batch_size=eval_batch_size(spec.micro_batch_size),
@@ -139,3 +139,21 @@ def training_arguments(
             # Both set pin_memory (pinned for CUDA only); the runtime's choice wins.
             **{**loading.training_arguments(), **runtime.training_arguments()},
         )
+    return one_gpu_per_process(args)
+
+
+def one_gpu_per_process(args: TrainingArguments) -> TrainingArguments:
+    """`args` training on one GPU per process, however many this process sees.
+
+    A single process that sees several GPUs (a node's, without CUDA_VISIBLE_DEVICES) gets
+    `n_gpu` = all of them from transformers, and its Trainer wraps the model in
+    `nn.DataParallel` and multiplies the micro-batch by that count: another batch, schedule
+    and speed than the configuration's, and a study's trials would measure it as this one's.
+    Several GPUs are the data-parallel run's (`--gpus N`, one process each, n_gpu 1 there).
+    transformers has no argument for it; `_n_gpu` is what its Trainer itself sets to 1 for a
+    model split over GPUs.
+    """
+    _ = args.device  # sets `_n_gpu` (a cached property): set after it, the value stays
+    if args.n_gpu > 1:
+        args._n_gpu = 1
+    return args
