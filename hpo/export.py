@@ -347,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         written = write_format(args.format, preset, args.out, tracking=config)
         print(f"{args.format} config of trial {trial.number} ({rule}) written to {written[0]}")
         print(f"run it with: trl sft --config {written[0]}")
+        if int(preset["training"].get("gpus") or 1) == 1:  # see the file's header
+            print(f"  on a node of several GPUs: CUDA_VISIBLE_DEVICES=0 trl sft --config {written[0]}")
         return EXIT_OK
     path = export_study(study, args.out, storage_url=args.storage, trial=trial, picked_by=rule)
     print(f"preset of trial {trial.number} ({rule}) written to {path}")

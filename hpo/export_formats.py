@@ -143,6 +143,11 @@ def trl_config(
     config.update(_save_cadence(training, estimate))
     config.update(_precision(training.get("precision", "auto"), estimate))
     config.update(_mlflow(preset, tracking))
+    # Not an SFTConfig field: `trl sft` passes the keys its parser does not know to
+    # `accelerate launch`, which otherwise starts one process per GPU it sees (an 8-GPU node:
+    # 8 x the preset's effective batch). The preset's count, each process micro-batch x
+    # accumulation, as `trainers.train --gpus N` trains it.
+    config["num_processes"] = int(training.get("gpus") or 1)
     return config, rows
 
 
@@ -246,6 +251,18 @@ def _header(preset: dict[str, Any], config: dict[str, Any], path: Path) -> str:
         "evaluation on the whole held-out split (hpo: eval_samples of it); "
         "chat data takes loss on every token (hpo: assistant turns only)",
     ]
+    gpus = int(config.get("num_processes") or 1)
+    if gpus > 1:
+        lines.append(
+            f"{gpus} GPUs, data-parallel: num_processes {gpus} goes to accelerate launch "
+            f"(effective batch {gpus} x micro-batch x accumulation, as the preset's)"
+        )
+    else:
+        lines.append(
+            "one GPU: on a node of several, run it with CUDA_VISIBLE_DEVICES set to one "
+            "(in a process that sees several, transformers' Trainer uses them all, "
+            "DataParallel, with as many micro-batches a step: another batch than the preset's)"
+        )
     env = config.get("env") or {}
     if env:
         where = "the study's tracking URI" if "MLFLOW_TRACKING_URI" in env else (

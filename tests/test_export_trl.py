@@ -30,14 +30,26 @@ def _preset(model: Path, data: Path, **training: Any) -> dict[str, Any]:
 
 
 def _sft_args(config: Path, *overrides: str) -> tuple[Any, ...]:
-    """TRL's own parser of `trl sft`; unknown keys in the file fail instead of being ignored."""
+    """TRL's own parser of `trl sft`, as its command calls it: the file's keys it does not
+    know go to `accelerate launch` (`_launch_args`), and may only be that launcher's."""
+    return _parsed(config, *overrides)[:4]
+
+
+def _launch_args(config: Path) -> list[str]:
+    return _parsed(config)[4]
+
+
+def _parsed(config: Path, *overrides: str) -> tuple[Any, ...]:
     from trl.scripts.sft import make_parser
 
-    return tuple(
-        make_parser().parse_args_and_config(
-            ["--config", str(config), *overrides], fail_with_unknown_args=True
-        )
-    )
+    *parsed, from_file, from_cli = make_parser(prog="trl sft").parse_args_and_config(
+        ["--config", str(config), *overrides],
+        return_remaining_strings=True, separate_remaining_strings=True,
+    )  # fmt: skip
+    assert from_cli == []
+    launcher = {"--num_processes"}  # accelerate launch's, as `trl sft` passes them on
+    assert set(from_file[::2]) <= launcher, from_file
+    return (*parsed, from_file)
 
 
 def test_native_data_is_referenced_and_the_preset_carried(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -69,6 +81,14 @@ def test_native_data_is_referenced_and_the_preset_carried(tmp_path: Path, tiny_m
     assert not sft.packing
     # 30 checkpoint minutes at the estimate's 3 s per step.
     assert (sft.save_strategy.value, sft.save_steps) == ("steps", 600)
+    # One process, whatever the node: accelerate launch would start one per GPU it sees.
+    assert _launch_args(written[0]) == ["--num_processes", "1"]
+    assert "CUDA_VISIBLE_DEVICES set to one" in text
+    four = _preset(tiny_model_dir, data, micro_batch_size=4, gradient_accumulation_steps=2, gpus=4)
+    (on_four,) = write_format("trl", four, tmp_path / "four.yaml")
+    assert _launch_args(on_four) == ["--num_processes", "4"]
+    assert _sft_args(on_four)[1].gradient_accumulation_steps == 2  # each process's, as trained
+    assert "4 GPUs, data-parallel" in on_four.read_text()
 
 
 @pytest.mark.parametrize(
