@@ -24,6 +24,7 @@ full run until the pick was one already trained ended with the best of 8 configu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -87,11 +88,12 @@ class MeasuredRun:
         """None for a value this version cannot read (edited by hand, another version)."""
         if not isinstance(value, Mapping):
             return None
+        best_step = value.get("best_step")  # absent: a run that finished its schedule
         try:
-            run = cls(run_id, int(value["trial"]), float(value["loss"]), float(value["added_at"]))
-            best_step = value.get("best_step")  # absent: a run that finished its schedule
-            if best_step is not None:
-                run = cls(run.run_id, run.trial, run.loss, run.added_at, int(best_step))
+            run = cls(
+                run_id, int(value["trial"]), float(value["loss"]), float(value["added_at"]),
+                None if best_step is None else int(best_step),
+            )  # fmt: skip
         except (KeyError, TypeError, ValueError):
             return None
         return run if math.isfinite(run.loss) else None
@@ -162,8 +164,7 @@ def record(study: optuna.Study, runs: Iterable[MeasuredRun]) -> int:
     for run in runs:
         key = MEASURED_PREFIX + run.run_id
         if key not in held:
-            held_run = MeasuredRun(run.run_id, run.trial, run.loss, now, run.best_step)
-            study.set_user_attr(key, held_run.to_attr())
+            study.set_user_attr(key, dataclasses.replace(run, added_at=now).to_attr())
             new += 1
     return new
 

@@ -404,6 +404,7 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
     band = interval_components(c, micro_steps, train / total)
     train_tokens = micro_steps * tokens * plan.gpus
     memory = _peak_memory_bytes(plan, c, int(lengths.max()))
+    memory_p90 = memory * math.exp(max(c.memory_log_p90, 0.0))
     return Estimate(
         seconds_p10=total * low,
         seconds_p50=total,
@@ -411,10 +412,8 @@ def predict(plan: Plan, coefficients: Coefficients) -> Estimate:
         breakdown=breakdown,
         tokens_per_second=train_tokens / train if train > 0 else 0.0,
         peak_memory_bytes=memory,
-        peak_memory_bytes_p90=int(memory * math.exp(max(c.memory_log_p90, 0.0))),
-        peak_reserved_bytes_p90=int(
-            memory * math.exp(max(c.memory_log_p90, 0.0)) * max(c.reserved_over_allocated, 1.0)
-        ),
+        peak_memory_bytes_p90=int(memory_p90),
+        peak_reserved_bytes_p90=int(memory_p90 * max(c.reserved_over_allocated, 1.0)),
         optimizer_steps=steps,
         micro_steps=micro_steps,
         n_evaluations=n_evals,
