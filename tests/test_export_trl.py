@@ -87,6 +87,12 @@ def test_native_data_is_referenced_and_the_preset_carried(tmp_path: Path, tiny_m
     four = _preset(tiny_model_dir, data, micro_batch_size=4, gradient_accumulation_steps=2, gpus=4)
     (on_four,) = write_format("trl", four, tmp_path / "four.yaml")
     assert _launch_args(on_four) == ["--num_processes", "4"]
+    # ... which the launcher `trl sft` runs under reads (a TRL that launched otherwise would
+    # not have this module).
+    from accelerate.commands.launch import launch_command_parser
+    from trl.cli.accelerate_launcher import launch_training_script  # noqa: F401
+
+    assert launch_command_parser().parse_args([*_launch_args(on_four), "sft.py"]).num_processes == 4
     assert _sft_args(on_four)[1].gradient_accumulation_steps == 2  # each process's, as trained
     assert "4 GPUs, data-parallel" in on_four.read_text()
 
