@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ MAX_TAG_LENGTH = 5000
 # Runs created through the spool carry their client-side id, so a retry finds them.
 CLIENT_ID_TAG = "hpo.client_run_id"
 CLIENT_ID_PREFIX = "hpo-"
+_URI_ENV = "MLFLOW_TRACKING_URI"  # what `mlflow.set_tracking_uri` also sets
 
 
 def metric(key: str, value: float, step: int) -> Metric:
@@ -100,6 +102,30 @@ def first_line(exc: Exception) -> str:
 def _param_value(value: Any) -> str:
     text = f"{value:.6g}" if isinstance(value, float) else str(value)
     return redact(text)[:MAX_PARAM_LENGTH]
+
+
+@contextlib.contextmanager
+def process_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's process-global tracking URI set to `uri` for a while, then put back as it was.
+
+    `mlflow.get_tracking_uri()` reads an unset URI as the default store, so setting back what
+    it returned left a URI set for the rest of the process (a user's own code, or
+    transformers' `MLflowCallback`, which keeps a URI it finds set over its
+    MLFLOW_TRACKING_URI). `set_tracking_uri` also writes that variable: it is put back too.
+    """
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    held_uri, held_env = utils._tracking_uri, os.environ.get(_URI_ENV)
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(held_uri)  # type: ignore[arg-type]  # None: unset, as it was
+        if held_env is None:
+            os.environ.pop(_URI_ENV, None)
+        else:
+            os.environ[_URI_ENV] = held_env
 
 
 class MlflowStore:
@@ -189,7 +215,6 @@ class MlflowStore:
 
     def _log_model(self, record: dict[str, Any], path: Path) -> None:
         """Create the LoggedModel, upload the folder, link it to the run; register it if asked."""
-        import mlflow
         from mlflow.entities import LoggedModelOutput
 
         run_id = self.resolve(record["run"])
@@ -208,9 +233,7 @@ class MlflowStore:
         with contextlib.suppress(MlflowException):  # registered by an earlier run
             self.client.create_registered_model(name)
         # The registry resolves `models:/<id>` through the process's tracking URI.
-        previous = mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(self.tracking_uri)
-        try:
+        with process_tracking_uri(self.tracking_uri):
             self.client.create_model_version(
                 name,
                 source=f"models:/{model.model_id}",
@@ -219,8 +242,6 @@ class MlflowStore:
                 model_id=model.model_id,
                 await_creation_for=0,  # the writer does not wait for a registry's copy
             )
-        finally:
-            mlflow.set_tracking_uri(previous)
 
     def _create_run(self, record: dict[str, Any], spool: Spool | None) -> None:
         client_side = record["client_id"]

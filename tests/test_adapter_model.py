@@ -6,6 +6,7 @@ disk."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import datasets
@@ -25,9 +26,11 @@ from trainers.data.paths import demo_data_path
 def test_the_adapter_is_logged_registered_and_loads_with_the_same_logits(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import mlflow.tracking._tracking_service.utils as tracking_utils
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from common.mlflow_store import process_tracking_uri
     from trainers.preset import preset_dict
     from trainers.spec import TrainSpec
     from trainers.train import main
@@ -47,6 +50,7 @@ def test_the_adapter_is_logged_registered_and_loads_with_the_same_logits(
     out = tmp_path / "run"
     monkeypatch.chdir(tmp_path)
     (tmp_path / "server").mkdir()
+    held = tracking_utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
     with mlflow_server(tmp_path / "server") as url:
         argv = ["--preset", str(preset), "--output-dir", str(out), "--quiet",
                 "--tracking-uri", url, "--register-model", "tiny-adapter",
@@ -67,14 +71,14 @@ def test_the_adapter_is_logged_registered_and_loads_with_the_same_logits(
         assert float(version.tags["final_eval_loss"]) == pytest.approx(report["final_eval_loss"])
         assert version.tags["base_model"] == str(tiny_model_dir.resolve())
 
-        previous = mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(url)
-        try:
+        with process_tracking_uri(url):
             loaded = mlflow.transformers.load_model(
                 "models:/tiny-adapter/1", return_type="components"
             )["model"]
-        finally:
-            mlflow.set_tracking_uri(previous)
+        # The process's URI as before the run: registering the adapter (the store's writer)
+        # and loading it (above) each set it for a while; a URI left set would be kept over
+        # its own by a later `MLflowCallback` in this process (transformers', TRL's).
+        assert (tracking_utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")) == held
         # Adapter weights only: the base model is referenced, not copied into the store.
         stored = {p.name for p in (tmp_path / "server" / "artifacts").rglob("*") if p.is_file()}
         assert "adapter_model.safetensors" in stored and "model.safetensors" not in stored
