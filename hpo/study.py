@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.workers < 1:
         raise BadInputError(f"--workers must be >= 1, but got {args.workers}")
-    if args.workers != 1:
+    if args.workers == 1:
+        _say_idle_gpus(config)
+    else:
         finished = run_workers(config, args.workers, argv)
         # The summary of the whole study, from this process: no trial is added.
         config = dataclasses.replace(config, n_trials=max(1, min(config.n_trials, finished)))
@@ -70,6 +72,19 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, redact_values(summary.to_dict()))
     print_summary(summary, mlflow_defaults().get("server") or {})
     return EXIT_OK
+
+
+def _say_idle_gpus(config: StudyConfig) -> None:
+    """On a host with several GPUs, say that `--workers` would use them (on stderr, at the
+    start: a study can take hours, and it is the moment to stop and start it that way)."""
+    from common.workdir import WorkDir
+    from hpo.workers import idle_gpus_hint, visible_gpus
+
+    hint = idle_gpus_hint(
+        visible_gpus(config.device), 1, config.storage_url, str(WorkDir(config.work_dir).journal)
+    )
+    if hint:
+        print(hint, file=sys.stderr, flush=True)
 
 
 def _check_tracking_server(config: StudyConfig) -> None:

@@ -168,6 +168,31 @@ def gpu_assignment(n_workers: int, gpus: Sequence[str]) -> list[str | None]:
     return [str(gpu) for gpu in gpus[:n_workers]]
 
 
+def idle_gpus_hint(gpus: Sequence[str], n_workers: int, storage_url: str, journal: str) -> str:
+    """One line for a study about to train one trial at a time on a host with several GPUs
+    (the rest stay idle, and no flag said so); "" where there is nothing to say.
+
+    Args:
+        gpus: The GPU ids the study may use (`visible_gpus`).
+        n_workers: `--workers`.
+        storage_url: The study's storage.
+        journal: The work dir's journal file, the storage to suggest over SQLite.
+    """
+    if n_workers != 1 or len(gpus) < 2 or os.environ.get(WORKER_INDEX_ENV) is not None:
+        return ""
+    from hpo.storage import shared_by_processes
+
+    n = len(gpus)
+    storage, after = "", ""
+    if not shared_by_processes(storage_url):  # SQLite: the workers need another storage
+        storage = f" --storage journal:{journal}"
+        after = " (a storage of its own: what this study ran stays in SQLite)"
+    return (
+        f"this host has {n} GPUs ({','.join(gpus)}); the study trains one trial at a time, "
+        f"on GPU {gpus[0]}: --workers {n}{storage} trains {n} at once, one per GPU{after}"
+    )
+
+
 def visible_gpus(device: str) -> list[str]:
     """The GPU ids local workers may take: none for ``--device cpu`` or without CUDA."""
     if device in ("cpu", "mps"):

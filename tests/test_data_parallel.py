@@ -10,6 +10,7 @@ dropout is off: each process draws its own masks.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import pytest
 
 from tests.cli import run_module, start_module
 from tests.servers import only_finished_run
-from trainers.launch import check_gpus, report_exit, torchrun_command
+from trainers.launch import check_gpus, idle_gpus_hint, report_exit, torchrun_command
 from trainers.loop import checkpoint
 from trainers.loop.distributed import Processes, processes
 from trainers.loop.run import check_processes
@@ -242,6 +243,35 @@ def test_check_gpus(gpus: int, device: str, cuda: int, problem: str | None) -> N
     else:
         with pytest.raises(BadInputError, match=re.escape(problem)):
             check_gpus(gpus, device, cuda)
+
+
+@pytest.mark.parametrize(
+    ("micro", "accumulation", "cuda", "count"),
+    [(4, 8, 8, 8), (4, 5, 8, 5), (2, 3, 4, 3), (1, 1, 8, 0), (4, 8, 1, 0), (8, 1, 8, 8)],
+)
+def test_a_preset_on_one_of_several_gpus_says_how_many_keep_its_batch(
+    micro: int, accumulation: int, cuda: int, count: int
+) -> None:
+    """A one-GPU preset's run on a host with several says the most `--gpus K` that keeps the
+    preset's effective batch, and the per-GPU shape `trainers.preset.on_gpus` then trains."""
+    from trainers.preset import on_gpus
+
+    spec = TrainSpec(
+        model="m", data="d", micro_batch_size=micro, gradient_accumulation_steps=accumulation
+    )
+    hint = idle_gpus_hint(spec, cuda, {})
+    if not count:  # one GPU, or a batch of 1: nothing to say
+        assert hint == ""
+        return
+    assert f"--gpus {count} trains the preset's effective batch of {micro * accumulation}" in hint
+    run = on_gpus(dataclasses.replace(spec, gpus=count), 1, {})
+    assert run.micro_batch_size * run.gradient_accumulation_steps * count == micro * accumulation
+    assert f"micro-batch {run.micro_batch_size} x accumulation {run.gradient_accumulation_steps}" in hint
+    # The user's own count or batch, a CPU run, a preset already on several: nothing.
+    for given in ({"gpus": 1}, {"micro_batch_size": micro}, {"gradient_accumulation_steps": 2}):
+        assert idle_gpus_hint(spec, cuda, given) == ""
+    assert idle_gpus_hint(dataclasses.replace(spec, device="cpu"), cuda, {}) == ""
+    assert idle_gpus_hint(dataclasses.replace(spec, gpus=2), cuda, {}) == ""
 
 
 def test_processes_and_their_count_must_agree() -> None:

@@ -21,7 +21,13 @@ from common.errors import BadInputError
 from hpo.keys import PROMOTED_FROM_ATTR, WORKER_ATTR
 from hpo.states import trial_loss
 from hpo.storage import make_storage
-from hpo.workers import WorkerId, fail_dead_workers_trials, gpu_assignment
+from hpo.workers import (
+    WORKER_INDEX_ENV,
+    WorkerId,
+    fail_dead_workers_trials,
+    gpu_assignment,
+    idle_gpus_hint,
+)
 from tests.cli import run_module, start_module
 
 RUNNING = optuna.trial.TrialState.RUNNING
@@ -50,6 +56,38 @@ def test_one_gpu_per_worker(n_workers: int, gpus: list[str], expected: list[str 
 def test_gpu_assignment_refuses(n_workers: int, gpus: list[str], expected: str) -> None:
     with pytest.raises(BadInputError, match=expected):
         gpu_assignment(n_workers, gpus)
+
+
+def test_a_study_on_one_of_several_gpus_says_how_to_use_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A one-worker study on a host with several GPUs trains on one and leaves the rest idle:
+    it says which `--workers` (and, over SQLite, which shared storage) would use them all."""
+    from hpo.workers import _worker_argv
+
+    monkeypatch.delenv(WORKER_INDEX_ENV, raising=False)
+    journal = str(tmp_path / "optuna.journal")
+    sqlite = f"sqlite:///{tmp_path / 'optuna.db'}"
+    hint = idle_gpus_hint(["2", "3", "5", "6"], 1, sqlite, journal)
+    assert "4 GPUs (2,3,5,6)" in hint and "on GPU 2" in hint
+    assert f"--workers 4 --storage journal:{journal} trains 4 at once" in hint
+    assert "stays in SQLite" in hint
+    # The storage it suggests is one the workers can share: --workers accepts it.
+    flags = hint.split(": ", 1)[1].split(" trains")[0].split()
+    assert flags[flags.index("--workers") + 1] == "4"
+    from hpo.storage import shared_by_processes
+
+    assert shared_by_processes(flags[flags.index("--storage") + 1])
+    # A shared storage already: --workers alone.
+    shared = idle_gpus_hint(["0", "1"], 1, f"journal:{journal}", journal)
+    assert "--workers 2 trains 2 at once" in shared and "--storage" not in shared
+    assert "--workers" not in _worker_argv(["--workers", "2", "--data", "d"], 0)
+    # Nothing to say: one GPU, none (a CPU), --workers given, or a worker --workers started.
+    assert idle_gpus_hint(["0"], 1, sqlite, journal) == ""
+    assert idle_gpus_hint([], 1, sqlite, journal) == ""
+    assert idle_gpus_hint(["0", "1"], 2, sqlite, journal) == ""
+    monkeypatch.setenv(WORKER_INDEX_ENV, "0")
+    assert idle_gpus_hint(["0", "1"], 1, sqlite, journal) == ""
 
 
 def test_the_fingerprint_is_per_gpu_kind() -> None:

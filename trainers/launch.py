@@ -64,6 +64,37 @@ def check_gpus(gpus: int, device: str, cuda_devices: int) -> None:
         )
 
 
+def idle_gpus_hint(spec: Any, cuda_devices: int, given: Any) -> str:
+    """One line for a preset's run on one GPU of a host with several: the most of them
+    `--gpus K` can train the preset's effective batch on (`trainers.preset.on_gpus`); "" where
+    the user chose the count or the batch, or there is nothing to say.
+
+    Args:
+        spec: The run (`TrainSpec`), its `gpus` the preset's or the flag's.
+        cuda_devices: `torch.cuda.device_count()`.
+        given: The flags the user gave.
+    """
+    import dataclasses
+
+    from trainers.preset import on_gpus
+
+    chosen = {"gpus", "micro_batch_size", "gradient_accumulation_steps"} & set(given)
+    if spec.gpus != 1 or cuda_devices < 2 or spec.device in ("cpu", "mps") or chosen:
+        return ""
+    batch = spec.micro_batch_size * spec.gradient_accumulation_steps
+    for count in range(cuda_devices, 1, -1):
+        try:
+            run = on_gpus(dataclasses.replace(spec, gpus=count), 1, {})
+        except BadInputError:  # no micro-batch x accumulation on that many makes the batch
+            continue
+        return (
+            f"this host has {cuda_devices} GPUs and this run trains on one: --gpus {count} "
+            f"trains the preset's effective batch of {batch} on {count} (micro-batch "
+            f"{run.micro_batch_size} x accumulation {run.gradient_accumulation_steps} each)"
+        )
+    return ""
+
+
 def torchrun_command(gpus: int, argv: list[str]) -> list[str]:
     """`python -m torch.distributed.run` starting `gpus` processes of `trainers.train argv`.
 

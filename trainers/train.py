@@ -30,7 +30,7 @@ from common.errors import BadInputError, GaveUp
 from common.files import read_yaml, write_json
 from common.flags import FieldFlags, add_field_flags
 from common.workdir import SPOOL_DIR, WorkDir
-from trainers.launch import check_gpus, launch, report_exit, window_opened
+from trainers.launch import check_gpus, idle_gpus_hint, launch, report_exit, window_opened
 from trainers.loop import distributed
 from trainers.loop.preemption import StopOnSignal
 from trainers.loop.window import WindowGuard
@@ -262,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         check_gpus(spec.gpus, spec.device, _cuda_devices(spec.device))
         check_start(spec, args.resume)  # bad input stops here, and the data is tokenized once
         return launch(spec.gpus, raw_argv, started_at)
+    if args.preset and not args.resume and not processes.several:  # a resume keeps its count
+        hint = idle_gpus_hint(spec, _cuda_devices(spec.device), given)
+        if hint:
+            log.info(hint)
     data_stats = _checked_by_main_first(spec, args.resume, processes)
 
     from tqdm.contrib.logging import logging_redirect_tqdm
