@@ -13,7 +13,10 @@ A study tracked in MLflow gets its TRL run tracked beside it: the config sets `r
 that nest the run under the study's parent run and name the study, trial, role
 (`full_training_trl`) and the preset's duration estimate (transformers' `MLflowCallback` reads
 them). Its `train_runtime` then sits beside the estimate in the UI. Its loss does not report
-back: TRL evaluates another held-out split, all of it, and chat data on every token.
+back: TRL evaluates another held-out split, and chat data on every token.
+
+TRL evaluates its whole test split at every evaluation: the split holds out as many samples as
+hpo's run evaluates (`_test_split`), and `max_steps` is the estimate's steps.
 
 axolotl and LLaMA-Factory formats are not shipped: neither package installs on these
 machines in reasonable time without replacing the CPU torch (docs/how-to/export.md), so a written
@@ -104,7 +107,7 @@ def trl_config(
     config: dict[str, Any] = {
         "model_name_or_path": preset["model"]["path"],
         "datasets": [{**dataset, "split": "train"}],
-        "test_split_size": float(data["validation_fraction"]),
+        "test_split_size": _test_split(len(native), data, training),
         "use_peft": True,
         "lora_r": int(lora["r"]),
         "lora_alpha": float(lora["alpha"]),
@@ -136,8 +139,11 @@ def trl_config(
         ),
     }
     config.update(_packing(training.get("packing", "none"), data.get("overflow", "truncate")))
-    if training.get("max_steps"):
-        config["max_steps"] = int(training["max_steps"])
+    # The steps the estimate timed. The epochs would make more: TRL trains on all but the
+    # samples it evaluates, hpo on all but its validation share.
+    steps = training.get("max_steps") or estimate.get("full_run_steps")
+    if steps:
+        config["max_steps"] = int(steps)
     else:
         config["num_train_epochs"] = float(training["epochs"])
     config.update(_save_cadence(training, estimate))
@@ -149,6 +155,27 @@ def trl_config(
     # accumulation, as `trainers.train --gpus N` trains it.
     config["num_processes"] = int(training.get("gpus") or 1)
     return config, rows
+
+
+def eval_rows(records: int, data: Mapping[str, Any], training: Mapping[str, Any]) -> int:
+    """The samples hpo's run evaluates each time: `eval_samples` of its validation split
+    (`trainers.data.dataset.split_indices`'s share, at least one, leaving one to train)."""
+    validation = min(max(1, round(records * float(data["validation_fraction"]))), records - 1)
+    return max(1, min(int(training.get("eval_samples") or validation), validation))
+
+
+def _test_split(records: int, data: Mapping[str, Any], training: Mapping[str, Any]) -> float:
+    """TRL's `test_split_size` that holds out as many samples as hpo evaluates.
+
+    TRL evaluates its whole test split at every evaluation. The preset's `validation_fraction`
+    as that split (10 % by default) made each evaluation of a 600k-sample run score 60k
+    samples where the estimate timed `eval_samples` (64): a run many times its estimate.
+    `datasets`' `train_test_split` takes ceil(fraction x rows); half a row under the count
+    keeps a float's rounding from adding one.
+    """
+    if records < 2:
+        return float(data["validation_fraction"])  # TRL's own split refuses it, as hpo does
+    return (eval_rows(records, data, training) - 0.5) / records
 
 
 def _mlflow(preset: dict[str, Any], tracking: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -248,9 +275,16 @@ def _header(preset: dict[str, Any], config: dict[str, Any], path: Path) -> str:
         f"window {estimate.get('window_hours')!s} h",
         "The estimate carries to TRL for the same model, batch shape, precision and data; "
         "TRL differs in: no window guard, early stopping or divergence rollback; "
-        "evaluation on the whole held-out split (hpo: eval_samples of it); "
+        "a random held-out split of the samples it evaluates (hpo: the first eval_samples of "
+        "a validation_fraction split, at eval_max_length); "
         "chat data takes loss on every token (hpo: assistant turns only)",
     ]
+    if config.get("max_steps") and not training.get("max_steps"):
+        lines.append(
+            f"max_steps {config['max_steps']:,}: the preset's {training['epochs']:g} epoch(s) "
+            "over hpo's training split, the steps the estimate timed (TRL trains on every "
+            "sample but those it evaluates: its epochs would run longer)"
+        )
     gpus = int(config.get("num_processes") or 1)
     if gpus > 1:
         lines.append(

@@ -68,7 +68,9 @@ def test_native_data_is_referenced_and_the_preset_carried(tmp_path: Path, tiny_m
     assert (model.lora_r, model.lora_alpha, model.lora_dropout) == (16, 32.0, 0.1)
     assert model.use_rslora and model.lora_target_modules == "all-linear"
     assert (sft.per_device_train_batch_size, sft.gradient_accumulation_steps) == (4, 3)
-    assert (sft.learning_rate, sft.num_train_epochs, sft.max_length) == (2e-4, 2.0, 96)
+    # The estimate's steps: the preset's 2 epochs over hpo's training split.
+    assert (sft.learning_rate, sft.max_steps, sft.max_length) == (2e-4, 1200, 96)
+    assert "max_steps 1,200: the preset's 2 epoch(s)" in text
     assert sft.lr_scheduler_type.value == "cosine" and sft.warmup_steps == 0.05
     # Off as in the preset, though TRL's default is on; the name every transformers 5.x reads.
     assert sft.gradient_checkpointing is False
@@ -95,6 +97,37 @@ def test_native_data_is_referenced_and_the_preset_carried(tmp_path: Path, tiny_m
     assert launch_command_parser().parse_args([*_launch_args(on_four), "sft.py"]).num_processes == 4
     assert _sft_args(on_four)[1].gradient_accumulation_steps == 2  # each process's, as trained
     assert "4 GPUs, data-parallel" in on_four.read_text()
+
+
+@pytest.mark.parametrize(
+    ("records", "fraction", "eval_samples", "held_out"),
+    [(6000, 0.1, 64, 64), (1001, 0.05, 48, 48), (300, 0.1, 64, 30), (20, 0.5, 4, 4)],
+)
+def test_trl_holds_out_what_hpo_evaluates(
+    tmp_path: Path, tiny_model_dir: Path, records: int, fraction: float, eval_samples: int,
+    held_out: int,
+) -> None:  # fmt: skip
+    """TRL evaluates its whole test split each time: the split holds the samples hpo's run
+    evaluates (`eval_samples`, at most its validation share), not the preset's
+    `validation_fraction` of the data, which made each evaluation of a large set score
+    thousands of samples the estimate did not time. Counted by TRL's own loader."""
+    from trl import get_dataset
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(
+        json.dumps({"prompt": f"q{i}", "completion": f"a{i}"}) + "\n" for i in range(records)
+    ))  # fmt: skip
+    preset = _preset(
+        tiny_model_dir, data, validation_fraction=fraction, eval_samples=eval_samples
+    )
+    (config,) = write_format("trl", preset, tmp_path / "trl.yaml")
+    _, sft, _, mixture = _sft_args(config)
+    split = get_dataset(mixture)
+    assert len(split["test"]) == held_out and len(split["train"]) == records - held_out
+    # hpo evaluates min(eval_samples, its validation split); TRL the same count.
+    validation = min(max(1, round(records * fraction)), records - 1)
+    assert held_out == min(eval_samples, validation)
+    assert sft.max_steps == ESTIMATE["full_run_steps"]  # the steps the estimate timed
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import optuna
@@ -144,6 +145,11 @@ def test_export_trl_names_the_trial_and_the_data(study_run, tmp_path: Path) -> N
     assert trl["lora_r"] == summary.best_params["lora_r"]
     assert trl["per_device_train_batch_size"] == summary.best_params["micro_batch_size"]
     assert trl["datasets"][0]["data_files"] == str(demo_data_path("prompt_completion").resolve())
+    # The steps the preset's estimate timed; held out, the samples its run evaluates.
+    preset = yaml.safe_load(Path(summary.preset_path).read_text())
+    assert trl["max_steps"] == preset["estimate"]["full_run_steps"] > 0
+    records = len(demo_data_path("prompt_completion").read_text().splitlines())
+    assert math.ceil(trl["test_split_size"] * records) == preset["training"]["eval_samples"]
     # Its TRL run is tracked in the study's store, nested under the study's run.
     env = trl["env"]
     assert trl["report_to"] == ["mlflow"] and env["MLFLOW_TRACKING_URI"] == summary.tracking_uri
