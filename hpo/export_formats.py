@@ -147,7 +147,9 @@ def trl_config(
     else:
         config["num_train_epochs"] = float(training["epochs"])
     config.update(_save_cadence(training, estimate))
-    config.update(_precision(training.get("precision", "auto"), estimate))
+    precision = _resolved(training.get("precision", "auto"), estimate)
+    config.update(_precision(precision))
+    config.update(_weights(training.get("quantization", "none"), precision))
     config.update(_mlflow(preset, tracking))
     # Not an SFTConfig field: `trl sft` passes the keys its parser does not know to
     # `accelerate launch`, which otherwise starts one process per GPU it sees (an 8-GPU node:
@@ -248,10 +250,35 @@ def _save_cadence(training: dict[str, Any], estimate: dict[str, Any]) -> dict[st
     return {"save_strategy": "epoch", **keep}
 
 
-def _precision(requested: str, estimate: dict[str, Any]) -> dict[str, bool]:
-    """bf16/fp16 flags: 'auto' becomes the precision the study measured, when it says one."""
+def _resolved(requested: str, estimate: dict[str, Any]) -> str:
+    """The run's precision: 'auto' becomes the one the study measured, when it says one."""
     measured = (estimate.get("hardware") or {}).get("precision")
-    precision = measured if requested == "auto" and measured else requested
+    return str(measured) if requested == "auto" and measured else requested
+
+
+def _weights(quantization: str, precision: str) -> dict[str, Any]:
+    """How TRL loads the base, as `trainers.train` does.
+
+    `trl sft` loads a model in float32 unless told (its `ModelConfig.dtype` default), where
+    transformers 5 and this trainer load it as its checkpoint is stored: a 16-bit 7B base then
+    holds 28 GB of frozen weights instead of 14, and computes on them cast each step. An NF4
+    preset (QLoRA) otherwise trained a 16-bit (float32) base: TRL's `load_in_4bit` with NF4 and
+    double quantization, as `trainers.model.quantization.nf4_config`, computing in the run's
+    precision (TRL's `dtype` is both the compute type and that of the layers kept whole).
+    """
+    if quantization != "nf4":
+        return {"dtype": "auto"}
+    dtype = {"fp32": "float32", "fp16": "float16"}.get(precision, "bfloat16")  # TRL's default
+    return {
+        "dtype": dtype,
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "use_bnb_nested_quant": True,
+    }
+
+
+def _precision(precision: str) -> dict[str, bool]:
+    """bf16/fp16 flags of the resolved precision."""
     if precision == "bf16":
         return {"bf16": True, "fp16": False}
     if precision == "fp16":

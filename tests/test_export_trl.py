@@ -163,10 +163,75 @@ def test_a_grouped_preset_is_grouped_in_trl(tmp_path: Path, tiny_model_dir: Path
     ],
 )
 def test_precision(precision: str, measured: str, flags: tuple[bool, bool], tmp_path: Path) -> None:
-    from hpo.export_formats import _precision
+    from hpo.export_formats import _precision, _resolved
 
-    got = _precision(precision, {"hardware": {"precision": measured}})
+    got = _precision(_resolved(precision, {"hardware": {"precision": measured}}))
     assert (got["bf16"], got["fp16"]) == flags
+
+
+@pytest.mark.parametrize(
+    ("quantization", "measured", "dtype"),
+    [("none", "bf16", "auto"), ("nf4", "bf16", "bfloat16"), ("nf4", "fp32", "float32")],
+)
+def test_trl_loads_the_base_as_the_trainer_does(
+    tmp_path: Path, tiny_model_dir: Path, quantization: str, measured: str, dtype: str
+) -> None:
+    """`trl sft` loads a base in float32 unless told: a 16-bit preset loads as its checkpoint
+    is stored (transformers 5's default, what `trainers.train` does), and an NF4 preset
+    (QLoRA) in 4 bits with `trainers.model.quantization.nf4_config`'s settings, read back
+    through TRL's own parser and `get_quantization_config`."""
+    from trl import get_quantization_config
+
+    from trainers.model.quantization import nf4_config
+
+    spec = TrainSpec(
+        model=str(tiny_model_dir), data=str(demo_data_path("text")), quantization=quantization
+    )
+    estimate = {**ESTIMATE, "hardware": {"device_kind": "cuda", "precision": measured}}
+    preset = preset_dict(spec, estimate=estimate, provenance=PROVENANCE)
+    (written,) = write_format("trl", preset, tmp_path / "trl.yaml")
+    # bf16 needs a GPU to parse: the loading is what is checked here.
+    _, _, model, _ = _sft_args(written, "--bf16", "false")
+    assert model.dtype == dtype
+    got = get_quantization_config(model)
+    if quantization == "none":
+        assert got is None
+        return
+    ours = nf4_config(measured)
+    assert got.load_in_4bit and got.bnb_4bit_quant_type == ours.bnb_4bit_quant_type == "nf4"
+    assert got.bnb_4bit_use_double_quant == ours.bnb_4bit_use_double_quant is True
+    assert str(got.bnb_4bit_compute_dtype) == str(ours.bnb_4bit_compute_dtype)
+
+
+def test_trl_sft_trains_an_nf4_preset_in_four_bits(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A QLoRA preset's TRL config trains, through `trl sft`'s main, a base whose linear
+    layers are bitsandbytes' 4-bit ones (on the CPU here: bitsandbytes' CPU path)."""
+    import bitsandbytes as bnb
+    from trl import SFTTrainer
+    from trl.scripts.sft import main
+
+    spec = TrainSpec(
+        model=str(tiny_model_dir), data=str(demo_data_path("prompt_completion")),
+        quantization="nf4", max_steps=3,
+    )  # fmt: skip
+    estimate = {**ESTIMATE, "hardware": {"device_kind": "cpu", "precision": "fp32"}}
+    preset = preset_dict(spec, estimate=estimate, provenance=PROVENANCE)
+    (config,) = write_format("trl", preset, tmp_path / "trl.yaml")
+    trained: list[Any] = []
+    train = SFTTrainer.train
+
+    def keep_the_model(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+        trained.append(trainer.model)  # the model TRL built from the config, then trained
+        return train(trainer, *args, **kwargs)
+
+    monkeypatch.setattr(SFTTrainer, "train", keep_the_model)
+    main(*_sft_args(config, "--eval_strategy", "no", "--save_strategy", "no"))
+    (model,) = trained
+    four_bit = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert four_bit and all(m.weight.quant_type == "nf4" for m in four_bit)
+    assert (tmp_path / "trl-output" / "adapter_model.safetensors").is_file()
 
 
 def test_trl_sft_trains_the_exported_config_and_the_loss_falls(
