@@ -128,9 +128,6 @@ def trl_config(
         # and `trl sft` refuses the file; later 5.x read it as their alias. Written either way:
         # TRL's own default is on.
         "gradient_checkpointing": bool(training.get("gradient_checkpointing")),
-        "eval_strategy": "steps",
-        "eval_steps": int(training["eval_interval"]),
-        "logging_steps": int(training["eval_interval"]),
         "seed": int(training.get("seed") or 0),
         "report_to": "none",  # `_mlflow` for a study tracked in MLflow
         # Beside the config, like the converted data: `<config stem>-output`.
@@ -146,6 +143,7 @@ def trl_config(
         config["max_steps"] = int(steps)
     else:
         config["num_train_epochs"] = float(training["epochs"])
+    config.update(_evaluation(int(training["eval_interval"]), config.get("max_steps")))
     config.update(_save_cadence(training, estimate))
     precision = _resolved(training.get("precision", "auto"), estimate)
     config.update(_precision(precision))
@@ -178,6 +176,17 @@ def _test_split(records: int, data: Mapping[str, Any], training: Mapping[str, An
     if records < 2:
         return float(data["validation_fraction"])  # TRL's own split refuses it, as hpo does
     return (eval_rows(records, data, training) - 0.5) / records
+
+
+def _evaluation(interval: int, steps: int | None) -> dict[str, Any]:
+    """hpo's evaluation cadence in TRL's terms. Interval 0 is hpo's "only at the end", which
+    TRL's `eval_steps: 0` refuses: one evaluation at the last step (each epoch's end when the
+    steps are not known); the loss is then logged at transformers' own default cadence."""
+    if interval > 0:
+        return {"eval_strategy": "steps", "eval_steps": interval, "logging_steps": interval}
+    if steps:
+        return {"eval_strategy": "steps", "eval_steps": int(steps)}
+    return {"eval_strategy": "epoch"}
 
 
 def _mlflow(preset: dict[str, Any], tracking: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -170,6 +170,33 @@ def test_precision(precision: str, measured: str, flags: tuple[bool, bool], tmp_
 
 
 @pytest.mark.parametrize(
+    ("interval", "steps_known", "expected"),
+    [
+        (25, True, ("steps", 25, 25)),
+        (0, True, ("steps", 1200, None)),  # hpo's "only at the end": the last step
+        (0, False, ("epoch", None, None)),
+    ],
+)
+def test_evaluation_cadence_trl_accepts(
+    tmp_path: Path, tiny_model_dir: Path, interval: int, steps_known: bool, expected: tuple
+) -> None:
+    """eval_interval 0 (only at the end) was written as `eval_steps: 0`, which TRL's
+    parser refuses: every cadence hpo allows is one TRL reads."""
+    preset = _preset(tiny_model_dir, demo_data_path("text"), eval_interval=interval)
+    if not steps_known:
+        preset["estimate"] = {k: v for k, v in ESTIMATE.items() if k != "full_run_steps"}
+    (written,) = write_format("trl", preset, tmp_path / "trl.yaml")
+    _, sft, _, _ = _sft_args(written)
+    strategy, steps, logging = expected
+    assert sft.eval_strategy.value == strategy
+    if steps is not None:
+        assert sft.eval_steps == steps
+        assert interval or steps == sft.max_steps  # at the end: the run's last step
+    if logging is not None:
+        assert sft.logging_steps == logging
+
+
+@pytest.mark.parametrize(
     ("quantization", "measured", "dtype"),
     [("none", "bf16", "auto"), ("nf4", "bf16", "bfloat16"), ("nf4", "fp32", "float32")],
 )
