@@ -154,6 +154,10 @@ def trl_config(
     # 8 x the preset's effective batch). The preset's count, each process micro-batch x
     # accumulation, as `trainers.train --gpus N` trains it.
     config["num_processes"] = int(training.get("gpus") or 1)
+    if config["num_processes"] > 1:
+        # As trainers.train: every adapter weight takes part in every step, so DDP need not
+        # search the graph for unused ones at each (transformers searches for a PEFT model).
+        config["ddp_find_unused_parameters"] = False
     return config, rows
 
 

@@ -96,6 +96,8 @@ def test_native_data_is_referenced_and_the_preset_carried(tmp_path: Path, tiny_m
 
     assert launch_command_parser().parse_args([*_launch_args(on_four), "sft.py"]).num_processes == 4
     assert _sft_args(on_four)[1].gradient_accumulation_steps == 2  # each process's, as trained
+    assert _sft_args(on_four)[1].ddp_find_unused_parameters is False  # as trainers.train
+    assert sft.ddp_find_unused_parameters is None  # one process: no DDP
     assert "4 GPUs, data-parallel" in on_four.read_text()
 
 
