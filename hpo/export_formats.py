@@ -12,8 +12,9 @@ A study tracked in MLflow gets its TRL run tracked beside it: the config sets `r
 [mlflow]` and, in TRL's `env` section, the study's tracking URI and experiment and the tags
 that nest the run under the study's parent run and name the study, trial, role
 (`full_training_trl`) and the preset's duration estimate (transformers' `MLflowCallback` reads
-them). Its `train_runtime` then sits beside the estimate in the UI. Its loss does not report
-back: TRL evaluates another held-out split, and chat data on every token.
+them). Its `train_runtime` then sits beside the estimate in the UI, and the study's next session
+reads it back against the estimate (`hpo.full_run_reports.trl_run_results`). Its loss does
+not report back: TRL evaluates another held-out split, and chat data on every token.
 
 TRL evaluates its whole test split at every evaluation: the split holds out as many samples as
 hpo's run evaluates (`_test_split`), and `max_steps` is the estimate's steps.
@@ -44,6 +45,15 @@ _TRL_READABLE = {"jsonl": "json", "json": "json", "parquet": "parquet"}
 _NATIVE = ("text", "prompt_completion", "messages")
 # The `hpo.role` tag of a TRL run of a preset: not `full_training`, whose loss the study reads.
 TRL_ROLE = "full_training_trl"
+# On a TRL run: the estimate of its `train_runtime` ({"p10", "p50", "p90"} seconds) and the
+# arguments it was made for, as JSON.
+TRAIN_SECONDS_TAG, EXPORTED_ARGS_TAG = "hpo.predicted_train_seconds", "hpo.exported_args"
+# What sets the steps and their duration: a run given others is not the run predicted.
+COMPARED_ARGS = (
+    "max_steps", "num_train_epochs", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "max_length", "eval_steps", "gradient_checkpointing",
+    "packing",
+)  # fmt: skip
 
 
 def write_format(
@@ -148,7 +158,7 @@ def trl_config(
     precision = _resolved(training.get("precision", "auto"), estimate)
     config.update(_precision(precision))
     config.update(_weights(training.get("quantization", "none"), precision))
-    config.update(_mlflow(preset, tracking))
+    config.update(_mlflow(preset, tracking, config))
     # Not an SFTConfig field: `trl sft` passes the keys its parser does not know to
     # `accelerate launch`, which otherwise starts one process per GPU it sees (an 8-GPU node:
     # 8 x the preset's effective batch). The preset's count, each process micro-batch x
@@ -193,9 +203,16 @@ def _evaluation(interval: int, steps: int | None) -> dict[str, Any]:
     return {"eval_strategy": "epoch"}
 
 
-def _mlflow(preset: dict[str, Any], tracking: Mapping[str, Any] | None) -> dict[str, Any]:
+def _mlflow(
+    preset: dict[str, Any], tracking: Mapping[str, Any] | None, config: Mapping[str, Any]
+) -> dict[str, Any]:
     """`report_to: [mlflow]` and the environment transformers' `MLflowCallback` reads, for a
-    study tracked in MLflow; nothing for one that is not (the run reports nowhere)."""
+    study tracked in MLflow; nothing for one that is not (the run reports nowhere).
+
+    The tags carry what the study compares the run's `train_runtime` with when it reads it
+    back (`hpo.full_run_reports.trl_run_results`): the estimate of the part that covers
+    (`TRAIN_SECONDS_TAG`) and the arguments it was made for (`EXPORTED_ARGS_TAG`: a run
+    given another `--max_steps` on the command line is not the run predicted)."""
     provenance = preset.get("provenance") or {}
     uri = str((tracking or {}).get("tracking_uri") or "")
     experiment = (tracking or {}).get("experiment_name")
@@ -212,11 +229,36 @@ def _mlflow(preset: dict[str, Any], tracking: Mapping[str, Any] | None) -> dict[
     predicted = _duration_band(preset.get("estimate") or {})
     if predicted:
         tags["hpo.predicted_duration"] = predicted
+    train = train_seconds_band(preset.get("estimate") or {})
+    if train:
+        tags[TRAIN_SECONDS_TAG] = json.dumps(train)
+        tags[EXPORTED_ARGS_TAG] = json.dumps({k: config[k] for k in COMPARED_ARGS if k in config})
     env = {"MLFLOW_EXPERIMENT_NAME": str(experiment), "MLFLOW_TAGS": json.dumps(tags)}
     if redact(uri) == uri and "***" not in uri:  # a URI with a password is not written out
         env = {"MLFLOW_TRACKING_URI": uri, **env}
     run_name = f"{provenance.get('study')}-trial-{provenance.get('trial')}-trl"
     return {"report_to": ["mlflow"], "run_name": run_name, "env": env}
+
+
+def train_seconds_band(estimate: Mapping[str, Any]) -> dict[str, float]:
+    """The estimate of what TRL's `train_runtime` measures: the run without the model's load
+    and the data's tokenization (both before `Trainer.train`), as p10/p50/p90 seconds; {}
+    without a breakdown.
+
+    The band is the whole run's, scaled: the time model's p10 and p90 are the total times a
+    factor each (`analysis.timemodel.model.predict`), and start-up and tokenization are a few
+    per cent of a full run.
+    """
+    hours = estimate.get("duration_hours") or {}
+    parts = estimate.get("breakdown_hours") or {}
+    if not all(_is_number(hours.get(q)) for q in ("p10", "p50", "p90")) or not parts:
+        return {}
+    p50 = float(hours["p50"])
+    before = sum(float(parts.get(k) or 0.0) for k in ("startup", "data_loading"))
+    if p50 <= 0 or before >= p50:
+        return {}
+    share = (p50 - before) / p50
+    return {q: round(float(hours[q]) * 3600 * share, 3) for q in ("p10", "p50", "p90")}
 
 
 def _duration_band(estimate: dict[str, Any]) -> str:
@@ -345,7 +387,8 @@ def _header(preset: dict[str, Any], config: dict[str, Any], path: Path) -> str:
         )  # fmt: skip
         lines.append(
             f"tracked in MLflow under the study's run, experiment {env['MLFLOW_EXPERIMENT_NAME']}, "
-            f"at {where}; its loss is not reported back to the study (another split)"
+            f"at {where}; the study reads its train_runtime back against the estimate, not "
+            "its loss (another split)"
         )
     if training.get("checkpoint_minutes") and config.get("save_strategy") == "steps":
         lines.append(

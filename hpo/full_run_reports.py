@@ -1,5 +1,6 @@
 """What the study's own full runs measured: a configuration whose full run reported back is
-judged by the final loss it measured, not by a prediction.
+judged by the final loss it measured, not by a prediction. Its presets trained by `trl sft`
+(`hpo.export --format trl`) report their duration against the estimate (`trl_run_results`).
 
 `python -m trainers.train --preset FILE --tracking-uri URI` tags its MLflow run with the
 study and the trial the preset was exported from, and logs its final validation loss
@@ -25,6 +26,7 @@ full run until the pick was one already trained ended with the best of 8 configu
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -35,7 +37,7 @@ from typing import Any
 
 import optuna
 
-from analysis.calibration.full_runs import FULL_RUN_ROLE, MEASURED_PREFIX
+from analysis.calibration.full_runs import FULL_RUN_ROLE, MEASURED_PREFIX, TRL_PREFIX, TrlRun
 from trainers.preset import DEPARTS_TAG
 
 log = logging.getLogger(__name__)
@@ -181,3 +183,60 @@ def measured_by_trial(study_attrs: Mapping[str, Any]) -> dict[int, MeasuredRun]:
         if run is not None and (held is None or run.added_at >= held.added_at):
             by_trial[run.trial] = run
     return by_trial
+
+
+# ----------------------------------------------------------------------------- TRL runs
+
+RUNTIME_METRIC = "train_runtime"  # transformers' `Trainer.train` time, the model's load aside
+
+
+def trl_run_results(client: Any, experiment_id: str, study_name: str) -> list[TrlRun]:
+    """The finished `trl sft` runs of `study_name`'s exported presets in an MLflow experiment,
+    each with the estimate its export tagged it with. A run whose arguments differ from those
+    exported (another `--max_steps`, batch or length given on the command line) is left out:
+    it is not the run the estimate was made for.
+    """
+    from hpo.export_formats import EXPORTED_ARGS_TAG, TRAIN_SECONDS_TAG, TRL_ROLE
+
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{ROLE_TAG}` = '{TRL_ROLE}'", max_results=500
+    )
+    found = []
+    for run in runs:
+        tags, params = run.data.tags, run.data.params
+        seconds = run.data.metrics.get(RUNTIME_METRIC)
+        if tags.get(STUDY_TAG) != study_name or run.info.status != "FINISHED" or seconds is None:
+            continue
+        try:
+            trial = int(tags[TRIAL_TAG])
+            predicted = {q: float(v) for q, v in json.loads(tags[TRAIN_SECONDS_TAG]).items()}
+            exported = json.loads(tags.get(EXPORTED_ARGS_TAG) or "{}")
+        except (KeyError, TypeError, ValueError):  # exported before these tags, or edited
+            continue
+        changed = [k for k, v in exported.items() if k in params and not _same(v, params[k])]
+        if changed:
+            log.info("TRL run %s changed %s over its export: not compared", run.info.run_id,
+                     ", ".join(changed))  # fmt: skip
+            continue
+        if {"p10", "p50", "p90"} <= set(predicted) and math.isfinite(float(seconds)):
+            found.append(TrlRun(run.info.run_id, trial, float(seconds), predicted))
+    return found
+
+
+def _same(exported: object, logged: str) -> bool:
+    """An exported argument against the param MLflow logged (a string: "8", "8.0", "True")."""
+    try:
+        return float(exported) == float(logged)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(exported).lower() == str(logged).lower()
+
+
+def record_trl(study: optuna.Study, runs: Iterable[TrlRun]) -> int:
+    """Keep the TRL runs the study does not hold yet, one attribute each. Returns how many
+    were new."""
+    held, new = study.user_attrs, 0
+    for run in runs:
+        if TRL_PREFIX + run.run_id not in held:
+            study.set_user_attr(TRL_PREFIX + run.run_id, run.to_attr())
+            new += 1
+    return new

@@ -20,7 +20,13 @@ from hpo.config import StudyConfig
 from hpo.estimator import StudyEstimator
 from hpo.feasible_sampler import redraw_infeasible
 from hpo.final_loss import curve_run_ids
-from hpo.full_run_reports import full_run_results, measured_by_trial, record
+from hpo.full_run_reports import (
+    full_run_results,
+    measured_by_trial,
+    record,
+    record_trl,
+    trl_run_results,
+)
 from hpo.keys import (
     CONFIG_ATTR,
     DATA_ATTR,
@@ -461,6 +467,8 @@ def _learn_from_full_runs(tracker: Tracker, estimator: StudyEstimator, study: op
         client, experiment = tracker.client, str(tracker.experiment_id)
         data = study.user_attrs.get(DATA_ATTR)
         record(study, full_run_results(client, experiment, study.study_name, data))
+        # Its presets trained by `trl sft`: their duration against the estimate, for the user.
+        record_trl(study, trl_run_results(client, experiment, study.study_name))
     except Exception as exc:
         log.warning("could not read the study's full runs from MLflow: %s", redact(str(exc)))
     calibration = estimator.calibration

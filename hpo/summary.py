@@ -10,6 +10,7 @@ from typing import Any
 
 import optuna
 
+from analysis.calibration.full_runs import trl_runs
 from analysis.search.quality import pick_lines
 from common.fmt import format_duration, format_hours
 from common.redact import redact
@@ -72,6 +73,9 @@ class StudySummary:
     measured_full_runs: dict[int, float] = dataclasses.field(default_factory=dict)
     # What the preset's launch command needs beside it: the full run's GPUs (empty for one).
     launch_note: str = ""
+    # The study's presets trained by `trl sft` that reported back: one line each, their
+    # `train_runtime` against the estimate (`hpo.full_run_reports.TrlRun.line`).
+    trl_runs: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -98,6 +102,7 @@ def summarize(
         reference_run=dict(study.user_attrs.get(REFERENCE_ATTR) or {}),
         redrawn=redraw_counts(study.get_trials(deepcopy=False)),
         launch_note=launch_note(config.gpus, config.device),
+        trl_runs=[run.line() for run in trl_runs(study.user_attrs)],
     )
     if not summary.states["complete"]:
         return summary
@@ -185,6 +190,10 @@ def print_summary(summary: StudySummary, server: dict[str, Any]) -> None:
         print("no trial completed: nothing to export")
     else:
         _print_best(summary)
+    if summary.trl_runs:
+        print("its presets trained by trl sft, against the estimate (the model's load aside):")
+        for line in summary.trl_runs:
+            print(f"  {line}")
     _print_ui(summary, server)
     waiting = summary.tracking_records_waiting
     if waiting:

@@ -17,6 +17,7 @@ from trainers.spec import TrainSpec
 
 ESTIMATE = {
     "duration_hours": {"p10": 0.5, "p50": 1.0, "p90": 1.5},
+    "breakdown_hours": {"startup": 0.05, "data_loading": 0.05, "train": 0.85, "eval": 0.05},
     "full_run_steps": 1200,
     "window_hours": 2.0,
     "hardware": {"device_kind": "cpu", "device_name": "cpu", "precision": "fp32"},
@@ -293,7 +294,11 @@ def test_trl_sft_trains_the_exported_config_and_the_loss_falls(
     data = tmp_path / "alpaca.parquet"
     datasets.disable_progress_bars()
     datasets.Dataset.from_list(rows).to_parquet(str(data))
-    preset = _preset(tiny_model_dir, data, micro_batch_size=8, learning_rate=3e-3, max_length=64)
+    steps = 16
+    preset = _preset(
+        tiny_model_dir, data, micro_batch_size=8, learning_rate=3e-3, max_length=64,
+        max_steps=steps,
+    )  # fmt: skip
     preset["provenance"] = {**PROVENANCE, "mlflow_parent_run_id": parent}
     tracking = {"tracking_uri": uri, "experiment_name": "studies"}
     config, converted = write_format("trl", preset, tmp_path / "trl.yaml", tracking=tracking)
@@ -301,9 +306,8 @@ def test_trl_sft_trains_the_exported_config_and_the_loss_falls(
     assert len(records) == len(rows) and records[0]["messages"][1]["content"] == "red"
     assert yaml.safe_load(config.read_text())["datasets"][0]["data_files"] == str(converted)
 
-    steps = 16
-    main(*_sft_args(config, "--max_steps", str(steps), "--logging_steps", "1",
-                    "--save_steps", str(steps), "--eval_strategy", "no"))  # fmt: skip
+    main(*_sft_args(config, "--logging_steps", "1", "--save_steps", str(steps),
+                    "--eval_strategy", "no"))  # fmt: skip
     output = tmp_path / "trl-output"
     state = json.loads((output / f"checkpoint-{steps}" / "trainer_state.json").read_text())
     losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
@@ -323,6 +327,32 @@ def test_trl_sft_trains_the_exported_config_and_the_loss_falls(
     assert (tags["hpo.study_name"], tags["hpo.trial_number"]) == ("demo-study", "7")
     assert tags["hpo.predicted_duration"] == "1.0 h (p10-p90 30.0 min to 1.5 h)"
     assert run.data.metrics["train_runtime"] > 0 and "train_loss" in run.data.metrics
+
+    # The study reads it back: its train_runtime against the estimate of that part, the
+    # whole run's band without the model's load and tokenization (0.1 of 1 h here).
+    import optuna
+
+    from analysis.calibration.full_runs import trl_runs
+    from analysis.report.document import trl_line
+    from hpo.full_run_reports import record_trl, trl_run_results
+
+    experiment = run.info.experiment_id
+    # Given another --max_steps than exported: not the run the estimate was made for.
+    main(*_sft_args(config, "--max_steps", "4", "--eval_strategy", "no", "--save_strategy", "no"))
+    assert len(client.search_runs([experiment])) == 3  # the parent and both TRL runs
+    (read,) = trl_run_results(client, experiment, "demo-study")
+    assert read.run_id == run.info.run_id and read.trial == 7
+    assert read.seconds == run.data.metrics["train_runtime"]
+    assert read.predicted == pytest.approx({"p10": 1620.0, "p50": 3240.0, "p90": 4860.0})
+    assert trl_run_results(client, experiment, "another-study") == []
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="demo-study", storage=storage)
+    assert record_trl(study, [read]) == 1 and record_trl(study, [read]) == 0  # kept once
+    attrs = optuna.load_study(study_name="demo-study", storage=storage).user_attrs
+    assert trl_runs(attrs) == [read]
+    line = trl_line(attrs)
+    assert line is not None and "trial 7: " in line and "54.0 min predicted" in line
+    assert "below p10" in line  # a tiny run against an hour's estimate
 
 
 def test_a_study_tracked_behind_a_password_or_not_at_all(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from analysis.calibration.file import Calibration, LossRun
 from analysis.calibration.fit import update
 from analysis.calibration.measurements import RunMeasurements
 from common.errors import BadInputError
+from common.fmt import format_duration
 from common.redact import redact
 from trainers.preset import changes_the_loss
 from trainers.tracking import REPORT_ARTIFACT
@@ -193,3 +195,67 @@ def absorb(calibration: Calibration, runs: Sequence[FullRun]) -> tuple[Calibrati
         timed += 1
     new_losses = [lr for lr in losses if lr not in calibration.loss_runs]
     return calibration.with_loss_runs(new_losses), len(new_losses), timed
+
+
+# ----------------------------------------------------------------------------- TRL runs
+
+TRL_PREFIX = "trl_run_measured:"  # on the study, one attribute per TRL run read, + its run id
+
+
+@dataclass(frozen=True)
+class TrlRun:
+    """A `trl sft` run of one of the study's exported presets (`hpo.export --format trl`)
+    that finished: its `train_runtime` against the estimate of that part of the run.
+
+    Attributes:
+        run_id: Its MLflow run id.
+        trial: The trial its config was exported from.
+        seconds: Its `train_runtime`.
+        predicted: The export's estimate of it, {"p10", "p50", "p90"} seconds.
+    """
+
+    run_id: str
+    trial: int
+    seconds: float
+    predicted: Mapping[str, float]
+
+    @property
+    def inside(self) -> bool:
+        return self.predicted["p10"] <= self.seconds <= self.predicted["p90"]
+
+    def line(self) -> str:
+        """One line a user reads: "trial 16: 3.9 h measured by trl sft (train_runtime) against
+        4.1 h predicted (p10-p90 3.5 h to 4.8 h), inside the band, x0.95 (MLflow run ...)"."""
+        p = {q: format_duration(v) for q, v in self.predicted.items()}
+        where = "inside the band" if self.inside else (
+            "above p90" if self.seconds > self.predicted["p90"] else "below p10"
+        )  # fmt: skip
+        return (
+            f"trial {self.trial}: {format_duration(self.seconds)} measured by trl sft "
+            f"(train_runtime) against {p['p50']} predicted (p10-p90 {p['p10']} to {p['p90']}), "
+            f"{where}, x{self.seconds / self.predicted['p50']:.2f} (MLflow run {self.run_id})"
+        )
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"trial": self.trial, "seconds": self.seconds, "predicted": dict(self.predicted)}
+
+    @classmethod
+    def from_attr(cls, run_id: str, value: object) -> TrlRun | None:
+        if not isinstance(value, Mapping):
+            return None
+        try:
+            predicted = {q: float(value["predicted"][q]) for q in ("p10", "p50", "p90")}
+            run = cls(run_id, int(value["trial"]), float(value["seconds"]), predicted)
+        except (KeyError, TypeError, ValueError):
+            return None
+        return run if math.isfinite(run.seconds) and run.predicted["p50"] > 0 else None
+
+
+def trl_runs(study_attrs: Mapping[str, Any]) -> list[TrlRun]:
+    """The study's recorded TRL runs, by trial."""
+    runs = (
+        TrlRun.from_attr(key.removeprefix(TRL_PREFIX), value)
+        for key, value in study_attrs.items()
+        if key.startswith(TRL_PREFIX)
+    )
+    return sorted((r for r in runs if r is not None), key=lambda r: (r.trial, r.run_id))

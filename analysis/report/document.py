@@ -162,6 +162,9 @@ def _markdown(
     measured = measured_line(study.user_attrs)
     if measured:
         lines += [measured, ""]
+    trl = trl_line(study.user_attrs)
+    if trl:
+        lines += [trl, ""]
     search = search_line(study.user_attrs.get(SEARCH_ATTR))
     if search:
         lines += [search, ""]
@@ -192,6 +195,18 @@ def measured_line(study_attrs: Mapping[str, object]) -> str | None:
         for trial, loss, run, early in sorted(runs)
     )
     return f"Full runs reported back, final validation loss measured: {listed}."
+
+
+def trl_line(study_attrs: Mapping[str, object]) -> str | None:
+    """The study's presets trained by `trl sft` that reported back: each run's `train_runtime`
+    against the estimate (`hpo.full_run_reports.TrlRun`); None without any."""
+    from analysis.calibration.full_runs import trl_runs
+
+    runs = trl_runs(study_attrs)
+    if not runs:
+        return None
+    listed = "; ".join(run.line() for run in runs)
+    return f"Presets trained by trl sft, duration without the model's load: {listed}."
 
 
 def search_line(search: object, width: int = 20) -> str | None:
