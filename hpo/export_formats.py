@@ -52,7 +52,7 @@ TRAIN_SECONDS_TAG, EXPORTED_ARGS_TAG = "hpo.predicted_train_seconds", "hpo.expor
 COMPARED_ARGS = (
     "max_steps", "num_train_epochs", "per_device_train_batch_size",
     "gradient_accumulation_steps", "max_length", "eval_steps", "gradient_checkpointing",
-    "packing",
+    "packing", "use_liger_kernel", "torch_compile",
 )  # fmt: skip
 
 
@@ -158,6 +158,7 @@ def trl_config(
     precision = _resolved(training.get("precision", "auto"), estimate)
     config.update(_precision(precision))
     config.update(_weights(training.get("quantization", "none"), precision))
+    config.update(_levers(training, estimate))
     config.update(_mlflow(preset, tracking, config))
     # Not an SFTConfig field: `trl sft` passes the keys its parser does not know to
     # `accelerate launch`, which otherwise starts one process per GPU it sees (an 8-GPU node:
@@ -330,6 +331,21 @@ def _weights(quantization: str, precision: str) -> dict[str, Any]:
         "bnb_4bit_quant_type": "nf4",
         "use_bnb_nested_quant": True,
     }
+
+
+def _levers(training: Mapping[str, Any], estimate: Mapping[str, Any]) -> dict[str, bool]:
+    """The speed levers the preset's run uses that TRL has: Liger's kernels (where
+    `trainers.model.levers.requested_levers` turns them on for the estimate's device) and
+    `torch.compile`. Left out, the TRL run is slower than the estimate counted."""
+    from trainers.model.levers import requested_levers
+
+    kind = str((estimate.get("hardware") or {}).get("device_kind") or "cuda")
+    levers: dict[str, bool] = {}
+    if "liger" in requested_levers(str(training.get("liger") or "auto"), "off", kind):
+        levers["use_liger_kernel"] = True
+    if training.get("compile"):
+        levers["torch_compile"] = True
+    return levers
 
 
 def _precision(precision: str) -> dict[str, bool]:

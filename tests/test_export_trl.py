@@ -200,6 +200,34 @@ def test_evaluation_cadence_trl_accepts(
 
 
 @pytest.mark.parametrize(
+    ("liger", "compile_", "device", "expected"),
+    [
+        ("on", False, "cuda", (True, False)),
+        ("on", True, "cpu", (False, True)),  # Liger's kernels are CUDA's
+        ("off", True, "cuda", (False, True)),
+        ("auto", False, "cuda", (False, False)),  # on once a lease measured it faster
+    ],
+)
+def test_the_speed_levers_the_run_uses_go_to_trl(
+    tmp_path: Path, tiny_model_dir: Path, liger: str, compile_: bool, device: str,
+    expected: tuple[bool, bool],
+) -> None:  # fmt: skip
+    """Liger's kernels and torch.compile, where the preset's run uses them: left out, TRL's
+    run would be slower than the estimate counted."""
+    spec = TrainSpec(
+        model=str(tiny_model_dir), data=str(demo_data_path("text")), liger=liger, compile=compile_
+    )
+    estimate = {**ESTIMATE, "hardware": {"device_kind": device, "precision": "fp32"}}
+    preset = preset_dict(spec, estimate=estimate, provenance=PROVENANCE)
+    (written,) = write_format("trl", preset, tmp_path / "trl.yaml")
+    _, sft, _, _ = _sft_args(written)
+    from trainers.model.levers import MEASURED_FASTER
+
+    measured = liger == "auto" and device == "cuda" and "liger" in MEASURED_FASTER
+    assert (sft.use_liger_kernel, sft.torch_compile) == (expected[0] or measured, expected[1])
+
+
+@pytest.mark.parametrize(
     ("quantization", "measured", "dtype"),
     [("none", "bf16", "auto"), ("nf4", "bf16", "bfloat16"), ("nf4", "fp32", "float32")],
 )
