@@ -106,9 +106,11 @@ def trl_config(
     lora, data, training = preset["lora"], preset["data"], preset["training"]
     estimate = preset.get("estimate") or {}
     source = open_source(data["path"])
-    shape, native, _ = read_native(source, skip_bad_lines=bool(data.get("skip_bad_lines")))
+    shape, native, skipped = read_native(source, skip_bad_lines=bool(data.get("skip_bad_lines")))
     rows: list[dict[str, Any]] | None = None
-    if shape in _NATIVE and source.kind in _TRL_READABLE:
+    # A file with records the preset skips (`skip_bad_lines`) is not given to TRL as it is:
+    # its loader would stop at the first malformed line, or train on a record hpo refused.
+    if shape in _NATIVE and source.kind in _TRL_READABLE and not skipped:
         dataset = {"path": _TRL_READABLE[source.kind], "data_files": str(source.path.resolve())}
     else:
         rows = native

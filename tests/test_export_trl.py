@@ -102,6 +102,27 @@ def test_native_data_is_referenced_and_the_preset_carried(tmp_path: Path, tiny_m
     assert "4 GPUs, data-parallel" in on_four.read_text()
 
 
+def test_records_the_preset_skips_are_left_out_of_trls_copy(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A preset with `skip_bad_lines` over a JSONL file that has bad lines: TRL gets the good
+    records, converted beside the config, not the file its loader would stop in."""
+    from trl import get_dataset
+
+    good = [{"prompt": f"q{i}", "completion": f"a{i}"} for i in range(40)]
+    lines = [json.dumps(r) for r in good]
+    lines[3:3] = ["{not json", json.dumps({"prompt": "no completion"})]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    spec = TrainSpec(model=str(tiny_model_dir), data=str(data), skip_bad_lines=True)
+    preset = preset_dict(spec, estimate=ESTIMATE, provenance=PROVENANCE)
+    config, converted = write_format("trl", preset, tmp_path / "trl.yaml")
+    assert [json.loads(line) for line in converted.read_text().splitlines()] == good
+    _, _, _, mixture = _sft_args(config)
+    split = get_dataset(mixture)
+    assert len(split["train"]) + len(split["test"]) == len(good)
+
+
 @pytest.mark.parametrize(
     ("records", "fraction", "eval_samples", "held_out"),
     [(6000, 0.1, 64, 64), (1001, 0.05, 48, 48), (300, 0.1, 64, 30), (20, 0.5, 4, 4)],
