@@ -175,9 +175,10 @@ def trl_config(
 
 
 def eval_rows(records: int, data: Mapping[str, Any], training: Mapping[str, Any]) -> int:
-    """The samples hpo's run evaluates each time: `eval_samples` of its validation split
-    (`trainers.data.dataset.split_indices`'s share, at least one, leaving one to train)."""
-    validation = min(max(1, round(records * float(data["validation_fraction"]))), records - 1)
+    """The samples hpo's run evaluates each time: `eval_samples` of its validation split."""
+    from trainers.data.dataset import validation_count
+
+    validation = validation_count(records, float(data["validation_fraction"]))
     return max(1, min(int(training.get("eval_samples") or validation), validation))
 
 

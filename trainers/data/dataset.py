@@ -197,6 +197,11 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
     return TokenizedData(train, validation, stats, cached is not None, str(cache_file))
 
 
+def validation_count(count: int, validation_fraction: float) -> int:
+    """Samples of ``count`` held out for validation: the share, at least one, leaving one."""
+    return min(max(1, round(count * validation_fraction)), count - 1)
+
+
 def split_indices(count: int, validation_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """Deterministic train/validation split of ``count`` samples (each side keeps file order).
 
@@ -205,7 +210,7 @@ def split_indices(count: int, validation_fraction: float, seed: int) -> tuple[li
     """
     order = list(range(count))
     random.Random(seed).shuffle(order)
-    n_validation = min(max(1, round(count * validation_fraction)), count - 1)
+    n_validation = validation_count(count, validation_fraction)
     return sorted(order[n_validation:]), sorted(order[:n_validation])
 
 
