@@ -74,7 +74,7 @@ class StudySummary:
     # What the preset's launch command needs beside it: the full run's GPUs (empty for one).
     launch_note: str = ""
     # The study's presets trained by `trl sft` that reported back: one line each, their
-    # `train_runtime` against the estimate (`hpo.full_run_reports.TrlRun.line`).
+    # `train_runtime` against the estimate (`analysis.calibration.full_runs.TrlRun.line`).
     trl_runs: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
