@@ -14,7 +14,11 @@ that nest the run under the study's parent run and name the study, trial, role
 (`full_training_trl`) and the preset's duration estimate (transformers' `MLflowCallback` reads
 them). Its `train_runtime` then sits beside the estimate in the UI, and the study's next session
 reads it back against the estimate (`hpo.full_run_reports.trl_run_results`). Its loss does
-not report back: TRL evaluates another held-out split, and chat data on every token.
+not report back: TRL evaluates another held-out split.
+
+Chat records carry loss on the tokens hpo's trainer trains (`hpo.export_chat`): a template
+written beside the config where the tokenizer has none, prompt/completion records where each
+has one reply, TRL's `assistant_only_loss` where the template marks the turns.
 
 TRL evaluates its whole test split at every evaluation: the split holds out as many samples as
 hpo's run evaluates (`_test_split`), and `max_steps` is the estimate's steps.
@@ -30,7 +34,7 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -38,6 +42,7 @@ from common.errors import BadInputError
 from common.files import write_atomic
 from common.fmt import format_duration
 from common.redact import redact
+from hpo.export_chat import ChatLoss, chat_loss
 
 FORMATS = ("preset", "trl")
 # `datasets` builders TRL's loader can point at a user's file directly.
@@ -77,12 +82,16 @@ def write_format(
     if fmt != "trl":
         raise BadInputError(f"--format must be one of {', '.join(FORMATS)}, but got {fmt!r}")
     path = Path(out)
-    config, data_rows = trl_config(preset, data_out=_data_file(path), tracking=tracking)
+    trl = trl_config(preset, data_out=_data_file(path), tracking=tracking)
     written = []
-    if data_rows is not None:
-        lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in data_rows)
+    if trl.rows is not None:
+        lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in trl.rows)
         written.append(write_atomic(_data_file(path), lines))
-    text = _header(preset, config, path) + yaml.safe_dump(config, sort_keys=False)
+    if trl.chat.template is not None:
+        written.append(write_atomic(_template_file(_data_file(path)), trl.chat.template))
+    text = _header(preset, trl.config, path, trl.chat.note) + yaml.safe_dump(
+        trl.config, sort_keys=False
+    )
     return [write_atomic(path, text), *written]
 
 
@@ -90,10 +99,25 @@ def _data_file(config_path: Path) -> Path:
     return config_path.with_name(f"{config_path.stem}.data.jsonl")
 
 
+def _template_file(data_file: Path) -> Path:
+    """Beside the converted data: `<config stem>.chat_template.jinja` (TRL reads a template
+    from a file only by its `.jinja` or `.j2` suffix)."""
+    return data_file.with_name(data_file.name.replace(".data.jsonl", ".chat_template.jinja"))
+
+
+class TrlFiles(NamedTuple):
+    """What `trl_config` makes of a preset."""
+
+    config: dict[str, Any]
+    rows: list[dict[str, Any]] | None  # records converted for TRL, or None: the file as it is
+    chat: ChatLoss  # how chat records carry loss (its template, its header line)
+
+
 def trl_config(
     preset: dict[str, Any], *, data_out: Path, tracking: Mapping[str, Any] | None = None
-) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
-    """The `trl sft` config of a preset, and the converted records when TRL cannot read the data.
+) -> TrlFiles:
+    """The `trl sft` config of a preset, the converted records when TRL cannot read the data
+    (or would take the loss elsewhere than hpo) and a chat template when TRL needs one.
 
     Args:
         preset: The preset content.
@@ -108,9 +132,16 @@ def trl_config(
     source = open_source(data["path"])
     shape, native, skipped = read_native(source, skip_bad_lines=bool(data.get("skip_bad_lines")))
     rows: list[dict[str, Any]] | None = None
+    chat = ChatLoss()
+    if "messages" in native[0]:
+        template_file = str(_template_file(data_out.resolve()))
+        chat = chat_loss(native, str(preset["model"]["path"]), template_file)
     # A file with records the preset skips (`skip_bad_lines`) is not given to TRL as it is:
     # its loader would stop at the first malformed line, or train on a record hpo refused.
-    if shape in _NATIVE and source.kind in _TRL_READABLE and not skipped:
+    if chat.rows is not None:
+        rows = chat.rows
+        dataset = {"path": "json", "data_files": str(data_out.resolve())}
+    elif shape in _NATIVE and source.kind in _TRL_READABLE and not skipped:
         dataset = {"path": _TRL_READABLE[source.kind], "data_files": str(source.path.resolve())}
     else:
         rows = native
@@ -161,6 +192,7 @@ def trl_config(
     config.update(_precision(precision))
     config.update(_weights(training.get("quantization", "none"), precision))
     config.update(_levers(training, estimate))
+    config.update(chat.config)
     config.update(_mlflow(preset, tracking, config))
     # Not an SFTConfig field: `trl sft` passes the keys its parser does not know to
     # `accelerate launch`, which otherwise starts one process per GPU it sees (an 8-GPU node:
@@ -171,7 +203,7 @@ def trl_config(
         # As trainers.train: every adapter weight takes part in every step, so DDP need not
         # search the graph for unused ones at each (transformers searches for a PEFT model).
         config["ddp_find_unused_parameters"] = False
-    return config, rows
+    return TrlFiles(config, rows, chat)
 
 
 def eval_rows(records: int, data: Mapping[str, Any], training: Mapping[str, Any]) -> int:
@@ -362,7 +394,7 @@ def _precision(precision: str) -> dict[str, bool]:
     return {}  # 'auto' without a measurement: TRL's own default (bf16 unless fp16 is set)
 
 
-def _header(preset: dict[str, Any], config: dict[str, Any], path: Path) -> str:
+def _header(preset: dict[str, Any], config: dict[str, Any], path: Path, chat_note: str) -> str:
     provenance = preset.get("provenance") or {}
     estimate = preset.get("estimate") or {}
     duration = estimate.get("duration_hours") or {}
@@ -377,9 +409,10 @@ def _header(preset: dict[str, Any], config: dict[str, Any], path: Path) -> str:
         "The estimate carries to TRL for the same model, batch shape, precision and data; "
         "TRL differs in: no window guard, early stopping or divergence rollback; "
         "a random held-out split of the samples it evaluates (hpo: the first eval_samples of "
-        "a validation_fraction split, at eval_max_length); "
-        "chat data takes loss on every token (hpo: assistant turns only)",
+        "a validation_fraction split, at eval_max_length)",
     ]
+    if chat_note:
+        lines.append(chat_note)
     if config.get("max_steps") and not training.get("max_steps"):
         lines.append(
             f"max_steps {config['max_steps']:,}: the preset's {training['epochs']:g} epoch(s) "

@@ -352,7 +352,8 @@ def test_trl_sft_trains_the_exported_config_and_the_loss_falls(
     tracking = {"tracking_uri": uri, "experiment_name": "studies"}
     config, converted = write_format("trl", preset, tmp_path / "trl.yaml", tracking=tracking)
     records = [json.loads(line) for line in converted.read_text().splitlines()]
-    assert len(records) == len(rows) and records[0]["messages"][1]["content"] == "red"
+    # One reply a record: conversational prompt/completion, the loss on the reply (as hpo).
+    assert len(records) == len(rows) and records[0]["completion"][0]["content"] == "red"
     assert yaml.safe_load(config.read_text())["datasets"][0]["data_files"] == str(converted)
 
     main(*_sft_args(config, "--logging_steps", "1", "--save_steps", str(steps),

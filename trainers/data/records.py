@@ -21,6 +21,7 @@ carries loss too).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -268,6 +269,31 @@ def _render(
             pieces.append((eos, True))
         pieces.append(("\n", False))
     return pieces
+
+
+def fallback_chat_template(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The rendering ``_render`` gives a tokenizer without a chat template, as a Jinja template.
+
+    Its ``{% generation %}`` markers enclose what carries loss here (an assistant's content and
+    its eos), so a trainer that masks by them (transformers' ``return_assistant_tokens_mask``,
+    TRL's ``assistant_only_loss``) trains the same tokens as this project's trainer.
+    """
+    prefix = special_prefix(tokenizer)
+    if not prefix:
+        start = ""
+    elif prefix == [tokenizer.bos_token_id]:
+        start = "{{ bos_token }}"
+    else:  # a prefix of other special tokens: their text, as a Jinja string literal
+        start = "{{ " + json.dumps(tokenizer.decode(prefix)) + " }}"
+    return (
+        start + "{% for message in messages %}"
+        "{{ '<|' + message['role'] + '|>\\n' }}"
+        "{% if message['role'] == 'assistant' %}"
+        "{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}"
+        "{% else %}{{ message['content'] }}{% endif %}"
+        "{{ '\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+    )
 
 
 def _render_with_template(

@@ -1,0 +1,147 @@
+"""Chat records in a TRL export: the loss on the tokens hpo's trainer puts it on.
+
+hpo trains a conversation's assistant turns only (`trainers.data.records`): with a chat
+template, what rendering a turn adds to the rendering of the messages before it with the
+generation prompt; without one, its own `<|role|>` lines with the assistant's content and eos
+labelled. `trl sft` on a `messages` file takes loss on every token unless told otherwise, and
+fails outright on a tokenizer without a chat template. In the order tried:
+
+1. No chat template: hpo's own rendering as a Jinja file with `{% generation %}` markers
+   (`fallback_chat_template`), `chat_template_path` and `assistant_only_loss`: the same text
+   and the same labelled tokens.
+2. One assistant reply per record, last (Alpaca's, most instruction data): conversational
+   prompt/completion records. TRL then labels what rendering the reply adds to the prompt
+   rendered with the generation prompt, hpo's own rule, under any template and any TRL 1.x.
+3. A template with `{% generation %}` markers: `assistant_only_loss`.
+4. A template the installed TRL knows a training version of
+   (`trl.chat_template_utils.get_training_chat_template`): that version written beside the
+   config, so a TRL that would not swap it in itself (1.0) trains on it too.
+5. Otherwise every token carries loss, and the header says in how many records that differs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# `{% generation %}` with Jinja's whitespace-trim variants, as transformers finds it.
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+@dataclass(frozen=True)
+class ChatLoss:
+    """How a chat data set goes to TRL.
+
+    Attributes:
+        config: `SFTConfig` fields to set (`chat_template_path` names `template`'s file).
+        rows: The records converted for TRL (prompt/completion), or None to keep them.
+        template: A chat template to write beside the config, or None.
+        note: The header's line: what carries loss, and why.
+    """
+
+    config: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] | None = None
+    template: str | None = None
+    note: str = ""
+
+
+def chat_loss(records: Sequence[dict[str, Any]], model_path: str, template_file: str) -> ChatLoss:
+    """Decide how `records` (native `messages` records) go to TRL; see the module's docstring.
+
+    Args:
+        records: The good records, `{"messages": [...]}` each.
+        model_path: The preset's model folder, whose tokenizer renders them.
+        template_file: Where a template would be written (the config names it).
+    """
+    from trainers.data.records import fallback_chat_template
+    from trainers.model.lora import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(model_path)
+    except Exception:  # a preset carried to another machine: the model is not here
+        tokenizer = None
+    several = sum(1 for record in records if not _one_reply_last(record["messages"]))
+    if tokenizer is not None and not tokenizer.chat_template:
+        return ChatLoss(
+            {"chat_template_path": template_file, "assistant_only_loss": True},
+            template=fallback_chat_template(tokenizer),
+            note=(
+                "chat data, the tokenizer has no chat template: hpo's own rendering (<|role|> "
+                f"lines, eos after each reply) in {template_file}, its {{% generation %}} "
+                "markers around what hpo trains on (assistant_only_loss)"
+            ),
+        )
+    if several == 0:
+        rows = [
+            {"prompt": record["messages"][:-1], "completion": record["messages"][-1:]}
+            for record in records
+        ]
+        return ChatLoss(
+            {"completion_only_loss": True},
+            rows=rows,
+            note=(
+                "chat data, one assistant reply per record: given to TRL as conversational "
+                "prompt/completion, so the loss is on the reply as rendered by the model's chat "
+                "template, as hpo trains it (completion_only_loss)"
+            ),
+        )
+    template = _template_text(tokenizer)
+    if template is not None and _GENERATION.search(template):
+        return ChatLoss(
+            {"assistant_only_loss": True},
+            note=(
+                "chat data: the loss on the assistant turns the model's chat template marks "
+                "with {% generation %} (assistant_only_loss)"
+            ),
+        )
+    training = _training_template(tokenizer) if template is not None else None
+    if training is not None:
+        return ChatLoss(
+            {"chat_template_path": template_file, "assistant_only_loss": True},
+            template=training,
+            note=(
+                "chat data: the loss on assistant turns only (assistant_only_loss) through TRL's "
+                f"training version of the model's chat template, written to {template_file}"
+            ),
+        )
+    why = (
+        "the model's tokenizer is not here to tell" if tokenizer is None
+        else "the model's chat template has no {% generation %} markers, nor a training "
+        "version TRL knows"
+    )  # fmt: skip
+    return ChatLoss(
+        note=(
+            f"chat data takes loss on every token in TRL: {several:,} of {len(records):,} "
+            f"records have several assistant turns, and {why} (hpo: assistant turns only)"
+        )
+    )
+
+
+def _one_reply_last(messages: Sequence[dict[str, Any]]) -> bool:
+    roles = [message["role"] for message in messages]
+    return roles.count("assistant") == 1 and roles[-1] == "assistant"
+
+
+def _template_text(tokenizer: Any) -> str | None:
+    if tokenizer is None:
+        return None
+    template = tokenizer.chat_template
+    if isinstance(template, dict):  # named variants: TRL and transformers use `default`
+        template = template.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _training_template(tokenizer: Any) -> str | None:
+    """TRL's training version of the tokenizer's template, when this TRL knows one."""
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+    except ImportError:  # the export does not need TRL installed
+        return None
+    try:
+        template = get_training_chat_template(tokenizer)
+    except (ValueError, TypeError):  # a template TRL has no training version of
+        return None
+    # None: the template needs no patching, which TRL says only of one with markers.
+    return template if isinstance(template, str) and _GENERATION.search(template) else None

@@ -1,0 +1,247 @@
+"""Chat data in `hpo.export --format trl`: `trl sft` takes the loss where hpo's trainer does.
+
+Each case exports a chat data set for a copy of the tiny model with another chat template,
+trains it one step with `trl sft`'s own main, and compares the labels TRL's collator builds
+for every training sample with the labels `trainers.data.records` gives the same record.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hpo.export_formats import write_format
+from trainers.data.records import fallback_chat_template, read_pieces, tokenize_pieces
+from trainers.preset import preset_dict
+from trainers.spec import TrainSpec
+from trainers.tiny import CHAT_TEMPLATE
+
+ESTIMATE = {
+    "duration_hours": {"p10": 0.5, "p50": 1.0, "p90": 1.5},
+    "full_run_steps": 1,
+    "window_hours": 2.0,
+    "hardware": {"device_kind": "cpu", "device_name": "cpu", "precision": "fp32"},
+}
+# The tiny template with `{% generation %}` around what hpo's rule labels in it: an
+# assistant's content, its eos and the newline the template adds inside the turn.
+MARKED = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + eos_token + '\\n' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
+
+def _model_with(template: str | None, source: Path, out: Path) -> Path:
+    """A copy of the tiny model whose tokenizer has `template` (None: no chat template)."""
+    from transformers import AutoTokenizer
+
+    shutil.copytree(source, out)
+    for saved in out.glob("chat_template.j*"):
+        saved.unlink()
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(out)
+    assert bool(AutoTokenizer.from_pretrained(out).chat_template) == (template is not None)
+    return out
+
+
+def _chats(path: Path, exchanges: int, count: int = 24) -> Path:
+    rows = []
+    for i in range(count):
+        messages = [{"role": "system", "content": "Answer briefly."}]
+        for k in range(exchanges):
+            messages += [
+                {"role": "user", "content": f"What is colour {i}.{k}?"},
+                {"role": "assistant", "content": f"It is red {i}.{k}."},
+            ]
+        rows.append({"messages": messages})
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _export(model: Path, data: Path, out: Path, max_length: int = 160) -> list[Path]:
+    spec = TrainSpec(
+        model=str(model), data=str(data), micro_batch_size=4, max_length=max_length, max_steps=1
+    )
+    preset = preset_dict(spec, estimate=ESTIMATE, provenance={"study": "chat", "trial": 1})
+    return write_format("trl", preset, out)
+
+
+def _trl_labels(config: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) of every training sample, as TRL's collator gives them to the model
+    in a one-step `trl sft` run of `config`."""
+    from trl import SFTTrainer
+    from trl.scripts.sft import main, make_parser
+
+    trainers: list[Any] = []
+    train = SFTTrainer.train
+
+    def keep(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+        trainers.append(trainer)
+        return train(trainer, *args, **kwargs)
+
+    monkeypatch.setattr(SFTTrainer, "train", keep)
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_TAGS"):
+        monkeypatch.delenv(name, raising=False)
+    args = ["--config", str(config), "--eval_strategy", "no", "--save_strategy", "no"]
+    parsed = make_parser(prog="trl sft").parse_args_and_config(
+        args, return_remaining_strings=True, separate_remaining_strings=True
+    )
+    main(*parsed[:4])
+    (trainer,) = trainers
+    samples = []
+    for sample in trainer.train_dataset:
+        batch = trainer.data_collator([sample])
+        samples.append((batch["input_ids"][0].tolist(), batch["labels"][0].tolist()))
+    return samples
+
+
+def _spans(tokenizer: Any, ids: list[int], labels: list[int]) -> tuple[str, list[str]]:
+    """A sample's text and the text of each run of tokens that carries loss."""
+    spans, run = [], []
+    for token, label in zip(ids, labels, strict=True):
+        if label != -100:
+            run.append(token)
+        elif run:
+            spans.append(tokenizer.decode(run))
+            run = []
+    if run:
+        spans.append(tokenizer.decode(run))
+    return tokenizer.decode(ids), spans
+
+
+def _hpo_spans(model: Path, data: Path) -> dict[str, list[str]]:
+    from trainers.model.lora import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model))
+    _, pieces, _ = read_pieces(data, tokenizer)
+    return dict(_spans(tokenizer, ids, labels) for ids, labels in tokenize_pieces(pieces, tokenizer))
+
+
+@pytest.mark.parametrize(
+    ("template", "exchanges", "written", "flag"),
+    [
+        # No chat template: TRL cannot render chat records at all without the one written.
+        (None, 2, {".chat_template.jinja"}, "assistant_only_loss"),
+        # One reply a record, a template without markers: conversational prompt/completion.
+        (CHAT_TEMPLATE, 1, {".data.jsonl"}, "completion_only_loss"),
+        # Several replies, a template that marks them.
+        (MARKED, 2, set(), "assistant_only_loss"),
+    ],
+    ids=["no-template", "one-reply", "marked-template"],
+)
+def test_trl_takes_the_loss_on_the_tokens_hpo_trains(
+    template: str | None,
+    exchanges: int,
+    written: set[str],
+    flag: str,
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = _model_with(template, tiny_model_dir, tmp_path / "model")
+    data = _chats(tmp_path / "chat.jsonl", exchanges)
+    config, *extra = _export(model, data, tmp_path / "trl.yaml")
+    assert {path.name.removeprefix("trl") for path in extra} == written
+    assert yaml.safe_load(config.read_text())[flag] is True
+    assert "every token" not in config.read_text()
+
+    hpo = _hpo_spans(model, data)
+    samples = _trl_labels(config, monkeypatch)
+    assert len(samples) >= 20  # all but the few it holds out
+    from trainers.model.lora import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model))
+    for ids, labels in samples:
+        text, spans = _spans(tokenizer, ids, labels)
+        assert spans == hpo[text]  # the same sample, the same tokens carry loss
+        assert len(spans) == exchanges and all(span.startswith("It is red") for span in spans)
+
+
+def test_a_template_trl_knows_a_training_version_of(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen2.5's template has no markers; TRL's training version of it is written beside the
+    config, so the replies alone carry loss (a TRL that would not swap it in reads it too)."""
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    model = _model_with(qwen2_5_chat_template, tiny_model_dir, tmp_path / "model")
+    data = _chats(tmp_path / "chat.jsonl", 2)
+    config, written = _export(model, data, tmp_path / "trl.yaml", max_length=400)
+    assert written.name == "trl.chat_template.jinja" and "generation" in written.read_text()
+    assert yaml.safe_load(config.read_text())["chat_template_path"] == str(written)
+
+    hpo = _hpo_spans(model, data)
+    from trainers.model.lora import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model))
+    samples = _trl_labels(config, monkeypatch)
+    assert samples
+    for ids, labels in samples:
+        _, spans = _spans(tokenizer, ids, labels)
+        # TRL's markers and hpo's rule may draw a turn's edge a newline apart: the same
+        # replies carry loss, and nothing of the system or user messages does.
+        assert len(spans) == 2 and "colour" not in "".join(spans)
+        (hpo_spans,) = {tuple(s) for t, s in hpo.items() if spans[0].strip() in t}
+        assert [s.strip() for s in spans] == [s.strip() for s in hpo_spans]
+
+
+def test_a_conversation_trl_cannot_mask_is_named_in_the_header(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several replies and a template neither marked nor known to TRL: the header says how
+    many records take loss on every token, and that is what TRL trains."""
+    data = tmp_path / "chat.jsonl"
+    rows = [json.loads(line) for line in _chats(tmp_path / "two.jsonl", 2, 6).read_text().splitlines()]
+    rows += [json.loads(line) for line in _chats(tmp_path / "one.jsonl", 1, 18).read_text().splitlines()]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (config,) = _export(tiny_model_dir, data, tmp_path / "trl.yaml")
+    text = config.read_text()
+    assert "chat data takes loss on every token in TRL: 6 of 24 records" in text
+    parsed = yaml.safe_load(text)
+    assert "assistant_only_loss" not in parsed and "chat_template_path" not in parsed
+    for ids, labels in _trl_labels(config, monkeypatch):
+        assert labels == ids
+
+
+def test_the_fallback_template_renders_what_hpo_trains(tiny_model_dir: Path) -> None:
+    """A tokenizer without a chat template: the written template's text and its assistant
+    mask are hpo's own rendering and labels, token for token."""
+    from trainers.model.lora import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    tokenizer.chat_template = None
+    template = fallback_chat_template(tokenizer)
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Two plus two?"},
+        {"role": "assistant", "content": "Four."},
+        {"role": "user", "content": "And three?"},
+        {"role": "assistant", "content": "Five."},
+    ]
+    from trainers.data.records import _render, special_prefix
+
+    ((ids, labels),) = tokenize_pieces(
+        [_render("messages", {"messages": messages}, tokenizer, special_prefix(tokenizer))],
+        tokenizer,
+    )
+    rendered = tokenizer.apply_chat_template(
+        messages, chat_template=template, tokenize=True, return_dict=True,
+        return_assistant_tokens_mask=True,
+    )  # fmt: skip
+    assert rendered["input_ids"] == ids
+    masked = [t if m else -100 for t, m in zip(ids, rendered["assistant_masks"], strict=True)]
+    assert masked == labels
+    assert tokenizer.decode(ids).startswith(tokenizer.decode(special_prefix(tokenizer)) + "<|system|>")
