@@ -29,8 +29,11 @@ services:
 	@bash scripts/ensure-postgres.sh
 	@bash scripts/ensure-chromium.sh
 
+# One process per core (at most 4, tests/conftest.py), a test file's tests in one of them (its
+# module's servers start once); `make pytest PYTEST_ARGS=-n0` runs them in this process.
+PYTEST_ARGS ?= -n auto --dist loadfile
 pytest: $(STAMP) services
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The documentation site, warnings as errors; its reference pages are generated from the code
 # at every build (scripts/docs_reference.py), so a flag cannot go undocumented.

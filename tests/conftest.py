@@ -14,8 +14,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # No hub at test time: everything loads from local folders.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Under `pytest -n` (make test) each worker is one of several processes on the cores: a torch
+# that also spread over every core would make them fight for them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from tests.servers import MlflowServer, postgres_server  # noqa: E402  (after the path)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per core, at most 4 (each starts its own servers and models)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 @pytest.fixture(scope="session")
