@@ -193,6 +193,10 @@ def trl_config(
     config.update(_weights(training.get("quantization", "none"), precision))
     config.update(_levers(training, estimate))
     config.update(chat.config)
+    if config["gradient_checkpointing"]:
+        # As trainers.train checkpoints: non-reentrant, which TRL 1.0's SFT leaves to
+        # transformers' default, and not every transformers release defaults to it.
+        config["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     config.update(_mlflow(preset, tracking, config))
     # Not an SFTConfig field: `trl sft` passes the keys its parser does not know to
     # `accelerate launch`, which otherwise starts one process per GPU it sees (an 8-GPU node:

@@ -79,6 +79,8 @@ def test_native_data_is_referenced_and_the_preset_carried(tmp_path: Path, tiny_m
     on = _preset(tiny_model_dir, data, micro_batch_size=4, gradient_checkpointing=True)
     _, sft_on, _, _ = _sft_args(write_format("trl", on, tmp_path / "on.yaml")[0])
     assert sft_on.gradient_checkpointing is True
+    assert sft_on.gradient_checkpointing_kwargs == {"use_reentrant": False}  # as trainers.train
+    assert sft.gradient_checkpointing_kwargs is None
     assert getattr(sft_on, "activation_checkpointing", True) is True
     assert not sft.bf16 and not sft.fp16  # the study measured fp32
     assert not sft.packing
