@@ -141,7 +141,7 @@ def _training_template(tokenizer: Any) -> str | None:
         return None
     try:
         template = get_training_chat_template(tokenizer)
-    except (ValueError, TypeError):  # a template TRL has no training version of
+    except Exception:  # none known (ValueError), or the template failed TRL's test renderings
         return None
     # None: the template needs no patching, which TRL says only of one with markers.
     return template if isinstance(template, str) and _GENERATION.search(template) else None
