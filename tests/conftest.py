@@ -24,7 +24,8 @@ from tests.servers import MlflowServer, postgres_server  # noqa: E402  (after th
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one worker per core, at most 4 (each starts its own servers and models)."""
-    return max(1, min(4, len(os.sched_getaffinity(0))))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(4, cores or 1))
 
 
 @pytest.fixture(scope="session")
