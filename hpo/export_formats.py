@@ -87,8 +87,8 @@ def write_format(
     if trl.rows is not None:
         lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in trl.rows)
         written.append(write_atomic(_data_file(path), lines))
-    if trl.chat.template is not None:
-        written.append(write_atomic(_template_file(_data_file(path)), trl.chat.template))
+    if trl.chat.template is not None:  # where the config's `chat_template_path` names it
+        written.append(write_atomic(Path(trl.config["chat_template_path"]), trl.chat.template))
     text = _header(preset, trl.config, path, trl.chat.note) + yaml.safe_dump(
         trl.config, sort_keys=False
     )
@@ -97,12 +97,6 @@ def write_format(
 
 def _data_file(config_path: Path) -> Path:
     return config_path.with_name(f"{config_path.stem}.data.jsonl")
-
-
-def _template_file(data_file: Path) -> Path:
-    """Beside the converted data: `<config stem>.chat_template.jinja` (TRL reads a template
-    from a file only by its `.jinja` or `.j2` suffix)."""
-    return data_file.with_name(data_file.name.replace(".data.jsonl", ".chat_template.jinja"))
 
 
 class TrlFiles(NamedTuple):
@@ -134,8 +128,12 @@ def trl_config(
     rows: list[dict[str, Any]] | None = None
     chat = ChatLoss()
     if "messages" in native[0]:
-        template_file = str(_template_file(data_out.resolve()))
-        chat = chat_loss(native, str(preset["model"]["path"]), template_file)
+        # Beside the converted data: `<config stem>.chat_template.jinja` (TRL reads a template
+        # from a file only by its `.jinja` or `.j2` suffix).
+        template_file = data_out.resolve().with_name(
+            data_out.name.replace(".data.jsonl", ".chat_template.jinja")
+        )
+        chat = chat_loss(native, str(preset["model"]["path"]), str(template_file))
     # A file with records the preset skips (`skip_bad_lines`) is not given to TRL as it is:
     # its loader would stop at the first malformed line, or train on a record hpo refused.
     if chat.rows is not None:
