@@ -16,7 +16,13 @@ fails outright on a tokenizer without a chat template. In the order tried:
 4. A template the installed TRL knows a training version of
    (`trl.chat_template_utils.get_training_chat_template`): that version written beside the
    config, so a TRL that would not swap it in itself (1.0) trains on it too.
-5. Otherwise every token carries loss, and the header says in how many records that differs.
+5. Otherwise (Mistral's template, custom ones): the records tokenized as hpo's trainer
+   tokenizes them, `input_ids` with `assistant_masks` marking the tokens hpo labels. Both TRL
+   1.0's collator and 1.16's preparation mask the labels by that column on data that comes
+   with `input_ids`, and apply no template to it: the same tokens, the same loss, token for
+   token. The data file is then bound to this tokenizer, as the preset is to this model.
+6. The tokenizer is not here (a preset carried to another machine): every token carries loss,
+   and the header says in how many records that differs.
 """
 
 from __future__ import annotations
@@ -106,17 +112,42 @@ def chat_loss(records: Sequence[dict[str, Any]], model_path: str, template_file:
                 f"training version of the model's chat template, written to {template_file}"
             ),
         )
-    why = (
-        "the model's tokenizer is not here to tell" if tokenizer is None
-        else "the model's chat template has no {% generation %} markers, nor a training "
-        "version TRL knows"
-    )  # fmt: skip
+    if tokenizer is not None:
+        return _tokenized(records, tokenizer)
     return ChatLoss(
         note=(
             f"chat data takes loss on every token in TRL: {several:,} of {len(records):,} "
-            f"records have several assistant turns, and {why} (hpo: assistant turns only)"
+            "records have several assistant turns, and the model's tokenizer is not here to "
+            "tell where they are (hpo: assistant turns only)"
         )
     )
+
+
+def _tokenized(records: Sequence[dict[str, Any]], tokenizer: Any) -> ChatLoss:
+    """Case 5: the records as hpo's trainer tokenizes them, its labels as `assistant_masks`."""
+    from trainers.data.records import IGNORE_INDEX, render_native, special_prefix, tokenize_pieces
+    from trainers.data.sources import BadRecord
+
+    prefix = special_prefix(tokenizer)
+    pieces = []
+    for record in records:
+        try:
+            pieces.append(render_native(record, tokenizer, prefix))
+        except BadRecord:  # hpo's trainer skips it too (it trains only with skip_bad_lines)
+            continue
+    rows = [
+        {"input_ids": ids, "assistant_masks": [int(label != IGNORE_INDEX) for label in labels]}
+        for ids, labels in tokenize_pieces(pieces, tokenizer)
+    ]
+    note = (
+        "chat data, several assistant turns and a chat template without {% generation %} "
+        "markers nor a training version TRL knows: the records tokenized as hpo trains them, "
+        "input_ids with assistant_masks on the tokens hpo puts the loss on (the data file fits "
+        "this model's tokenizer only)"
+    )
+    if left_out := len(records) - len(rows):
+        note += f"; {left_out:,} records the template cannot render left out, as hpo skips them"
+    return ChatLoss(rows=rows, note=note)
 
 
 def _one_reply_last(messages: Sequence[dict[str, Any]]) -> bool:

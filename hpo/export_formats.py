@@ -85,7 +85,10 @@ def write_format(
     trl = trl_config(preset, data_out=_data_file(path), tracking=tracking)
     written = []
     if trl.rows is not None:
-        lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in trl.rows)
+        # Compact: tokenized records (`export_chat`'s fifth case) are mostly integers.
+        lines = "".join(
+            json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n" for row in trl.rows
+        )
         written.append(write_atomic(_data_file(path), lines))
     if trl.chat.template is not None:  # where the config's `chat_template_path` names it
         written.append(write_atomic(Path(trl.config["chat_template_path"]), trl.chat.template))

@@ -198,22 +198,50 @@ def test_a_template_trl_knows_a_training_version_of(
         assert [s.strip() for s in spans] == [s.strip() for s in hpo_spans]
 
 
-def test_a_conversation_trl_cannot_mask_is_named_in_the_header(
+def test_a_template_neither_marked_nor_known_gets_hpos_own_tokens(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Several replies and a template neither marked nor known to TRL: the header says how
-    many records take loss on every token, and that is what TRL trains."""
+    """Several replies and a template neither marked nor known to TRL (the tiny model's, like
+    Mistral's): the records go to TRL tokenized, hpo's labels as `assistant_masks`, so every
+    sample TRL trains carries hpo's ids and labels exactly, one-reply records as well."""
     data = tmp_path / "chat.jsonl"
     rows = [json.loads(line) for line in _chats(tmp_path / "two.jsonl", 2, 6).read_text().splitlines()]
     rows += [json.loads(line) for line in _chats(tmp_path / "one.jsonl", 1, 18).read_text().splitlines()]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (config,) = _export(tiny_model_dir, data, tmp_path / "trl.yaml")
+    config, written = _export(tiny_model_dir, data, tmp_path / "trl.yaml")
+    assert written.name == "trl.data.jsonl"
     text = config.read_text()
-    assert "chat data takes loss on every token in TRL: 6 of 24 records" in text
+    assert "the records tokenized as hpo trains them" in text and "every token" not in text
     parsed = yaml.safe_load(text)
     assert "assistant_only_loss" not in parsed and "chat_template_path" not in parsed
-    for ids, labels in _trl_labels(config, monkeypatch):
-        assert labels == ids
+
+    from trainers.model.lora import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    _, pieces, _ = read_pieces(data, tokenizer)
+    hpo = {tuple(ids): labels for ids, labels in tokenize_pieces(pieces, tokenizer)}
+    samples = _trl_labels(config, monkeypatch)
+    assert len(samples) >= 20  # all but the few it holds out
+    assert any(len(_spans(tokenizer, ids, labels)[1]) == 2 for ids, labels in samples)
+    for ids, labels in samples:
+        assert labels == hpo[tuple(ids)]  # the same tokens, the same tokens carry loss
+        assert labels != ids and "colour" not in "".join(_spans(tokenizer, ids, labels)[1])
+
+
+def test_a_preset_without_its_model_names_the_conversations_trl_cannot_mask(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A preset carried where its model is not: nothing tells where the replies are, so the
+    header counts the records that take loss on every token in TRL."""
+    data = tmp_path / "chat.jsonl"
+    rows = [json.loads(line) for line in _chats(tmp_path / "two.jsonl", 2, 5).read_text().splitlines()]
+    rows += [json.loads(line) for line in _chats(tmp_path / "one.jsonl", 1, 7).read_text().splitlines()]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (config,) = _export(tmp_path / "elsewhere", data, tmp_path / "trl.yaml")
+    text = config.read_text()
+    assert "chat data takes loss on every token in TRL: 5 of 12 records" in text
+    assert "tokenizer is not here" in text
+    assert yaml.safe_load(text)["datasets"][0]["data_files"] == str(data.resolve())
 
 
 def test_the_fallback_template_renders_what_hpo_trains(tiny_model_dir: Path) -> None:

@@ -114,7 +114,7 @@ def read_pieces(
     rendered: list[list[Piece]] = []
     for index, record in enumerate(native):
         try:
-            rendered.append(_render(_native_shape(record), record, tokenizer, prefix))
+            rendered.append(render_native(record, tokenizer, prefix))
         except BadRecord as bad:
             if not skip_bad_lines:
                 raise BadInputError(f"{source.location(index + 1)}: {bad}") from None
@@ -149,6 +149,23 @@ def to_native(shape: str, record: dict[str, Any]) -> dict[str, Any]:
     if shape == "prompt_completion":
         return {"prompt": record["prompt"], "completion": record["completion"]}
     return {"text": record["text"]}
+
+
+def render_native(
+    record: dict[str, Any], tokenizer: PreTrainedTokenizerBase, prefix: list[int]
+) -> list[Piece]:
+    """One native record's labelled pieces, as the trainer renders it.
+
+    Args:
+        record: A record as ``read_native`` returns it.
+        tokenizer: Renders chat records (template, special tokens).
+        prefix: ``special_prefix(tokenizer)``, computed once per data set.
+
+    Raises:
+        BadRecord: The chat template cannot render the conversation, or its assistant turns
+            cannot be located in the rendering.
+    """
+    return _render(_native_shape(record), record, tokenizer, prefix)
 
 
 def _native_shape(record: dict[str, Any]) -> str:
