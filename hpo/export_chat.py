@@ -6,6 +6,11 @@ generation prompt; without one, its own `<|role|>` lines with the assistant's co
 labelled. `trl sft` on a `messages` file takes loss on every token unless told otherwise, and
 fails outright on a tokenizer without a chat template. In the order tried:
 
+0. A template that renders some conversation otherwise once its last reply is in (Mistral
+   v0.3's moves the system message into the last user turn and drops it then): hpo trains it
+   as at that reply's inference, which no rendering of the whole conversation gives, so the
+   records go tokenized (5.).
+
 1. No chat template: hpo's own rendering as a Jinja file with `{% generation %}` markers
    (`fallback_chat_template`), `chat_template_path` and `assistant_only_loss`: the same text
    and the same labelled tokens.
@@ -69,6 +74,17 @@ def chat_loss(records: Sequence[dict[str, Any]], model_path: str, template_file:
     except Exception:  # a preset carried to another machine: the model is not here
         tokenizer = None
     several = sum(1 for record in records if not _one_reply_last(record["messages"]))
+    if tokenizer is not None and tokenizer.chat_template:
+        from trainers.data.records import renders_in_order
+
+        moved = sum(1 for r in records if not renders_in_order(r["messages"], tokenizer))
+        if moved:
+            return _tokenized(
+                records, tokenizer,
+                f"chat data, {moved:,} of {len(records):,} records rendered by the chat template "
+                "otherwise once their last reply is in (a system message it moves): the "
+                "records tokenized as hpo trains them, each as at its last reply",
+            )  # fmt: skip
     if tokenizer is not None and not tokenizer.chat_template:
         return ChatLoss(
             {"chat_template_path": template_file, "assistant_only_loss": True},
@@ -113,7 +129,11 @@ def chat_loss(records: Sequence[dict[str, Any]], model_path: str, template_file:
             ),
         )
     if tokenizer is not None:
-        return _tokenized(records, tokenizer)
+        return _tokenized(
+            records, tokenizer,
+            "chat data, several assistant turns and a chat template without {% generation %} "
+            "markers nor a training version TRL knows: the records tokenized as hpo trains them",
+        )  # fmt: skip
     return ChatLoss(
         note=(
             f"chat data takes loss on every token in TRL: {several:,} of {len(records):,} "
@@ -123,8 +143,9 @@ def chat_loss(records: Sequence[dict[str, Any]], model_path: str, template_file:
     )
 
 
-def _tokenized(records: Sequence[dict[str, Any]], tokenizer: Any) -> ChatLoss:
-    """Case 5: the records as hpo's trainer tokenizes them, its labels as `assistant_masks`."""
+def _tokenized(records: Sequence[dict[str, Any]], tokenizer: Any, why: str) -> ChatLoss:
+    """Case 5: the records as hpo's trainer tokenizes them, its labels as `assistant_masks`;
+    `why` opens the header's line."""
     from trainers.data.records import IGNORE_INDEX, render_native, special_prefix, tokenize_pieces
     from trainers.data.sources import BadRecord
 
@@ -140,10 +161,8 @@ def _tokenized(records: Sequence[dict[str, Any]], tokenizer: Any) -> ChatLoss:
         for ids, labels in tokenize_pieces(pieces, tokenizer)
     ]
     note = (
-        "chat data, several assistant turns and a chat template without {% generation %} "
-        "markers nor a training version TRL knows: the records tokenized as hpo trains them, "
-        "input_ids with assistant_masks on the tokens hpo puts the loss on (the data file fits "
-        "this model's tokenizer only)"
+        f"{why}, input_ids with assistant_masks on the tokens hpo puts the loss on (the data "
+        "file fits this model's tokenizer only)"
     )
     if left_out := len(records) - len(rows):
         note += f"; {left_out:,} records the template cannot render left out, as hpo skips them"

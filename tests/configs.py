@@ -55,3 +55,19 @@ def demo_records(path: Path, n: int) -> Path:
     lines = demo_data_path("prompt_completion").read_text().splitlines()[:n]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+# A chat template that behaves as Mistral-Instruct v0.3's does (written for the tests, not
+# copied): a system message joins the *last* user turn, so it is dropped once an assistant
+# reply is last, and a reply renders as " " + its trimmed content + eos. No rendering of a
+# whole conversation with a system message is how the model sees it when it replies.
+SYSTEM_IN_LAST_TURN = (
+    "{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] %}"
+    "{%- set turns = messages[1:] %}{%- else %}{%- set turns = messages %}{%- endif %}"
+    "{{- bos_token }}{%- for m in turns %}"
+    "{%- if m['role'] == 'user' %}"
+    "{%- if loop.last and system is defined %}{{- '[INST] ' + system + '\\n\\n' + m['content'] + '[/INST]' }}"
+    "{%- else %}{{- '[INST] ' + m['content'] + '[/INST]' }}{%- endif %}"
+    "{%- elif m['role'] == 'assistant' %}{{- ' ' + m['content'] | trim + eos_token }}{%- endif %}"
+    "{%- endfor %}"
+)

@@ -168,6 +168,42 @@ def test_chat_template_that_is_not_prefix_stable_is_a_bad_line(
         load(path, tok, tmp_path)
 
 
+def test_a_template_that_moves_the_system_message_trains_each_reply_as_it_is_asked(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Mistral v0.3's kind of template (the system message joins the last user turn): a
+    conversation is the turns before its last reply rendered with the generation prompt, as
+    the model sees them when it writes that reply, then the reply; every reply carries loss,
+    nothing else does. These conversations were refused as not prefix by prefix before."""
+    from tests.configs import SYSTEM_IN_LAST_TURN
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = SYSTEM_IN_LAST_TURN
+    one = {"messages": [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Where does Bolan live?"},
+        {"role": "assistant", "content": "In Tavel."},
+    ]}  # fmt: skip
+    data = load(write_jsonl(tmp_path / "c.jsonl", [CHAT, one, OTHER_CHAT]), tok, tmp_path)
+    assert data.stats.records == 3 and data.stats.skipped_lines == 0
+    example = only(data, "3 + 4", tok)
+    asked = tok.apply_chat_template(CHAT["messages"][:-1], tokenize=False, add_generation_prompt=True)
+    assert "Answer briefly." in asked  # the system message, in the last user turn
+    assert tok.decode(example.input_ids) == asked + f" 7{EOS}"
+    assert labelled_text(tok, example) == f" In Tavel.{EOS} 7{EOS}"
+    assert "Answer briefly." in unlabelled_text(tok, example)
+    (single,) = [e for e in everything(data) if "3 + 4" not in tok.decode(e.input_ids)
+                 and "Bolan" in tok.decode(e.input_ids)]  # fmt: skip
+    assert tok.decode(single.input_ids) == (
+        tok.apply_chat_template(one["messages"][:-1], tokenize=False, add_generation_prompt=True)
+        + f" In Tavel.{EOS}"
+    )
+    # Without a system message the template renders prefix by prefix: the usual rule.
+    plain = only(data, "Count from 2", tok)
+    assert tok.decode(plain.input_ids) == tok.apply_chat_template(OTHER_CHAT["messages"], tokenize=False)
+    assert labelled_text(tok, plain) == f" 2 3 4 5 6{EOS}"
+
+
 def test_tokenizer_that_adds_bos_keeps_it_unlabelled(tiny_model_dir: Path, tmp_path: Path) -> None:
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing

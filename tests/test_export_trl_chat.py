@@ -228,6 +228,36 @@ def test_a_template_neither_marked_nor_known_gets_hpos_own_tokens(
         assert labels != ids and "colour" not in "".join(_spans(tokenizer, ids, labels)[1])
 
 
+def test_a_template_that_moves_the_system_message_goes_tokenized(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mistral v0.3's kind of template with a system message, one reply a record: as
+    prompt/completion TRL would render the prompt with the system message and the whole
+    record without it, and mask by the prompt's length. The records go tokenized as hpo
+    trains them: every sample TRL trains carries the system message and hpo's labels."""
+    from tests.configs import SYSTEM_IN_LAST_TURN
+
+    model = _model_with(SYSTEM_IN_LAST_TURN, tiny_model_dir, tmp_path / "model")
+    data = _chats(tmp_path / "chat.jsonl", 1)
+    config, written = _export(model, data, tmp_path / "trl.yaml")
+    assert written.name == "trl.data.jsonl"
+    text = config.read_text()
+    assert "24 of 24 records rendered by the chat template otherwise" in text
+    assert "completion_only_loss" not in yaml.safe_load(text)
+
+    from trainers.model.lora import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model))
+    _, pieces, _ = read_pieces(data, tokenizer)
+    hpo = {tuple(ids): labels for ids, labels in tokenize_pieces(pieces, tokenizer)}
+    samples = _trl_labels(config, monkeypatch)
+    assert len(samples) >= 20
+    for ids, labels in samples:
+        assert labels == hpo[tuple(ids)]
+        text, spans = _spans(tokenizer, ids, labels)
+        assert "Answer briefly." in text and len(spans) == 1 and spans[0].startswith(" It is red")
+
+
 def test_a_preset_without_its_model_names_the_conversations_trl_cannot_mask(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

@@ -16,7 +16,10 @@ Without a chat template, every message becomes ``<|{role}|>\n{content}\n`` with 
 an assistant's content; only that content and its eos carry loss. With
 ``tokenizer.chat_template`` set, an assistant turn is what rendering it adds to the rendering
 of the messages before it with the generation prompt (so a template's end-of-turn marker
-carries loss too).
+carries loss too). A template that renders a conversation otherwise once its last reply is in
+(Mistral-Instruct v0.3's moves the system message into the last user turn, and drops it when a
+reply is last) gets the turns before the last reply rendered with the generation prompt, then
+that reply: what the model sees when it writes it, every reply labelled.
 """
 
 from __future__ import annotations
@@ -320,6 +323,10 @@ def _render_with_template(
 
     An assistant turn's labelled text is what rendering it adds to the rendering of the messages
     before it with the generation prompt, so the template's end-of-turn marker carries loss too.
+    A template that does not render the conversation prefix by prefix (Mistral-Instruct v0.3's
+    puts the system message into the last user turn, and drops it once an assistant reply is
+    last) is given the conversation as it is at inference for its last reply
+    (`_last_reply_in_context`).
     """
 
     def render(part: list[dict[str, str]], generation_prompt: bool) -> str:
@@ -333,6 +340,38 @@ def _render_with_template(
             raise _BadLine(f"chat template returned {type(text).__name__}, expected text")
         return text
 
+    pieces = _turns_in_order(messages, render)
+    if pieces is None:
+        pieces = _last_reply_in_context(messages, render)
+    if pieces is None:
+        raise _BadLine(
+            "the tokenizer's chat template does not render this conversation prefix by "
+            "prefix, so its assistant turns cannot be located"
+        )
+    return pieces
+
+
+def renders_in_order(messages: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer's chat template renders `messages` prefix by prefix: the whole
+    conversation is then one rendering, as a trainer that masks by the template (TRL's
+    `assistant_only_loss`, prompt/completion records) sees it too."""
+    turns = [{"role": m["role"], "content": m["content"]} for m in messages]
+
+    def render(part: list[dict[str, str]], generation_prompt: bool) -> str:
+        text = tokenizer.apply_chat_template(
+            part, tokenize=False, add_generation_prompt=generation_prompt
+        )
+        return text if isinstance(text, str) else ""
+
+    try:
+        return _turns_in_order(turns, render) is not None
+    except Exception:  # a template that fails on it: not a rendering anyone trains on
+        return False
+
+
+def _turns_in_order(messages: list[dict[str, str]], render: Any) -> list[Piece] | None:
+    """The pieces when each assistant turn extends the rendering of the turns before it (with
+    the generation prompt) and the whole conversation's rendering extends that; else None."""
     full = render(messages, False)
     pieces: list[Piece] = []
     cursor = 0
@@ -342,14 +381,40 @@ def _render_with_template(
         before = render(messages[:index], True)
         upto = render(messages[: index + 1], False)
         if len(before) < cursor or not (upto.startswith(before) and full.startswith(upto)):
-            raise _BadLine(
-                "the tokenizer's chat template does not render this conversation prefix by "
-                "prefix, so its assistant turns cannot be located"
-            )
+            return None
         pieces.append((full[cursor : len(before)], False))
         pieces.append((full[len(before) : len(upto)], True))
         cursor = len(upto)
     pieces.append((full[cursor:], False))
+    return pieces
+
+
+def _last_reply_in_context(messages: list[dict[str, str]], render: Any) -> list[Piece] | None:
+    """The conversation as the model sees it when it writes its last reply: the turns before
+    that reply rendered with the generation prompt, then the reply; every reply labelled.
+
+    What a reply renders as (its text, its end-of-turn marker) is read off the conversation
+    without its system messages, which such templates render prefix by prefix (Mistral's
+    move only the system message); the earlier replies are found in that order in the
+    rendered turns. None when neither holds. Messages after the last reply carry no loss
+    and are left out.
+    """
+    body = [m for m in messages if m["role"] != "system"]
+    turns = _turns_in_order(body, render)
+    if turns is None:
+        return None
+    replies = [text for text, labelled in turns if labelled]
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    prompt = render(messages[:last], True)
+    pieces: list[Piece] = []
+    cursor = 0
+    for reply in replies[:-1]:
+        at = prompt.find(reply, cursor) if reply else -1
+        if at < 0:
+            return None
+        pieces += [(prompt[cursor:at], False), (reply, True)]
+        cursor = at + len(reply)
+    pieces += [(prompt[cursor:], False), (replies[-1], True)]
     return pieces
 
 

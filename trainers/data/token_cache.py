@@ -24,8 +24,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1
-"""Bump when the tokenized content changes for the same inputs (rendering, labels, format)."""
+CACHE_FORMAT = 2
+"""Bump when the tokenized content changes for the same inputs (rendering, labels, format).
+2: a conversation its chat template does not render prefix by prefix (Mistral v0.3's, with a
+system message) is rendered as at its last reply, where 1 skipped it under skip_bad_lines."""
 
 Sample = tuple[list[int], list[int]]
 
