@@ -7,8 +7,9 @@ labelled. `trl sft` on a `messages` file takes loss on every token unless told o
 fails outright on a tokenizer without a chat template. In the order tried:
 
 0. A template that renders some conversation otherwise once its last reply is in (Mistral
-   v0.3's moves the system message into the last user turn and drops it then): hpo trains it
-   as at that reply's inference, which no rendering of the whole conversation gives, so the
+   v0.3's moves the system message into the last user turn and drops it then; Qwen3's,
+   Phi-3's and gpt-oss's render the last reply unlike the earlier ones): hpo trains it as at
+   that reply's inference, which no rendering of the whole conversation gives, so the
    records go tokenized (5.).
 
 1. No chat template: hpo's own rendering as a Jinja file with `{% generation %}` markers
@@ -82,8 +83,8 @@ def chat_loss(records: Sequence[dict[str, Any]], model_path: str, template_file:
             return _tokenized(
                 records, tokenizer,
                 f"chat data, {moved:,} of {len(records):,} records rendered by the chat template "
-                "otherwise once their last reply is in (a system message it moves): the "
-                "records tokenized as hpo trains them, each as at its last reply",
+                "otherwise once their last reply is in: the records tokenized as hpo trains "
+                "them, each as the model sees it when it writes its last reply",
             )  # fmt: skip
     if tokenizer is not None and not tokenizer.chat_template:
         return ChatLoss(

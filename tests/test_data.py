@@ -158,14 +158,25 @@ def test_chat_template_that_is_not_prefix_stable_is_a_bad_line(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    # Appends a marker only when the conversation is complete, so a prefix is not a prefix.
+    # Its generation prompt ends in a marker that the rendering of the reply lacks (as a
+    # reasoning template's opening think block): neither a prefix of the conversation nor
+    # what the model is asked with is continued by its reply.
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}>>{% endif %}"
+    )
+    path = write_jsonl(tmp_path / "c.jsonl", [OTHER_CHAT, CHAT])
+    with pytest.raises(BadInputError, match=r"c\.jsonl:1: .*prefix by prefix.*think block"):
+        load(path, tok, tmp_path)
+    # Appending a marker only once the conversation is complete is how some templates end
+    # their last reply (Phi-3's eos): that reply is what follows the generation prompt.
     tok.chat_template = (
         "{% for m in messages %}{{ m['content'] }}{% endfor %}"
         "{% if not add_generation_prompt %}!{% endif %}"
     )
-    path = write_jsonl(tmp_path / "c.jsonl", [OTHER_CHAT, CHAT])
-    with pytest.raises(BadInputError, match=r"c\.jsonl:2: .*prefix by prefix"):
-        load(path, tok, tmp_path)
+    data = load(path, tok, tmp_path)
+    assert labelled_text(tok, only(data, "Count from 2", tok)) == "2 3 4 5 6!"
+    assert labelled_text(tok, only(data, "Bolan", tok)) == "In Tavel.7!"
 
 
 def test_a_template_that_moves_the_system_message_trains_each_reply_as_it_is_asked(
@@ -202,6 +213,68 @@ def test_a_template_that_moves_the_system_message_trains_each_reply_as_it_is_ask
     plain = only(data, "Count from 2", tok)
     assert tok.decode(plain.input_ids) == tok.apply_chat_template(OTHER_CHAT["messages"], tokenize=False)
     assert labelled_text(tok, plain) == f" 2 3 4 5 6{EOS}"
+
+
+def _trl_templates() -> dict[str, str]:
+    """The chat templates of real model families that TRL ships (not its training versions)."""
+    import trl.chat_template_utils as shipped
+
+    return {
+        name.removesuffix("_chat_template"): getattr(shipped, name)
+        for name in sorted(dir(shipped))
+        if name.endswith("_chat_template") and "training" not in name
+        and isinstance(getattr(shipped, name), str)
+    }  # fmt: skip
+
+
+def test_every_shipped_template_trains_each_reply_as_the_model_sees_it(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Over every model family's chat template TRL ships (Llama 3, Qwen 2.5-3.8, Gemma,
+    Phi-3, gpt-oss, DeepSeek, Nemotron, ...), a conversation with a system message and two
+    replies: it loads with the replies carrying loss and no user or system text, the sample
+    being the whole rendering (prefix by prefix) or the conversation as the model sees it
+    when it writes its last reply; or it is refused in one line naming the record, because
+    the template cannot render it or opens a think block the reply lacks. Qwen3's, Phi-3's
+    and gpt-oss's render their last reply unlike the earlier ones; they were refused before."""
+    from trainers.data.records import renders_in_order
+
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "It is four."},
+        {"role": "user", "content": "And 3+3?"},
+        {"role": "assistant", "content": "It is six."},
+    ]
+    loaded, refused = [], []
+    for name, template in _trl_templates().items():
+        tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+        tok.chat_template = template
+        try:
+            if "2+2" not in tok.apply_chat_template(messages, tokenize=False):
+                continue  # a vision model's: it renders content parts, not text
+        except Exception:
+            pass  # refused below, in one line
+        path = write_jsonl(tmp_path / f"{name}.jsonl", [{"messages": messages}, OTHER_CHAT])
+        try:
+            data = load(path, tok, tmp_path, max_length=4096)  # Cohere's system preamble is long
+        except BadInputError as error:
+            assert str(error).startswith(f"{path}:1: ") and "\n" not in str(error), name
+            assert "chat template failed" in str(error) or "think block" in str(error), name
+            refused.append(name)
+            continue
+        example = only(data, "2+2", tok)
+        text, labelled = tok.decode(example.input_ids), labelled_text(tok, example)
+        assert "It is four." in labelled and "It is six." in labelled, name
+        assert not any(s in labelled for s in ("Answer briefly", "2+2", "3+3")), name
+        if renders_in_order(messages, tok):
+            assert text == tok.apply_chat_template(messages, tokenize=False), name
+        else:
+            prompt = tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+            assert text.startswith(prompt) and text.endswith(labelled[-12:]), name
+        loaded.append(name)
+    assert {"qwen3", "phi3", "gptoss", "llama3", "qwen2_5"} <= set(loaded)
+    assert len(loaded) >= 2 * len(refused)
 
 
 def test_tokenizer_that_adds_bos_keeps_it_unlabelled(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -325,8 +325,8 @@ def _render_with_template(
     before it with the generation prompt, so the template's end-of-turn marker carries loss too.
     A template that does not render the conversation prefix by prefix (Mistral-Instruct v0.3's
     puts the system message into the last user turn, and drops it once an assistant reply is
-    last) is given the conversation as it is at inference for its last reply
-    (`_last_reply_in_context`).
+    last; Qwen3's renders the last reply with an empty think block) is given the
+    conversation as it is at inference for its last reply (`_last_reply_in_context`).
     """
 
     def render(part: list[dict[str, str]], generation_prompt: bool) -> str:
@@ -342,11 +342,13 @@ def _render_with_template(
 
     pieces = _turns_in_order(messages, render)
     if pieces is None:
-        pieces = _last_reply_in_context(messages, render)
+        pieces = _last_reply_in_context(messages, render, tokenizer.eos_token)
     if pieces is None:
         raise _BadLine(
             "the tokenizer's chat template does not render this conversation prefix by "
-            "prefix, so its assistant turns cannot be located"
+            "prefix, nor its last reply after its generation prompt (a reasoning template "
+            "that opens a think block the reply lacks?), so its assistant turns cannot be "
+            "located"
         )
     return pieces
 
@@ -389,33 +391,74 @@ def _turns_in_order(messages: list[dict[str, str]], render: Any) -> list[Piece] 
     return pieces
 
 
-def _last_reply_in_context(messages: list[dict[str, str]], render: Any) -> list[Piece] | None:
+def _last_reply_in_context(
+    messages: list[dict[str, str]], render: Any, eos: str | None
+) -> list[Piece] | None:
     """The conversation as the model sees it when it writes its last reply: the turns before
-    that reply rendered with the generation prompt, then the reply; every reply labelled.
+    that reply rendered with the generation prompt, then what rendering the reply adds to
+    them; every reply labelled. None where the reply's rendering does not extend that prompt
+    (a reasoning template whose generation prompt opens a `<think>` the reply lacks).
 
-    What a reply renders as (its text, its end-of-turn marker) is read off the conversation
-    without its system messages, which such templates render prefix by prefix (Mistral's
-    move only the system message); the earlier replies are found in that order in the
-    rendered turns. None when neither holds. Messages after the last reply carry no loss
-    and are left out.
+    Templates that render a conversation otherwise once a reply is last: Mistral-Instruct
+    v0.3's moves the system message into the last user turn; Qwen3's, Phi-3's, gpt-oss's
+    render the last reply unlike the earlier ones (an empty think block, eos, another end
+    marker). An earlier reply is labelled from the end of the turns before it rendered with
+    the generation prompt, where that is how the prompt goes on; else as the conversation
+    without its system messages renders it, where that is prefix by prefix (Mistral's); else
+    from its content. It ends after its content and the last reply's end-of-turn marker
+    where the prompt has that marker there (without a trailing eos: Phi-3's), else after its
+    content. Messages after the last reply carry no loss and are left out.
     """
-    body = [m for m in messages if m["role"] != "system"]
-    turns = _turns_in_order(body, render)
-    if turns is None:
-        return None
-    replies = [text for text, labelled in turns if labelled]
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
     prompt = render(messages[:last], True)
+    whole = render(messages[: last + 1], False)
+    body = [m for m in messages if m["role"] != "system"]
+    in_order = _turns_in_order(body, render) if len(body) < len(messages) else None
+    body_replies = [text for text, labelled in in_order or [] if labelled and isinstance(text, str)]
+    if whole.startswith(prompt) and len(whole) > len(prompt):
+        reply = whole[len(prompt) :]
+    elif body_replies:  # the whole conversation drops what the prompt holds (Mistral's system)
+        reply = body_replies[-1]
+    else:
+        return None
+    content = messages[last]["content"].strip()
+    at = reply.rfind(content) if content else -1
+    markers = [reply[at + len(content) :]] if at >= 0 else []
+    if markers and eos and markers[0].endswith(eos) and len(markers[0]) > len(eos):
+        markers.append(markers[0][: -len(eos)])
     pieces: list[Piece] = []
     cursor = 0
-    for reply in replies[:-1]:
-        at = prompt.find(reply, cursor) if reply else -1
-        if at < 0:
+    earlier = [i for i, m in enumerate(messages[:last]) if m["role"] == "assistant"]
+    for number, index in enumerate(earlier):
+        span = _earlier_reply(
+            prompt, cursor, render(messages[:index], True), messages[index]["content"].strip(),
+            body_replies[number] if number < len(body_replies) else None, markers,
+        )  # fmt: skip
+        if span is None:
             return None
-        pieces += [(prompt[cursor:at], False), (reply, True)]
-        cursor = at + len(reply)
-    pieces += [(prompt[cursor:], False), (replies[-1], True)]
+        pieces += [(prompt[cursor : span[0]], False), (prompt[span[0] : span[1]], True)]
+        cursor = span[1]
+    pieces += [(prompt[cursor:], False), (reply, True)]
     return pieces
+
+
+def _earlier_reply(
+    prompt: str, cursor: int, before: str, content: str, as_body: str | None, markers: list[str]
+) -> tuple[int, int] | None:
+    """Where an earlier reply lies in `prompt` (from `cursor`), as `_last_reply_in_context`
+    says; None when its content is not there."""
+    if as_body is not None and (found := prompt.find(as_body, cursor)) >= 0:
+        return found, found + len(as_body)
+    start = len(before) if len(before) >= cursor and prompt.startswith(before) else None
+    at = prompt.find(content, cursor if start is None else start) if content else -1
+    if at < 0:
+        return None
+    end = at + len(content)
+    for marker in markers:
+        if marker and prompt.startswith(marker, end):
+            end += len(marker)
+            break
+    return (at if start is None else start), end
 
 
 def special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
