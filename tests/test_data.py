@@ -267,13 +267,17 @@ def test_every_shipped_template_trains_each_reply_as_the_model_sees_it(
         text, labelled = tok.decode(example.input_ids), labelled_text(tok, example)
         assert "It is four." in labelled and "It is six." in labelled, name
         assert not any(s in labelled for s in ("Answer briefly", "2+2", "3+3")), name
-        if renders_in_order(messages, tok):
-            assert text == tok.apply_chat_template(messages, tokenize=False), name
+        assert "Answer briefly." in text, name  # the system message is context, never lost
+        turns = messages
+        if name == "gemma":  # it refuses a system message: joined to the first user turn
+            turns = [{"role": "user", "content": "Answer briefly.\n\nWhat is 2+2?"}, *messages[2:]]
+        if renders_in_order(turns, tok):
+            assert text == tok.apply_chat_template(turns, tokenize=False), name
         else:
-            prompt = tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+            prompt = tok.apply_chat_template(turns[:-1], tokenize=False, add_generation_prompt=True)
             assert text.startswith(prompt) and text.endswith(labelled[-12:]), name
         loaded.append(name)
-    assert {"qwen3", "phi3", "gptoss", "llama3", "qwen2_5"} <= set(loaded)
+    assert {"qwen3", "phi3", "gptoss", "gemma", "llama3", "qwen2_5"} <= set(loaded)
     assert len(loaded) >= 2 * len(refused)
 
 

@@ -228,22 +228,43 @@ def test_a_template_neither_marked_nor_known_gets_hpos_own_tokens(
         assert labels != ids and "colour" not in "".join(_spans(tokenizer, ids, labels)[1])
 
 
-def test_a_template_that_moves_the_system_message_goes_tokenized(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Mistral v0.3's kind of template with a system message, one reply a record: as
-    prompt/completion TRL would render the prompt with the system message and the whole
-    record without it, and mask by the prompt's length. The records go tokenized as hpo
-    trains them: every sample TRL trains carries the system message and hpo's labels."""
+def _shipped(name: str) -> str:
+    import trl.chat_template_utils as shipped
+
+    return str(getattr(shipped, f"{name}_chat_template"))
+
+
+@pytest.mark.parametrize(
+    ("family", "exchanges"),
+    [
+        # The system message joins the last user turn, dropped once a reply is last.
+        ("mistral-v0.3-like", 1),
+        # The last reply gets an empty think block the earlier ones lack.
+        ("qwen3", 2),
+        # A system message refused: hpo joins it to the first user turn.
+        ("gemma", 1),
+    ],
+)
+def test_a_template_that_renders_the_last_reply_otherwise_goes_tokenized(
+    family: str, exchanges: int, tmp_path: Path, tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Templates no rendering of a whole conversation trains as hpo does (as the model sees
+    it when it writes its last reply): as prompt/completion TRL would render the prompt one
+    way and the record another and mask by the prompt's length, and TRL's training templates
+    mark every reply as a last one. The records go tokenized as hpo trains them: every
+    sample TRL trains has the system message and hpo's ids and labels."""
     from tests.configs import SYSTEM_IN_LAST_TURN
 
-    model = _model_with(SYSTEM_IN_LAST_TURN, tiny_model_dir, tmp_path / "model")
-    data = _chats(tmp_path / "chat.jsonl", 1)
-    config, written = _export(model, data, tmp_path / "trl.yaml")
+    template = SYSTEM_IN_LAST_TURN if family == "mistral-v0.3-like" else _shipped(family)
+    model = _model_with(template, tiny_model_dir, tmp_path / "model")
+    data = _chats(tmp_path / "chat.jsonl", exchanges)
+    config, written = _export(model, data, tmp_path / "trl.yaml", max_length=400)
     assert written.name == "trl.data.jsonl"
     text = config.read_text()
     assert "24 of 24 records rendered by the chat template otherwise" in text
-    assert "completion_only_loss" not in yaml.safe_load(text)
+    parsed = yaml.safe_load(text)
+    assert "completion_only_loss" not in parsed and "chat_template_path" not in parsed
 
     from trainers.model.lora import load_tokenizer
 
@@ -255,7 +276,8 @@ def test_a_template_that_moves_the_system_message_goes_tokenized(
     for ids, labels in samples:
         assert labels == hpo[tuple(ids)]
         text, spans = _spans(tokenizer, ids, labels)
-        assert "Answer briefly." in text and len(spans) == 1 and spans[0].startswith(" It is red")
+        assert "Answer briefly." in text and len(spans) == exchanges
+        assert all("It is red" in span and "colour" not in span for span in spans)
 
 
 def test_a_preset_without_its_model_names_the_conversations_trl_cannot_mask(

@@ -24,13 +24,17 @@ that reply: what the model sees when it writes it, every reply labelled.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import BadInputError
 from trainers.data.sources import BadRecord, DataSource, open_source, records
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -340,17 +344,47 @@ def _render_with_template(
             raise _BadLine(f"chat template returned {type(text).__name__}, expected text")
         return text
 
-    pieces = _turns_in_order(messages, render)
-    if pieces is None:
-        pieces = _last_reply_in_context(messages, render, tokenizer.eos_token)
-    if pieces is None:
-        raise _BadLine(
-            "the tokenizer's chat template does not render this conversation prefix by "
-            "prefix, nor its last reply after its generation prompt (a reasoning template "
-            "that opens a think block the reply lacks?), so its assistant turns cannot be "
-            "located"
-        )
-    return pieces
+    def locate(turns: list[dict[str, str]]) -> list[Piece]:
+        pieces = _turns_in_order(turns, render)
+        if pieces is None:
+            pieces = _last_reply_in_context(turns, render, tokenizer.eos_token)
+        if pieces is None:
+            raise _BadLine(
+                "the tokenizer's chat template does not render this conversation prefix by "
+                "prefix, nor its last reply after its generation prompt (a reasoning template "
+                "that opens a think block the reply lacks?), so its assistant turns cannot be "
+                "located"
+            )
+        return pieces
+
+    try:
+        return locate(messages)
+    except _BadLine as refused:
+        merged = _system_into_first_turn(messages)
+        if merged is None or not str(refused).startswith("chat template failed"):
+            raise
+        pieces = locate(merged)  # a failure of its own is the record's
+        _joined_the_system_message(str(tokenizer.chat_template))
+        return pieces
+
+
+def _system_into_first_turn(messages: list[dict[str, str]]) -> list[dict[str, str]] | None:
+    """The conversation with its leading system message joined to the first user turn, as
+    Gemma 3's template does itself (Gemma 1's and 2's refuse a system message); None without
+    a system message followed by a user turn."""
+    if len(messages) < 2 or messages[0]["role"] != "system" or messages[1]["role"] != "user":
+        return None
+    first = {"role": "user", "content": messages[0]["content"] + "\n\n" + messages[1]["content"]}
+    return [first, *messages[2:]]
+
+
+@functools.lru_cache(maxsize=16)
+def _joined_the_system_message(template: str) -> None:
+    """Say once per template that system messages are joined to the first user turn."""
+    log.warning(
+        "the tokenizer's chat template refuses a system message: it is joined to the first "
+        "user turn (system, a blank line, user), as Gemma 3's template does itself"
+    )
 
 
 def renders_in_order(messages: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase) -> bool:

@@ -26,8 +26,10 @@ logger = logging.getLogger(__name__)
 
 CACHE_FORMAT = 2
 """Bump when the tokenized content changes for the same inputs (rendering, labels, format).
-2: a conversation its chat template does not render prefix by prefix (Mistral v0.3's, with a
-system message) is rendered as at its last reply, where 1 skipped it under skip_bad_lines."""
+2: a conversation its chat template does not render prefix by prefix (Mistral v0.3's with a
+system message, Qwen3's with several replies) is rendered as at its last reply, and one whose
+template refuses a system message (Gemma 1's) has it joined to the first user turn, where 1
+skipped both under skip_bad_lines."""
 
 Sample = tuple[list[int], list[int]]
 
