@@ -281,6 +281,53 @@ def test_every_shipped_template_trains_each_reply_as_the_model_sees_it(
     assert len(loaded) >= 2 * len(refused)
 
 
+def test_reasoning_a_template_renders_is_trained_and_one_it_drops_is_said(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """A reply's `reasoning_content` (Qwen3's field for its think block) is passed to the
+    template: under Qwen3's it is rendered into the last reply and carries loss, where it was
+    dropped before (a study then tuned and timed replies without their traces). From a
+    Parquet file, whose rows give every message every field (None where unset), the unset
+    ones are not passed. Under a template that does not render it (Llama 3's) the log says
+    so, once."""
+    import datasets
+    import trl.chat_template_utils as shipped
+
+    from trainers.data import records
+
+    monkeypatch.setattr(records, "_CHECKED", set())
+    rows = [
+        {"messages": [
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "It is four.", "reasoning_content": "Two and two make four."},
+        ]},
+        {"messages": [
+            {"role": "user", "content": "Count from 2:"},
+            {"role": "assistant", "content": "2 3 4 5 6"},
+        ]},
+    ]  # fmt: skip
+    jsonl = write_jsonl(tmp_path / "r.jsonl", rows)
+    parquet = tmp_path / "r.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(parquet))
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = shipped.qwen3_chat_template
+    for path in (jsonl, parquet):
+        data = load(path, tok, tmp_path)
+        example = only(data, "2+2", tok)
+        assert "Two and two make four." in labelled_text(tok, example)
+        assert labelled_text(tok, example).endswith("It is four.<|im_end|>\n")
+        assert "None" not in tok.decode(only(data, "Count from 2", tok).input_ids)
+    assert not [r for r in caplog.records if "reasoning_content" in r.getMessage()]
+
+    tok.chat_template = shipped.llama3_chat_template
+    for again in range(2):  # rendered twice (no cache between), said once
+        data = load(jsonl, tok, tmp_path / f"again{again}")
+        assert "Two and two" not in tok.decode(only(data, "2+2", tok).input_ids)
+    said = [r for r in caplog.records if "'reasoning_content'" in r.getMessage()]
+    assert len(said) == 1 and "not trained on" in said[0].getMessage()
+
+
 def test_tokenizer_that_adds_bos_keeps_it_unlabelled(tiny_model_dir: Path, tmp_path: Path) -> None:
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing

@@ -280,6 +280,33 @@ def test_a_template_that_renders_the_last_reply_otherwise_goes_tokenized(
         assert all("It is red" in span and "colour" not in span for span in spans)
 
 
+def test_reasoning_goes_to_trl_with_its_reply(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply's `reasoning_content` stays on the exported records, so TRL's rendering of
+    the reply (Qwen3's template: its think block) carries it with the loss, as hpo's does."""
+    model = _model_with(_shipped("qwen3"), tiny_model_dir, tmp_path / "model")
+    rows = [json.loads(line) for line in _chats(tmp_path / "c.jsonl", 1).read_text().splitlines()]
+    for i, row in enumerate(rows):
+        row["messages"][-1]["reasoning_content"] = f"Colour {i} is red."
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config, written = _export(model, data, tmp_path / "trl.yaml", max_length=400)
+    assert yaml.safe_load(config.read_text())["completion_only_loss"] is True
+    assert "reasoning_content" in written.read_text()
+
+    from trainers.model.lora import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model))
+    hpo = _hpo_spans(model, data)
+    samples = _trl_labels(config, monkeypatch)
+    assert len(samples) >= 20
+    for ids, labels in samples:
+        text, spans = _spans(tokenizer, ids, labels)
+        assert spans == hpo[text] and len(spans) == 1
+        assert "is red." in spans[0] and "<think>" in spans[0]
+
+
 def test_a_preset_without_its_model_names_the_conversations_trl_cannot_mask(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

@@ -152,7 +152,7 @@ def to_native(shape: str, record: dict[str, Any]) -> dict[str, Any]:
             turns.insert(0, {"role": "system", "content": record["system"]})
         return {"messages": turns}
     if shape == "messages":
-        return {"messages": [{"role": m["role"], "content": m["content"]} for m in record["messages"]]}
+        return {"messages": [_message(m) for m in record["messages"]]}
     if shape == "prompt_completion":
         return {"prompt": record["prompt"], "completion": record["completion"]}
     return {"text": record["text"]}
@@ -173,6 +173,14 @@ def render_native(
             cannot be located in the rendering.
     """
     return _render(_native_shape(record), record, tokenizer, prefix)
+
+
+def _message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message's role and content, and the other fields it sets (`reasoning_content`,
+    `thinking`, ...: a chat template may render them; None is a field a Parquet or `datasets`
+    row leaves unset)."""
+    extra = {k: v for k, v in message.items() if k not in ("role", "content") and v is not None}
+    return {"role": message["role"], "content": message["content"], **extra}
 
 
 def _native_shape(record: dict[str, Any]) -> str:
@@ -281,7 +289,9 @@ def _render(
             (record["completion"], True),
             (eos, True),
         ]
-    messages = [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
+    messages = [_message(m) for m in record["messages"]]
+    for key in sorted({k for m in messages for k in m} - {"role", "content"}):
+        _check_rendered(key, messages, tokenizer)
     if tokenizer.chat_template:
         return _render_with_template(messages, tokenizer)
     pieces: list[Piece] = [(prefix, False)]
@@ -293,6 +303,42 @@ def _render(
             pieces.append((eos, True))
         pieces.append(("\n", False))
     return pieces
+
+
+# (template, field) pairs checked: whether the template renders a message field is said once.
+_CHECKED: set[tuple[str, str]] = set()
+
+
+def _check_rendered(
+    key: str, messages: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """Warn once per template and field when a message field other than role and content
+    (reasoning the data carries, say) is not in what is trained: a trace left out silently
+    would train another objective on fewer tokens than the data holds.
+
+    The conversation up to the last message that sets it is rendered with and without it
+    (templates drop an earlier reply's reasoning by design, Qwen3's among them)."""
+    template = str(tokenizer.chat_template or "")
+    if (template, key) in _CHECKED:
+        return
+    _CHECKED.add((template, key))
+    last = max(i for i, m in enumerate(messages) if key in m)
+    turns = messages[: last + 1]
+    if template:
+        try:
+            kept = tokenizer.apply_chat_template(turns, tokenize=False)
+            left = tokenizer.apply_chat_template(
+                [{k: v for k, v in m.items() if k != key} for m in turns], tokenize=False
+            )
+        except Exception:  # the record's own rendering says what is wrong with it
+            return
+        if kept != left:
+            return
+    log.warning(
+        "messages set %r, which %s does not render: it is not trained on (only what the "
+        "template renders is)", key,
+        "the tokenizer's chat template" if template else "hpo's rendering without a chat template",
+    )  # fmt: skip
 
 
 def fallback_chat_template(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -321,7 +367,7 @@ def fallback_chat_template(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 def _render_with_template(
-    messages: list[dict[str, str]], tokenizer: PreTrainedTokenizerBase
+    messages: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase
 ) -> list[Piece]:
     """Pieces of a conversation rendered by the tokenizer's chat template.
 
@@ -333,7 +379,7 @@ def _render_with_template(
     conversation as it is at inference for its last reply (`_last_reply_in_context`).
     """
 
-    def render(part: list[dict[str, str]], generation_prompt: bool) -> str:
+    def render(part: list[dict[str, Any]], generation_prompt: bool) -> str:
         try:
             text = tokenizer.apply_chat_template(
                 part, tokenize=False, add_generation_prompt=generation_prompt
@@ -344,7 +390,7 @@ def _render_with_template(
             raise _BadLine(f"chat template returned {type(text).__name__}, expected text")
         return text
 
-    def locate(turns: list[dict[str, str]]) -> list[Piece]:
+    def locate(turns: list[dict[str, Any]]) -> list[Piece]:
         pieces = _turns_in_order(turns, render)
         if pieces is None:
             pieces = _last_reply_in_context(turns, render, tokenizer.eos_token)
@@ -368,13 +414,13 @@ def _render_with_template(
         return pieces
 
 
-def _system_into_first_turn(messages: list[dict[str, str]]) -> list[dict[str, str]] | None:
+def _system_into_first_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     """The conversation with its leading system message joined to the first user turn, as
     Gemma 3's template does itself (Gemma 1's and 2's refuse a system message); None without
     a system message followed by a user turn."""
     if len(messages) < 2 or messages[0]["role"] != "system" or messages[1]["role"] != "user":
         return None
-    first = {"role": "user", "content": messages[0]["content"] + "\n\n" + messages[1]["content"]}
+    first = {**messages[1], "content": messages[0]["content"] + "\n\n" + messages[1]["content"]}
     return [first, *messages[2:]]
 
 
@@ -391,9 +437,9 @@ def renders_in_order(messages: list[dict[str, Any]], tokenizer: PreTrainedTokeni
     """Whether the tokenizer's chat template renders `messages` prefix by prefix: the whole
     conversation is then one rendering, as a trainer that masks by the template (TRL's
     `assistant_only_loss`, prompt/completion records) sees it too."""
-    turns = [{"role": m["role"], "content": m["content"]} for m in messages]
+    turns = [_message(m) for m in messages]
 
-    def render(part: list[dict[str, str]], generation_prompt: bool) -> str:
+    def render(part: list[dict[str, Any]], generation_prompt: bool) -> str:
         text = tokenizer.apply_chat_template(
             part, tokenize=False, add_generation_prompt=generation_prompt
         )
@@ -405,7 +451,7 @@ def renders_in_order(messages: list[dict[str, Any]], tokenizer: PreTrainedTokeni
         return False
 
 
-def _turns_in_order(messages: list[dict[str, str]], render: Any) -> list[Piece] | None:
+def _turns_in_order(messages: list[dict[str, Any]], render: Any) -> list[Piece] | None:
     """The pieces when each assistant turn extends the rendering of the turns before it (with
     the generation prompt) and the whole conversation's rendering extends that; else None."""
     full = render(messages, False)
@@ -426,7 +472,7 @@ def _turns_in_order(messages: list[dict[str, str]], render: Any) -> list[Piece] 
 
 
 def _last_reply_in_context(
-    messages: list[dict[str, str]], render: Any, eos: str | None
+    messages: list[dict[str, Any]], render: Any, eos: str | None
 ) -> list[Piece] | None:
     """The conversation as the model sees it when it writes its last reply: the turns before
     that reply rendered with the generation prompt, then what rendering the reply adds to

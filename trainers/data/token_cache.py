@@ -29,7 +29,8 @@ CACHE_FORMAT = 2
 2: a conversation its chat template does not render prefix by prefix (Mistral v0.3's with a
 system message, Qwen3's with several replies) is rendered as at its last reply, and one whose
 template refuses a system message (Gemma 1's) has it joined to the first user turn, where 1
-skipped both under skip_bad_lines."""
+skipped both under skip_bad_lines; a message's other fields (`reasoning_content`) reach the
+template, where 1 dropped them."""
 
 Sample = tuple[list[int], list[int]]
 
