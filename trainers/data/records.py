@@ -399,7 +399,7 @@ def _render_with_template(
                 "the tokenizer's chat template does not render this conversation prefix by "
                 "prefix, nor its last reply after its generation prompt (a reasoning template "
                 "that opens a think block the reply lacks?), so its assistant turns cannot be "
-                "located"
+                "located; a chat_template.jinja in the model's folder that does replaces it"
             )
         return pieces
 
