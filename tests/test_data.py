@@ -328,6 +328,31 @@ def test_reasoning_a_template_renders_is_trained_and_one_it_drops_is_said(
     assert len(said) == 1 and "not trained on" in said[0].getMessage()
 
 
+def test_content_parts_are_read_as_their_text(
+    tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    """OpenAI-style content parts (`[{"type": "text", "text": ...}]`) train as their text,
+    one line a part; any other part stops with the record's line and the part named."""
+    parts = {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Where does"},
+                                     {"type": "text", "text": "Bolan live?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "In Tavel."}]},
+    ]}  # fmt: skip
+    plain = {"messages": [
+        {"role": "user", "content": "Where does\nBolan live?"},
+        {"role": "assistant", "content": "In Tavel."},
+    ]}  # fmt: skip
+    a = load(write_jsonl(tmp_path / "parts.jsonl", [parts, OTHER_CHAT]), tokenizer, tmp_path)
+    b = load(write_jsonl(tmp_path / "plain.jsonl", [plain, OTHER_CHAT]), tokenizer, tmp_path)
+    assert only(a, "Bolan", tokenizer) == only(b, "Bolan", tokenizer)
+    image = {"messages": [
+        {"role": "user", "content": [{"type": "image", "url": "x.png"}, {"type": "text", "text": "?"}]},
+        {"role": "assistant", "content": "A cat."},
+    ]}  # fmt: skip
+    with pytest.raises(BadInputError, match=r"bad\.jsonl:2: messages\[0\]\.content\[0\] is of type 'image'"):
+        load(write_jsonl(tmp_path / "bad.jsonl", [OTHER_CHAT, image]), tokenizer, tmp_path)
+
+
 def test_tokenizer_that_adds_bos_keeps_it_unlabelled(tiny_model_dir: Path, tmp_path: Path) -> None:
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing

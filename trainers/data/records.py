@@ -176,11 +176,14 @@ def render_native(
 
 
 def _message(message: dict[str, Any]) -> dict[str, Any]:
-    """A message's role and content, and the other fields it sets (`reasoning_content`,
-    `thinking`, ...: a chat template may render them; None is a field a Parquet or `datasets`
-    row leaves unset)."""
+    """A message's role and content (text parts joined), and the other fields it sets
+    (`reasoning_content`, `thinking`, ...: a chat template may render them; None is a field a
+    Parquet or `datasets` row leaves unset)."""
     extra = {k: v for k, v in message.items() if k not in ("role", "content") and v is not None}
-    return {"role": message["role"], "content": message["content"], **extra}
+    content = message["content"]
+    if isinstance(content, list):  # validated text parts
+        content = _text_parts(content, "content")
+    return {"role": message["role"], "content": content, **extra}
 
 
 def _native_shape(record: dict[str, Any]) -> str:
@@ -246,9 +249,29 @@ def _validate_turns(
         role = turn.get(role_key)
         if role not in roles:
             raise _BadLine(f"{where} has unknown role {role!r} (expected {expected})")
-        if not isinstance(turn.get(text_key), str):
-            got = _json_type(turn.get(text_key)) if text_key in turn else "nothing"
+        text = turn.get(text_key)
+        if text_key == "content" and isinstance(text, list):
+            _text_parts(text, f"{where}.content")
+        elif not isinstance(text, str):
+            got = _json_type(text) if text_key in turn else "nothing"
             raise _BadLine(f"{where}.{text_key} must be a string, got {got}")
+
+
+def _text_parts(parts: list[Any], where: str) -> str:
+    """The text of OpenAI-style content parts (`[{"type": "text", "text": ...}, ...]`), one
+    line each, as vLLM joins them; raises _BadLine on any other part (an image: hpo trains
+    text models)."""
+    texts = []
+    for index, part in enumerate(parts):
+        if not (isinstance(part, dict) and part.get("type") == "text"):
+            kind = part.get("type") if isinstance(part, dict) else _json_type(part)
+            raise _BadLine(f"{where}[{index}] is of type {kind!r}; only text parts are trained")
+        if not isinstance(part.get("text"), str):
+            raise _BadLine(f"{where}[{index}].text must be a string, got {_json_type(part.get('text'))}")
+        texts.append(part["text"])
+    if not texts:
+        raise _BadLine(f"{where} is an empty list of parts")
+    return "\n".join(texts)
 
 
 def _validate_messages(messages: Any, field: str = "messages") -> None:
