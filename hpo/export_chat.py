@@ -6,7 +6,10 @@ generation prompt; without one, its own `<|role|>` lines with the assistant's co
 labelled. `trl sft` on a `messages` file takes loss on every token unless told otherwise, and
 fails outright on a tokenizer without a chat template. In the order tried:
 
-0. A template that renders some conversation otherwise once its last reply is in (Mistral
+0. Tools or tool calls (`datasets` 5 reads their JSON as it is; 4 makes Arrow structs of it,
+   which give each record's schemas and arguments the keys of all the others, as nulls), or a
+   template that renders some conversation
+   otherwise once its last reply is in (Mistral
    v0.3's moves the system message into the last user turn and drops it then; Qwen3's,
    Phi-3's and gpt-oss's render the last reply unlike the earlier ones): hpo trains it as at
    that reply's inference, which no rendering of the whole conversation gives, so the
@@ -78,7 +81,17 @@ def chat_loss(records: Sequence[dict[str, Any]], model_path: str, template_file:
     if tokenizer is not None and tokenizer.chat_template:
         from trainers.data.records import renders_in_order
 
-        moved = sum(1 for r in records if not renders_in_order(r["messages"], tokenizer))
+        tooled = sum(1 for r in records if r.get("tools") or _calls(r["messages"]))
+        if tooled:
+            return _tokenized(
+                records, tokenizer,
+                f"chat data, {tooled:,} of {len(records):,} records with tools or tool calls: "
+                "the records tokenized as hpo trains them, their tools and calls rendered by "
+                "the model's chat template",
+            )  # fmt: skip
+        moved = sum(
+            1 for r in records if not renders_in_order(r["messages"], tokenizer, r.get("tools"))
+        )
         if moved:
             return _tokenized(
                 records, tokenizer,
@@ -168,6 +181,10 @@ def _tokenized(records: Sequence[dict[str, Any]], tokenizer: Any, why: str) -> C
     if left_out := len(records) - len(rows):
         note += f"; {left_out:,} records the template cannot render left out, as hpo skips them"
     return ChatLoss(rows=rows, note=note)
+
+
+def _calls(messages: Sequence[dict[str, Any]]) -> bool:
+    return any(message.get("tool_calls") for message in messages)
 
 
 def _one_reply_last(messages: Sequence[dict[str, Any]]) -> bool:

@@ -71,3 +71,21 @@ SYSTEM_IN_LAST_TURN = (
     "{%- elif m['role'] == 'assistant' %}{{- ' ' + m['content'] | trim + eos_token }}{%- endif %}"
     "{%- endfor %}"
 )
+
+
+# A conversation with a tool: its schema, a reply that only calls it, its result, the answer.
+WEATHER_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}}]  # fmt: skip
+TOOL_CHAT = {
+    "tools": WEATHER_TOOLS,
+    "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+        ]},
+        {"role": "tool", "content": "sunny, 21 C"},
+        {"role": "assistant", "content": "It is sunny in Paris."},
+    ],
+}  # fmt: skip

@@ -10,6 +10,7 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from common.errors import BadInputError
+from tests.configs import TOOL_CHAT
 from trainers.data.dataset import (
     IGNORE_INDEX,
     DataSpec,
@@ -351,6 +352,53 @@ def test_content_parts_are_read_as_their_text(
     ]}  # fmt: skip
     with pytest.raises(BadInputError, match=r"bad\.jsonl:2: messages\[0\]\.content\[0\] is of type 'image'"):
         load(write_jsonl(tmp_path / "bad.jsonl", [OTHER_CHAT, image]), tokenizer, tmp_path)
+
+
+@pytest.mark.parametrize("family", ["llama3_1", "qwen2_5", "qwen3"])
+def test_tool_calls_carry_loss_and_tool_results_do_not(
+    family: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A conversation with tools: the schemas go to the template (in the prompt, no loss), a
+    reply that only calls a tool carries loss on its rendered call, the tool's result is
+    context. Llama 3.1's and Qwen 2.5's render it prefix by prefix, Qwen3's as at its last
+    reply (its earlier call found up to its end-of-turn marker)."""
+    import trl.chat_template_utils as shipped
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = getattr(shipped, f"{family}_chat_template")
+    path = write_jsonl(tmp_path / "t.jsonl", [TOOL_CHAT, OTHER_CHAT])
+    data = load(path, tok, tmp_path, max_length=2048)
+    example = only(data, "Weather in Paris", tok)
+    labelled, context = labelled_text(tok, example), unlabelled_text(tok, example)
+    assert "get_weather" in labelled and '"Paris"' in labelled
+    assert "It is sunny in Paris." in labelled and example.labels[-1] != IGNORE_INDEX
+    assert "sunny, 21 C" in context and "The weather of a city" in context
+    assert "sunny, 21 C" not in labelled and "Weather in Paris?" not in labelled
+
+
+def test_tool_data_a_template_cannot_render_is_refused(
+    tiny_model_dir: Path, plain_tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    """Llama 3's template (3.0) renders no tool calls: a calling reply would train as an
+    empty answer. It, a tokenizer without a template, and malformed tool fields stop with
+    the record's line."""
+    import trl.chat_template_utils as shipped
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = shipped.llama3_chat_template
+    path = write_jsonl(tmp_path / "t.jsonl", [OTHER_CHAT, TOOL_CHAT])
+    with pytest.raises(BadInputError, match=r"t\.jsonl:2: .*does not render tool calls"):
+        load(path, tok, tmp_path)
+    with pytest.raises(BadInputError, match=r"t\.jsonl:2: tools and tool calls need .*chat template"):
+        load(path, plain_tokenizer, tmp_path)
+    bad_tools = {**TOOL_CHAT, "tools": {"name": "get_weather"}}
+    no_content = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant"}]}
+    for record, message in [
+        (bad_tools, r"field 'tools' must be a list of objects, got object"),
+        (no_content, r"messages\[1\]\.content must be a string, got nothing"),
+    ]:
+        with pytest.raises(BadInputError, match=rf"b\.jsonl:1: {message}"):
+            load(write_jsonl(tmp_path / "b.jsonl", [record]), tok, tmp_path)
 
 
 def test_tokenizer_that_adds_bos_keeps_it_unlabelled(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -122,6 +122,24 @@ def _spans(tokenizer: Any, ids: list[int], labels: list[int]) -> tuple[str, list
     return tokenizer.decode(ids), spans
 
 
+def _tokenized_match(
+    model: Path, data: Path, config: Path, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[str, list[str]]]:
+    """Train `config` one step with `trl sft`; every sample it trains has the token ids and
+    labels hpo's trainer gives one of `data`'s records. Returns each sample's text and the
+    text of its runs of labelled tokens."""
+    from trainers.model.lora import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model))
+    _, pieces, _ = read_pieces(data, tokenizer)
+    hpo = {tuple(ids): labels for ids, labels in tokenize_pieces(pieces, tokenizer)}
+    samples = _trl_labels(config, monkeypatch)
+    assert len(samples) >= 20  # all but the few it holds out
+    for ids, labels in samples:
+        assert labels == hpo[tuple(ids)]  # the same tokens, the same tokens carry loss
+    return [_spans(tokenizer, ids, labels) for ids, labels in samples]
+
+
 def _hpo_spans(model: Path, data: Path) -> dict[str, list[str]]:
     from trainers.model.lora import load_tokenizer
 
@@ -215,17 +233,10 @@ def test_a_template_neither_marked_nor_known_gets_hpos_own_tokens(
     parsed = yaml.safe_load(text)
     assert "assistant_only_loss" not in parsed and "chat_template_path" not in parsed
 
-    from trainers.model.lora import load_tokenizer
-
-    tokenizer = load_tokenizer(str(tiny_model_dir))
-    _, pieces, _ = read_pieces(data, tokenizer)
-    hpo = {tuple(ids): labels for ids, labels in tokenize_pieces(pieces, tokenizer)}
-    samples = _trl_labels(config, monkeypatch)
-    assert len(samples) >= 20  # all but the few it holds out
-    assert any(len(_spans(tokenizer, ids, labels)[1]) == 2 for ids, labels in samples)
-    for ids, labels in samples:
-        assert labels == hpo[tuple(ids)]  # the same tokens, the same tokens carry loss
-        assert labels != ids and "colour" not in "".join(_spans(tokenizer, ids, labels)[1])
+    samples = _tokenized_match(tiny_model_dir, data, config, monkeypatch)
+    assert any(len(spans) == 2 for _, spans in samples)
+    for text, spans in samples:
+        assert spans and "colour" not in "".join(spans) and "".join(spans) != text
 
 
 def _shipped(name: str) -> str:
@@ -266,16 +277,7 @@ def test_a_template_that_renders_the_last_reply_otherwise_goes_tokenized(
     parsed = yaml.safe_load(text)
     assert "completion_only_loss" not in parsed and "chat_template_path" not in parsed
 
-    from trainers.model.lora import load_tokenizer
-
-    tokenizer = load_tokenizer(str(model))
-    _, pieces, _ = read_pieces(data, tokenizer)
-    hpo = {tuple(ids): labels for ids, labels in tokenize_pieces(pieces, tokenizer)}
-    samples = _trl_labels(config, monkeypatch)
-    assert len(samples) >= 20
-    for ids, labels in samples:
-        assert labels == hpo[tuple(ids)]
-        text, spans = _spans(tokenizer, ids, labels)
+    for text, spans in _tokenized_match(model, data, config, monkeypatch):
         assert "Answer briefly." in text and len(spans) == exchanges
         assert all("It is red" in span and "colour" not in span for span in spans)
 
@@ -305,6 +307,30 @@ def test_reasoning_goes_to_trl_with_its_reply(
         text, spans = _spans(tokenizer, ids, labels)
         assert spans == hpo[text] and len(spans) == 1
         assert "is red." in spans[0] and "<think>" in spans[0]
+
+
+def test_tool_calls_go_to_trl_tokenized_as_hpo_trains_them(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records with tools and tool calls (Qwen 2.5's template renders both): tokenized as
+    hpo trains them, so TRL's samples carry hpo's ids and labels: the call and the answer
+    carry loss, the tool's result and the schemas do not."""
+    from tests.configs import TOOL_CHAT
+
+    model = _model_with(_shipped("qwen2_5"), tiny_model_dir, tmp_path / "model")
+    rows = []
+    for i in range(24):
+        row = json.loads(json.dumps(TOOL_CHAT).replace("Paris", f"Paris {i}"))
+        rows.append(row)
+    data = tmp_path / "tools.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config, written = _export(model, data, tmp_path / "trl.yaml", max_length=1500)
+    assert written.name == "trl.data.jsonl"
+    assert "24 of 24 records with tools or tool calls" in config.read_text()
+
+    for text, spans in _tokenized_match(model, data, config, monkeypatch):
+        assert "get_weather" in spans[0] and "sunny, 21 C" in text
+        assert not any("sunny, 21 C" in span or "weather of a city" in span for span in spans)
 
 
 def test_a_preset_without_its_model_names_the_conversations_trl_cannot_mask(

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 SHAPES = ("text", "prompt_completion", "messages", "alpaca", "sharegpt")
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT speakers -> chat roles (the names LLaMA-Factory's and axolotl's docs use).
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system"}
@@ -152,7 +152,8 @@ def to_native(shape: str, record: dict[str, Any]) -> dict[str, Any]:
             turns.insert(0, {"role": "system", "content": record["system"]})
         return {"messages": turns}
     if shape == "messages":
-        return {"messages": [_message(m) for m in record["messages"]]}
+        tools = {"tools": record["tools"]} if record.get("tools") else {}
+        return {"messages": [_message(m) for m in record["messages"]], **tools}
     if shape == "prompt_completion":
         return {"prompt": record["prompt"], "completion": record["completion"]}
     return {"text": record["text"]}
@@ -180,10 +181,11 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
     (`reasoning_content`, `thinking`, ...: a chat template may render them; None is a field a
     Parquet or `datasets` row leaves unset)."""
     extra = {k: v for k, v in message.items() if k not in ("role", "content") and v is not None}
-    content = message["content"]
+    content = message.get("content")
     if isinstance(content, list):  # validated text parts
         content = _text_parts(content, "content")
-    return {"role": message["role"], "content": content, **extra}
+    # A reply that only calls tools: templates read its content as text (some `| trim` it).
+    return {"role": message["role"], "content": content or "", **extra}
 
 
 def _native_shape(record: dict[str, Any]) -> str:
@@ -196,6 +198,11 @@ def _validate(record: Any) -> str:
         raise _BadLine(f"expected a JSON object, got {_json_type(record)}")
     if "messages" in record:
         _validate_messages(record["messages"])
+        tools = record.get("tools")
+        if tools is not None and not (
+            isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+        ):
+            raise _BadLine(f"field 'tools' must be a list of objects, got {_json_type(tools)}")
         return "messages"
     if "conversations" in record:
         _validate_sharegpt(record)
@@ -250,11 +257,22 @@ def _validate_turns(
         if role not in roles:
             raise _BadLine(f"{where} has unknown role {role!r} (expected {expected})")
         text = turn.get(text_key)
+        if text_key == "content" and text is None and _calls_tools(turn):
+            continue
         if text_key == "content" and isinstance(text, list):
             _text_parts(text, f"{where}.content")
         elif not isinstance(text, str):
             got = _json_type(text) if text_key in turn else "nothing"
             raise _BadLine(f"{where}.{text_key} must be a string, got {got}")
+
+
+def _calls_tools(turn: dict[str, Any]) -> bool:
+    """An assistant message that calls tools (`tool_calls`: a non-empty list of objects)."""
+    calls = turn.get("tool_calls")
+    return (
+        turn.get("role") == "assistant" and isinstance(calls, list) and bool(calls)
+        and all(isinstance(call, dict) for call in calls)
+    )  # fmt: skip
 
 
 def _text_parts(parts: list[Any], where: str) -> str:
@@ -275,7 +293,9 @@ def _text_parts(parts: list[Any], where: str) -> str:
 
 
 def _validate_messages(messages: Any, field: str = "messages") -> None:
-    _validate_turns(messages, field, ("role", "content"), ROLES, "system, user or assistant")
+    _validate_turns(
+        messages, field, ("role", "content"), ROLES, "system, user, assistant or tool"
+    )
     if messages[0]["role"] == "assistant":
         raise _BadLine(
             f"{field}[0] is an assistant message; start with a system or user message"
@@ -313,10 +333,38 @@ def _render(
             (eos, True),
         ]
     messages = [_message(m) for m in record["messages"]]
-    for key in sorted({k for m in messages for k in m} - {"role", "content"}):
-        _check_rendered(key, messages, tokenizer)
+    tools = record.get("tools") or None
+    for key in sorted({k for m in messages for k in m} - {"role", "content", "tool_calls"}):
+        _check_rendered(key, messages, tokenizer, tools)
     if tokenizer.chat_template:
-        return _render_with_template(messages, tokenizer)
+        if tools and (str(tokenizer.chat_template), "tools") not in _CHECKED:
+            _CHECKED.add((str(tokenizer.chat_template), "tools"))
+            try:
+                same = tokenizer.apply_chat_template(messages, tokenize=False) == (
+                    tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+                )
+            except Exception:  # the record's own rendering says what is wrong
+                same = False
+            if same:
+                log.warning(
+                    "records give tools, which the tokenizer's chat template does not render: "
+                    "the model is trained without their descriptions"
+                )
+        if any("tool_calls" in m for m in messages) and not _renders(
+            "tool_calls", messages, tokenizer, tools
+        ):
+            # Trained, such a reply would teach the model to answer a request with nothing.
+            raise _BadLine(
+                "the tokenizer's chat template does not render tool calls (a chat_template.jinja "
+                "in the model's folder that does replaces it)"
+            )
+        return _render_with_template(messages, tokenizer, tools)
+    if tools or any("tool_calls" in m for m in messages):
+        # hpo's own `<|role|>` lines have no format for a call: it would not be trained.
+        raise _BadLine(
+            "tools and tool calls need the model's chat template; this tokenizer has none "
+            "(a chat_template.jinja in the model's folder gives it one)"
+        )
     pieces: list[Piece] = [(prefix, False)]
     for message in messages:
         is_assistant = message["role"] == "assistant"
@@ -333,35 +381,45 @@ _CHECKED: set[tuple[str, str]] = set()
 
 
 def _check_rendered(
-    key: str, messages: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase
+    key: str,
+    messages: list[dict[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    tools: list[Any] | None = None,
 ) -> None:
     """Warn once per template and field when a message field other than role and content
     (reasoning the data carries, say) is not in what is trained: a trace left out silently
-    would train another objective on fewer tokens than the data holds.
-
-    The conversation up to the last message that sets it is rendered with and without it
-    (templates drop an earlier reply's reasoning by design, Qwen3's among them)."""
+    would train another objective on fewer tokens than the data holds (`_renders`)."""
     template = str(tokenizer.chat_template or "")
     if (template, key) in _CHECKED:
         return
     _CHECKED.add((template, key))
-    last = max(i for i, m in enumerate(messages) if key in m)
-    turns = messages[: last + 1]
-    if template:
-        try:
-            kept = tokenizer.apply_chat_template(turns, tokenize=False)
-            left = tokenizer.apply_chat_template(
-                [{k: v for k, v in m.items() if k != key} for m in turns], tokenize=False
-            )
-        except Exception:  # the record's own rendering says what is wrong with it
-            return
-        if kept != left:
-            return
+    if template and _renders(key, messages, tokenizer, tools):
+        return
     log.warning(
         "messages set %r, which %s does not render: it is not trained on (only what the "
         "template renders is)", key,
         "the tokenizer's chat template" if template else "hpo's rendering without a chat template",
     )  # fmt: skip
+
+
+def _renders(
+    key: str, messages: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, tools: Any
+) -> bool:
+    """Whether the chat template renders the messages' `key`: the conversation up to the last
+    message that sets it, rendered with and without it, differs (templates drop an earlier
+    reply's reasoning by design, Qwen3's among them). A template that fails on it: True, the
+    record's own rendering says what is wrong."""
+    last = max(i for i, m in enumerate(messages) if key in m)
+    turns = messages[: last + 1]
+    try:
+        kept = tokenizer.apply_chat_template(turns, tools=tools, tokenize=False)
+        left = tokenizer.apply_chat_template(
+            [{k: v for k, v in m.items() if k != key} for m in turns], tools=tools,
+            tokenize=False,
+        )  # fmt: skip
+    except Exception:
+        return True
+    return bool(kept != left)
 
 
 def fallback_chat_template(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -390,7 +448,9 @@ def fallback_chat_template(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 def _render_with_template(
-    messages: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase
+    messages: list[dict[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    tools: list[Any] | None = None,
 ) -> list[Piece]:
     """Pieces of a conversation rendered by the tokenizer's chat template.
 
@@ -405,7 +465,7 @@ def _render_with_template(
     def render(part: list[dict[str, Any]], generation_prompt: bool) -> str:
         try:
             text = tokenizer.apply_chat_template(
-                part, tokenize=False, add_generation_prompt=generation_prompt
+                part, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
             )
         except Exception as error:  # jinja raises its own errors (e.g. role order rules)
             raise _BadLine(f"chat template failed: {error}") from None
@@ -456,7 +516,11 @@ def _joined_the_system_message(template: str) -> None:
     )
 
 
-def renders_in_order(messages: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase) -> bool:
+def renders_in_order(
+    messages: list[dict[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    tools: list[Any] | None = None,
+) -> bool:
     """Whether the tokenizer's chat template renders `messages` prefix by prefix: the whole
     conversation is then one rendering, as a trainer that masks by the template (TRL's
     `assistant_only_loss`, prompt/completion records) sees it too."""
@@ -464,7 +528,7 @@ def renders_in_order(messages: list[dict[str, Any]], tokenizer: PreTrainedTokeni
 
     def render(part: list[dict[str, Any]], generation_prompt: bool) -> str:
         text = tokenizer.apply_chat_template(
-            part, tokenize=False, add_generation_prompt=generation_prompt
+            part, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
         )
         return text if isinstance(text, str) else ""
 
@@ -536,6 +600,7 @@ def _last_reply_in_context(
         span = _earlier_reply(
             prompt, cursor, render(messages[:index], True), messages[index]["content"].strip(),
             body_replies[number] if number < len(body_replies) else None, markers,
+            calls="tool_calls" in messages[index],
         )  # fmt: skip
         if span is None:
             return None
@@ -546,20 +611,33 @@ def _last_reply_in_context(
 
 
 def _earlier_reply(
-    prompt: str, cursor: int, before: str, content: str, as_body: str | None, markers: list[str]
+    prompt: str,
+    cursor: int,
+    before: str,
+    content: str,
+    as_body: str | None,
+    markers: list[str],
+    *,
+    calls: bool = False,
 ) -> tuple[int, int] | None:
     """Where an earlier reply lies in `prompt` (from `cursor`), as `_last_reply_in_context`
-    says; None when its content is not there."""
+    says; a reply that calls tools runs on to the end-of-turn marker after its content (its
+    calls rendered there), one without content starts at the end of `before`. None when it
+    cannot be found."""
     if as_body is not None and (found := prompt.find(as_body, cursor)) >= 0:
         return found, found + len(as_body)
     start = len(before) if len(before) >= cursor and prompt.startswith(before) else None
-    at = prompt.find(content, cursor if start is None else start) if content else -1
+    if content:
+        at = prompt.find(content, cursor if start is None else start)
+    else:
+        at = start if start is not None and calls else -1
     if at < 0:
         return None
     end = at + len(content)
     for marker in markers:
-        if marker and prompt.startswith(marker, end):
-            end += len(marker)
+        found = prompt.find(marker, end) if marker else -1
+        if found == end or (found > end and calls):
+            end = found + len(marker)
             break
     return (at if start is None else start), end
 

@@ -30,7 +30,8 @@ CACHE_FORMAT = 2
 system message, Qwen3's with several replies) is rendered as at its last reply, and one whose
 template refuses a system message (Gemma 1's) has it joined to the first user turn, where 1
 skipped both under skip_bad_lines; a message's other fields (`reasoning_content`) reach the
-template, where 1 dropped them; content given as text parts is read, where 1 skipped it."""
+template, where 1 dropped them; content given as text parts and tool messages are read,
+where 1 skipped them."""
 
 Sample = tuple[list[int], list[int]]
 
