@@ -18,8 +18,10 @@ an assistant's content; only that content and its eos carry loss. With
 of the messages before it with the generation prompt (so a template's end-of-turn marker
 carries loss too). A template that renders a conversation otherwise once its last reply is in
 (Mistral-Instruct v0.3's moves the system message into the last user turn, and drops it when a
-reply is last) gets the turns before the last reply rendered with the generation prompt, then
-that reply: what the model sees when it writes it, every reply labelled.
+reply is last; Qwen3's gives the last reply an empty think block) gets the turns before the
+last reply rendered with the generation prompt, then that reply: what the model sees when it
+writes it, every reply labelled. A message's other fields (`reasoning_content`, `tool_calls`)
+and a record's `tools` go to the template; `tool` messages are context.
 """
 
 from __future__ import annotations
@@ -569,12 +571,14 @@ def _last_reply_in_context(
     Templates that render a conversation otherwise once a reply is last: Mistral-Instruct
     v0.3's moves the system message into the last user turn; Qwen3's, Phi-3's, gpt-oss's
     render the last reply unlike the earlier ones (an empty think block, eos, another end
-    marker). An earlier reply is labelled from the end of the turns before it rendered with
-    the generation prompt, where that is how the prompt goes on; else as the conversation
-    without its system messages renders it, where that is prefix by prefix (Mistral's); else
-    from its content. It ends after its content and the last reply's end-of-turn marker
-    where the prompt has that marker there (without a trailing eos: Phi-3's), else after its
-    content. Messages after the last reply carry no loss and are left out.
+    marker). An earlier reply is labelled as the conversation without its system messages
+    renders it, where that renders prefix by prefix and the prompt holds it (Mistral's); else
+    from the end of the turns before it rendered with the generation prompt, where the prompt
+    goes on so, or else from its content. It ends after its content and the last reply's
+    end-of-turn marker where the prompt has that marker there (without a trailing eos:
+    Phi-3's), a reply that calls tools at the first such marker after its content (its calls
+    rendered before it), else after its content. Messages after the last reply carry no loss
+    and are left out.
     """
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
     prompt = render(messages[:last], True)
@@ -639,7 +643,8 @@ def _earlier_reply(
         if found == end or (found > end and calls):
             end = found + len(marker)
             break
-    return (at if start is None else start), end
+    begin = at if start is None else start
+    return (begin, end) if end > begin else None  # a call found nowhere: not trained silently
 
 
 def special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
