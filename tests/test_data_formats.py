@@ -73,8 +73,10 @@ WRITERS: dict[str, tuple[str, Callable[[Path, list[dict[str, Any]]], Path]]] = {
 }
 
 
-def _load(path: Path, tok: PreTrainedTokenizerBase, cache: Path) -> TokenizedData:
-    return load_tokenized(DataSpec(path=str(path), cache_dir=str(cache)), tok)
+def _load(
+    path: Path, tok: PreTrainedTokenizerBase, cache: Path, max_length: int = 128
+) -> TokenizedData:
+    return load_tokenized(DataSpec(path=str(path), cache_dir=str(cache), max_length=max_length), tok)
 
 
 def _samples(data: TokenizedData) -> list[tuple[list[int], list[int]]]:
@@ -142,6 +144,47 @@ def test_sharegpt_system_field_leads_the_conversation(tmp_path: Path) -> None:
     assert [m["role"] for m in native[0]["messages"]] == ["system", "user", "assistant"]
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_sharegpt_tool_turns_train_as_tool_messages(
+    kind: str, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """LLaMA-Factory's ShareGPT tool turns (`function_call`: the JSON of a call, arguments
+    as a JSON string too; `observation`: its result; `tools`: the JSON of the functions)
+    train as the messages record with `tool_calls`, a `tool` message and `tools`."""
+    import trl.chat_template_utils as shipped
+
+    from tests.configs import TOOL_CHAT
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = shipped.qwen2_5_chat_template
+    call = {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}
+    row = {
+        "conversations": [
+            {"from": "human", "value": "Weather in Paris?"},
+            {"from": "function_call", "value": json.dumps(call)},
+            {"from": "observation", "value": "sunny, 21 C"},
+            {"from": "gpt", "value": "It is sunny in Paris."},
+        ],
+        "tools": json.dumps([t["function"] for t in TOOL_CHAT["tools"]]),
+    }
+    write = _jsonl if kind == "jsonl" else _parquet
+    data = _load(write(tmp_path / f"d.{kind}", [row, *SHAREGPT[:3]]), tok, tmp_path / "c1", 2048)
+    reference = _load(_jsonl(tmp_path / "m.jsonl", [TOOL_CHAT, *[
+        {"messages": [{"role": "user", "content": r["conversations"][0]["value"]},
+                      {"role": "assistant", "content": r["conversations"][1]["value"]}]}
+        for r in SHAREGPT[:3]
+    ]]), tok, tmp_path / "c2", 2048)  # fmt: skip
+    assert data.stats.shape == "sharegpt" and data.stats.truncated == 0
+    assert _samples(data) == _samples(reference)
+    called = [e for e in data.train + data.validation if "get_weather" in tok.decode(e.input_ids)]
+    assert len(called) == 1 and "get_weather" in tok.decode(
+        [t for t, label in zip(called[0].input_ids, called[0].labels, strict=True) if label != -100]
+    )
+    bad = {"conversations": [{"from": "human", "value": "a"}, {"from": "function_call", "value": "x("}]}
+    with pytest.raises(BadInputError, match=r"bad\.jsonl:1: a function_call value must be the JSON"):
+        _load(_jsonl(tmp_path / "bad.jsonl", [bad]), tok, tmp_path / "c3")
+
+
 BAD_ROWS: dict[str, tuple[str, list[dict[str, Any]], str]] = {
     "parquet, wrong type": (
         "bad.parquet",
@@ -161,7 +204,8 @@ BAD_ROWS: dict[str, tuple[str, list[dict[str, Any]], str]] = {
     "sharegpt, unknown role": (
         "bad-share.jsonl",
         [SHAREGPT[0], {"conversations": [{"from": "human", "value": "a"}, {"from": "tool", "value": "b"}]}],
-        "bad-share.jsonl:2: conversations[1] has unknown role 'tool' (expected human, gpt or system)",
+        "bad-share.jsonl:2: conversations[1] has unknown role 'tool' "
+        "(expected human, gpt, system, function_call or observation)",
     ),
     "sharegpt in a folder, assistant first": (
         "bad-saved",

@@ -45,7 +45,7 @@ SHAPES = ("text", "prompt_completion", "messages", "alpaca", "sharegpt")
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT speakers -> chat roles (the names LLaMA-Factory's and axolotl's docs use).
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "system": "system"}
+                  "system": "system", "function_call": "assistant", "observation": "tool"}
 IGNORE_INDEX = -100
 
 # A piece of a rendered sample: text to tokenize (or token ids as they are) and whether its
@@ -147,12 +147,15 @@ def to_native(shape: str, record: dict[str, Any]) -> dict[str, Any]:
         return {"messages": messages}
     if shape == "sharegpt":
         turns = [
-            {"role": SHAREGPT_ROLES[turn["from"]], "content": turn["value"]}
+            {"role": "assistant", "content": "", "tool_calls": _sharegpt_calls(turn["value"])}
+            if turn["from"] == "function_call"
+            else {"role": SHAREGPT_ROLES[turn["from"]], "content": turn["value"]}
             for turn in record["conversations"]
         ]
         if record.get("system"):
             turns.insert(0, {"role": "system", "content": record["system"]})
-        return {"messages": turns}
+        schemas = _sharegpt_tools(record.get("tools"))
+        return {"messages": turns, **({"tools": schemas} if schemas else {})}
     if shape == "messages":
         tools = {"tools": record["tools"]} if record.get("tools") else {}
         return {"messages": [_message(m) for m in record["messages"]], **tools}
@@ -234,11 +237,52 @@ def _validate(record: Any) -> str:
 def _validate_sharegpt(record: dict[str, Any]) -> None:
     _validate_turns(
         record["conversations"], "conversations", ("from", "value"), SHAREGPT_ROLES,
-        "human, gpt or system",
+        "human, gpt, system, function_call or observation",
     )  # fmt: skip
     if record.get("system") is not None:
         _require_str(record, "system")
     _validate_messages(to_native("sharegpt", record)["messages"], field="conversations")
+
+
+def _sharegpt_calls(value: str) -> list[dict[str, Any]]:
+    """A LLaMA-Factory `function_call` turn's calls, in the messages' `tool_calls` form: its
+    value is the JSON of one call `{"name": ..., "arguments": ...}` or of a list of them
+    (arguments given as a JSON string are read as an object where they parse)."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as error:
+        raise _BadLine(f"a function_call value must be the JSON of a call: {error}") from None
+    calls = parsed if isinstance(parsed, list) else [parsed]
+    out = []
+    for call in calls:
+        if not (isinstance(call, dict) and isinstance(call.get("name"), str)):
+            raise _BadLine('a function_call value must hold {"name": ..., "arguments": ...}')
+        arguments = call.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass  # a template takes it as given
+        out.append({"type": "function", "function": {"name": call["name"], "arguments": arguments}})
+    return out
+
+
+def _sharegpt_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """A ShareGPT record's `tools` (LLaMA-Factory: the JSON of a list of function
+    descriptions), each in the `{"type": "function", "function": ...}` form chat templates
+    take; None when it gives none."""
+    if tools is None or tools == "" or tools == []:
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as error:
+            raise _BadLine(f"field 'tools' must be the JSON of a list: {error}") from None
+    if isinstance(tools, dict):
+        tools = [tools]
+    if not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise _BadLine(f"field 'tools' must be a list of objects, got {_json_type(tools)}")
+    return [t if "type" in t else {"type": "function", "function": t} for t in tools]
 
 
 def _validate_turns(
