@@ -26,7 +26,6 @@ and a record's `tools` go to the template; `tool` messages are context.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Collection, Sequence
@@ -383,8 +382,7 @@ def _render(
     for key in sorted({k for m in messages for k in m} - {"role", "content", "tool_calls"}):
         _check_rendered(key, messages, tokenizer, tools)
     if tokenizer.chat_template:
-        if tools and (str(tokenizer.chat_template), "tools") not in _CHECKED:
-            _CHECKED.add((str(tokenizer.chat_template), "tools"))
+        if tools and _first_time(str(tokenizer.chat_template), "tools"):
             try:
                 same = tokenizer.apply_chat_template(messages, tokenize=False) == (
                     tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
@@ -422,8 +420,16 @@ def _render(
     return pieces
 
 
-# (template, field) pairs checked: whether the template renders a message field is said once.
+# (template, what) pairs already checked: what a template leaves out or changes is said once.
 _CHECKED: set[tuple[str, str]] = set()
+
+
+def _first_time(template: str, what: str) -> bool:
+    """Whether `what` is checked under `template` for the first time in this process."""
+    if (template, what) in _CHECKED:
+        return False
+    _CHECKED.add((template, what))
+    return True
 
 
 def _check_rendered(
@@ -436,9 +442,8 @@ def _check_rendered(
     (reasoning the data carries, say) is not in what is trained: a trace left out silently
     would train another objective on fewer tokens than the data holds (`_renders`)."""
     template = str(tokenizer.chat_template or "")
-    if (template, key) in _CHECKED:
+    if not _first_time(template, key):
         return
-    _CHECKED.add((template, key))
     if template and _renders(key, messages, tokenizer, tools):
         return
     log.warning(
@@ -508,16 +513,7 @@ def _render_with_template(
     conversation as it is at inference for its last reply (`_last_reply_in_context`).
     """
 
-    def render(part: list[dict[str, Any]], generation_prompt: bool) -> str:
-        try:
-            text = tokenizer.apply_chat_template(
-                part, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
-            )
-        except Exception as error:  # jinja raises its own errors (e.g. role order rules)
-            raise _BadLine(f"chat template failed: {error}") from None
-        if not isinstance(text, str):
-            raise _BadLine(f"chat template returned {type(text).__name__}, expected text")
-        return text
+    render = _renderer(tokenizer, tools)
 
     def locate(turns: list[dict[str, Any]]) -> list[Piece]:
         pieces = _turns_in_order(turns, render)
@@ -539,7 +535,11 @@ def _render_with_template(
         if merged is None or not str(refused).startswith("chat template failed"):
             raise
         pieces = locate(merged)  # a failure of its own is the record's
-        _joined_the_system_message(str(tokenizer.chat_template))
+        if _first_time(str(tokenizer.chat_template), "system message"):
+            log.warning(
+                "the tokenizer's chat template refuses a system message: it is joined to the "
+                "first user turn (system, a blank line, user), as Gemma 3's template does itself"
+            )
         return pieces
 
 
@@ -553,15 +553,6 @@ def _system_into_first_turn(messages: list[dict[str, Any]]) -> list[dict[str, An
     return [first, *messages[2:]]
 
 
-@functools.lru_cache(maxsize=16)
-def _joined_the_system_message(template: str) -> None:
-    """Say once per template that system messages are joined to the first user turn."""
-    log.warning(
-        "the tokenizer's chat template refuses a system message: it is joined to the first "
-        "user turn (system, a blank line, user), as Gemma 3's template does itself"
-    )
-
-
 def renders_in_order(
     messages: list[dict[str, Any]],
     tokenizer: PreTrainedTokenizerBase,
@@ -570,18 +561,28 @@ def renders_in_order(
     """Whether the tokenizer's chat template renders `messages` prefix by prefix: the whole
     conversation is then one rendering, as a trainer that masks by the template (TRL's
     `assistant_only_loss`, prompt/completion records) sees it too."""
-    turns = [_message(m) for m in messages]
+    try:
+        return _turns_in_order([_message(m) for m in messages], _renderer(tokenizer, tools)) is not None
+    except _BadLine:  # a template that fails on it: not a rendering anyone trains on
+        return False
+
+
+def _renderer(tokenizer: PreTrainedTokenizerBase, tools: list[Any] | None) -> Any:
+    """`render(messages, generation_prompt) -> text` by the tokenizer's chat template; a
+    template's failure raises _BadLine ("chat template failed: ...")."""
 
     def render(part: list[dict[str, Any]], generation_prompt: bool) -> str:
-        text = tokenizer.apply_chat_template(
-            part, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
-        )
-        return text if isinstance(text, str) else ""
+        try:
+            text = tokenizer.apply_chat_template(
+                part, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+            )
+        except Exception as error:  # jinja raises its own errors (e.g. role order rules)
+            raise _BadLine(f"chat template failed: {error}") from None
+        if not isinstance(text, str):
+            raise _BadLine(f"chat template returned {type(text).__name__}, expected text")
+        return text
 
-    try:
-        return _turns_in_order(turns, render) is not None
-    except Exception:  # a template that fails on it: not a rendering anyone trains on
-        return False
+    return render
 
 
 def _turns_in_order(messages: list[dict[str, Any]], render: Any) -> list[Piece] | None:
