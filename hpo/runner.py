@@ -166,7 +166,8 @@ def run_study(
     if not started_by_launcher and (not keeper.stopped or keeper.plan.promote):
         keeper.promoting = True
         promote(study, context, progress=progress)
-    keeper.trials_ended = time.perf_counter()
+    if keeper.trials_ended is None:  # no trial ran in this session
+        keeper.trials_ended = time.perf_counter()
     summary = _close(study, context)
     summary.elapsed_seconds = time.perf_counter() - started
     return summary

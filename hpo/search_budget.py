@@ -244,7 +244,9 @@ class BudgetKeeper:
         self.reserve_seconds = prior if tail is None else float(tail)
         self.own: dict[int, float] = {}  # this session's finished trials: their seconds
         self.current: int | None = None  # this session's trial in training
-        self.trials_ended: float | None = None  # on `clock`: this session's trials are over
+        # On `clock`: this session's last trial ended. What follows it (the promotions' choice,
+        # dropping the trials' checkpoints, the report) is the close its reserve keeps time for.
+        self.trials_ended: float | None = None
         self.stopped = False
         # The search's trials are over and the promoted ones run: the plan's time kept for
         # them is theirs (`usable_seconds`).
@@ -300,6 +302,7 @@ class BudgetKeeper:
                 trial.datetime_complete - trial.datetime_start
             ).total_seconds()
         self.current = None
+        self.trials_ended = self.clock()
 
     def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """Optuna callback: refit the plan to what the trials measured; stop the study when

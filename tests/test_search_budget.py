@@ -286,12 +286,14 @@ def test_the_ledger_runs_from_launch_to_exit_and_reserves_the_close() -> None:
     study.add_trial(_frozen(1, t0, 20.0))
     keeper.record(study, study.trials[1])  # this session's own: in its wall clock already
     assert keeper.spent() == pytest.approx(75.0)
-    keeper.trials_ended, clock.t = 38.0, 41.0
+    # The close is timed from the end of the session's last trial (what follows is close work).
+    assert keeper.trials_ended == 40.0
+    clock.t = 43.0
     final = keeper.finish({"ended_by": "n_trials"})
     assert final["tail_seconds"] == pytest.approx(3.0)
-    assert final["spent_hours"] == pytest.approx(76.0 / 3600)
-    # On the study: this session's time outside its trials (41 - 20 s), its close measured.
-    assert study.user_attrs[BEFORE_TRIALS_ATTR] == pytest.approx(5.0 + 21.0)
+    assert final["spent_hours"] == pytest.approx(78.0 / 3600)
+    # On the study: this session's time outside its trials (43 - 20 s), its close measured.
+    assert study.user_attrs[BEFORE_TRIALS_ATTR] == pytest.approx(5.0 + 23.0)
     assert study.user_attrs[TAIL_ATTR] == pytest.approx(3.0)
     assert BudgetKeeper(study, _plan(COST, 100 / 3600)).reserve_seconds == pytest.approx(3.0)
 
