@@ -30,8 +30,9 @@ services:
 	@bash scripts/ensure-chromium.sh
 
 # One process per core (at most 4, tests/conftest.py), a test file's tests in one of them (its
-# module's servers start once); `make pytest PYTEST_ARGS=-n0` runs them in this process.
-PYTEST_ARGS ?= -n auto --dist loadfile
+# module's servers start once); `make pytest PYTEST_ARGS=-n0` runs them in this process. The
+# slowest tests are listed at the end, so a CI log shows where the suite's time goes.
+PYTEST_ARGS ?= -n auto --dist loadfile --durations=25
 pytest: $(STAMP) services
 	$(PY) -m pytest $(PYTEST_ARGS)
 
