@@ -401,6 +401,48 @@ def test_tool_data_a_template_cannot_render_is_refused(
             load(write_jsonl(tmp_path / "b.jsonl", [record]), tok, tmp_path)
 
 
+def test_columnar_tool_data_trains_no_keys_other_rows_set(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Arrow gives every row of a column one struct type: in a Parquet file or a saved
+    dataset, one record's call get_weather(city) came back with another's `tz: None`, and its
+    tool schema with the other's properties. Those keys are not rendered: each record trains
+    as its JSONL line does, while a JSONL line's written null argument stays."""
+    import copy
+
+    import datasets
+    import trl.chat_template_utils as shipped
+
+    clock = copy.deepcopy(TOOL_CHAT)
+    clock["tools"] = [{"type": "function", "function": {
+        "name": "get_time", "description": "The time in a zone",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+                       "required": ["tz"]},
+    }}]  # fmt: skip
+    clock["messages"][0]["content"] = "Time in Oslo?"
+    clock["messages"][1]["tool_calls"][0]["function"] = {"name": "get_time", "arguments": {"tz": "CET"}}
+    rows = [TOOL_CHAT, clock]
+    parquet, saved = tmp_path / "t.parquet", tmp_path / "saved"
+    datasets.Dataset.from_list(rows).to_parquet(str(parquet))
+    datasets.Dataset.from_list(rows).save_to_disk(str(saved))
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = shipped.qwen2_5_chat_template
+    as_written = load(write_jsonl(tmp_path / "t.jsonl", rows), tok, tmp_path / "j", max_length=2048)
+    for path in (parquet, saved):
+        data = load(path, tok, tmp_path / path.stem, max_length=2048)
+        for marker in ("Weather in Paris", "Time in Oslo"):
+            example = only(data, marker, tok)
+            assert "null" not in tok.decode(example.input_ids)
+            written = only(as_written, marker, tok)
+            assert (example.input_ids, example.labels) == (written.input_ids, written.labels)
+    assert '"tz": "CET"' in labelled_text(tok, only(as_written, "Time in Oslo", tok))
+
+    explicit = copy.deepcopy(TOOL_CHAT)
+    explicit["messages"][1]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris", "unit": None}
+    data = load(write_jsonl(tmp_path / "n.jsonl", [explicit, clock]), tok, tmp_path / "n", max_length=2048)
+    assert '"unit": null' in labelled_text(tok, only(data, "Weather in Paris", tok))
+
+
 def test_tokenizer_that_adds_bos_keeps_it_unlabelled(tiny_model_dir: Path, tmp_path: Path) -> None:
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing

@@ -89,7 +89,45 @@ def records(source: DataSource) -> Iterator[tuple[int, Any]]:
     if source.kind == "jsonl":
         yield from _json_lines(source.path)
         return
-    yield from enumerate(load_hf(source), start=1)
+    for number, row in enumerate(load_hf(source), start=1):
+        yield number, _unset_keys_dropped(row)
+
+
+def _unset_keys_dropped(row: dict[str, Any]) -> dict[str, Any]:
+    """A row read through Arrow with the keys it never had taken out of its tools and tool calls.
+
+    Arrow gives all the rows of a column one struct type: one record's `get_weather(city)`
+    and another's `get_time(tz)` come back as `{"city": "Paris", "tz": None}` and
+    `{"city": None, "tz": "UTC"}`, and tool schemas gain each other's properties. A chat
+    template would render those nulls into the prompt and into the reply the model learns.
+    In Arrow an unset key and a null are one thing, so every None key under `tools` and under
+    a message's fields other than role and content is dropped (a JSONL record keeps an
+    explicit null: it was written).
+    """
+    out = dict(row)
+    if isinstance(out.get("tools"), list):
+        out["tools"] = _without_none_keys(out["tools"])
+    messages = out.get("messages")
+    if isinstance(messages, list):
+        out["messages"] = [
+            {
+                key: value if key in ("role", "content") else _without_none_keys(value)
+                for key, value in message.items()
+            }
+            if isinstance(message, dict)
+            else message
+            for message in messages
+        ]
+    return out
+
+
+def _without_none_keys(value: Any) -> Any:
+    """`value` with every dict's None-valued keys left out, at any depth (list items stay)."""
+    if isinstance(value, dict):
+        return {k: _without_none_keys(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none_keys(item) for item in value]
+    return value
 
 
 def load_hf(source: DataSource) -> Dataset:

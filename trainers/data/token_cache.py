@@ -24,14 +24,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 """Bump when the tokenized content changes for the same inputs (rendering, labels, format).
 2: a conversation its chat template does not render prefix by prefix (Mistral v0.3's with a
 system message, Qwen3's with several replies) is rendered as at its last reply, and one whose
 template refuses a system message (Gemma 1's) has it joined to the first user turn, where 1
 skipped both under skip_bad_lines; a message's other fields (`reasoning_content`) reach the
 template, where 1 dropped them; content given as text parts and tool messages are read,
-where 1 skipped them."""
+where 1 skipped them. 3: a Parquet, JSON or saved-dataset record's tools and tool calls lose
+the keys Arrow filled with None from other rows, which 2 rendered as nulls."""
 
 Sample = tuple[list[int], list[int]]
 
