@@ -157,6 +157,33 @@ def chat_loss(records: Sequence[dict[str, Any]], model_path: str, template_file:
     )
 
 
+def prompt_completion_loss(records: Sequence[dict[str, Any]], model_path: str) -> ChatLoss:
+    """How conversational prompt/completion records go to TRL. TRL labels them by hpo's rule
+    (what follows the prompt rendered with the generation prompt), but it has no rendering
+    without a chat template nor a way past one that refuses a system message, and it cuts
+    prompt and completion where their tokens differ where hpo cuts their text: so, with the
+    model's tokenizer here, they go tokenized as hpo trains them (case 5); without it, as
+    they are."""
+    from trainers.model.lora import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(model_path)
+    except Exception:  # a preset carried to another machine: the model is not here
+        return ChatLoss(
+            {"completion_only_loss": True},
+            note=(
+                "conversational prompt/completion data, as it is (the model is not here to "
+                "tokenize it): TRL puts the loss on the completion as rendered by the model's "
+                "chat template after the prompt, as hpo does (completion_only_loss)"
+            ),
+        )
+    return _tokenized(
+        records, tokenizer,
+        "conversational prompt/completion data: the records tokenized as hpo trains them, the "
+        "loss on what the completion adds to the prompt rendered with the generation prompt",
+    )  # fmt: skip
+
+
 def _tokenized(records: Sequence[dict[str, Any]], tokenizer: Any, why: str) -> ChatLoss:
     """Case 5: the records as hpo's trainer tokenizes them, its labels as `assistant_masks`;
     `why` opens the header's line."""

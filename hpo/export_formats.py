@@ -42,7 +42,7 @@ from common.errors import BadInputError
 from common.files import write_atomic
 from common.fmt import format_duration
 from common.redact import redact
-from hpo.export_chat import ChatLoss, chat_loss
+from hpo.export_chat import ChatLoss, chat_loss, prompt_completion_loss
 
 FORMATS = ("preset", "trl")
 # `datasets` builders TRL's loader can point at a user's file directly.
@@ -137,6 +137,8 @@ def trl_config(
             data_out.name.replace(".data.jsonl", ".chat_template.jinja")
         )
         chat = chat_loss(native, str(preset["model"]["path"]), str(template_file))
+    elif isinstance(native[0].get("prompt"), list):
+        chat = prompt_completion_loss(native, str(preset["model"]["path"]))
     # A file with records the preset skips (`skip_bad_lines`) is not given to TRL as it is:
     # its loader would stop at the first malformed line, or train on a record hpo refused.
     if chat.rows is not None:

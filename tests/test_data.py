@@ -401,6 +401,48 @@ def test_tool_data_a_template_cannot_render_is_refused(
             load(write_jsonl(tmp_path / "b.jsonl", [record]), tok, tmp_path)
 
 
+@pytest.mark.parametrize("family", [None, "qwen2_5", "qwen3"])
+def test_conversational_prompt_completion_labels_the_completion_only(
+    family: str | None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """TRL's conversational prompt/completion (from JSONL or Parquet): with one reply it
+    trains as the same `messages` record does; a reply inside the prompt is context. A
+    completion without a reply, or a prompt that is neither text nor messages, is refused
+    with the record's line."""
+    import datasets
+    import trl.chat_template_utils as shipped
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    if family:
+        tok.chat_template = getattr(shipped, f"{family}_chat_template")
+    first = [{"role": "user", "content": "Where does Bolan live?"}]
+    reply = [{"role": "assistant", "content": "In Tavel."}]
+    earlier = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]
+    other = {"prompt": [{"role": "user", "content": "2+2?"}], "completion": [{"role": "assistant", "content": "4"}]}
+    rows = [{"prompt": first, "completion": reply}, {"prompt": earlier + first, "completion": reply}, other]
+    jsonl = write_jsonl(tmp_path / "pc.jsonl", rows)
+    parquet = tmp_path / "pc.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(parquet))
+    # Qwen 2.5's template adds its own system message: room for it.
+    messages = load(write_jsonl(tmp_path / "m.jsonl", [{"messages": first + reply}, OTHER_CHAT]), tok, tmp_path / "m", max_length=512)
+    as_messages = only(messages, "Bolan", tok)
+    for path in (jsonl, parquet):
+        data = load(path, tok, tmp_path / path.suffix, max_length=512)
+        (alone,) = [e for e in everything(data) if "Bolan" in tok.decode(e.input_ids) and "Hi" not in tok.decode(e.input_ids)]
+        assert (alone.input_ids, alone.labels) == (as_messages.input_ids, as_messages.labels)
+        after = only(data, "Hello there.", tok)
+        assert "Hello there." in unlabelled_text(tok, after)
+        assert "In Tavel." in labelled_text(tok, after) and "Hello" not in labelled_text(tok, after)
+
+    for record, message in [
+        ({"prompt": first, "completion": first}, r"no assistant message in 'completion'"),
+        ({"prompt": "Where?", "completion": reply}, r"field 'prompt' must be a non-empty list, got string"),
+        ({"prompt": first, "completion": []}, r"field 'completion' must be a non-empty list"),
+    ]:
+        with pytest.raises(BadInputError, match=rf"b\.jsonl:2: {message}"):
+            load(write_jsonl(tmp_path / "b.jsonl", [other, record]), tok, tmp_path / "b")
+
+
 def test_columnar_tool_data_trains_no_keys_other_rows_set(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -333,6 +333,50 @@ def test_tool_calls_go_to_trl_tokenized_as_hpo_trains_them(
         assert not any("sunny, 21 C" in span or "weather of a city" in span for span in spans)
 
 
+def _conversational_prompts(path: Path, count: int = 24) -> Path:
+    """TRL's conversational prompt/completion: an earlier exchange in the prompt (context),
+    the reply to the second question the completion."""
+    rows = []
+    for i in range(count):
+        prompt = [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": f"What is colour {i}.0?"},
+            {"role": "assistant", "content": f"It is blue {i}.0."},
+            {"role": "user", "content": f"What is colour {i}.1?"},
+        ]
+        rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": f"It is red {i}.1."}]})
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.parametrize("family", ["qwen2_5", "gemma", None])
+def test_conversational_prompt_completion_trains_in_trl_as_in_hpo(
+    family: str | None, tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL's conversational prompt/completion records: hpo puts the loss on the completion
+    only (the prompt's reply is context) and exports them tokenized as it trains them; where
+    TRL can render them itself (a template that takes a system message), TRL given the file
+    as it is labels the same tokens too: hpo's rule is TRL's."""
+    model = _model_with(family and _shipped(family), tiny_model_dir, tmp_path / "model")
+    data = _conversational_prompts(tmp_path / "pc.jsonl")
+    config, written = _export(model, data, tmp_path / "trl.yaml", max_length=400)
+    assert written.name == "trl.data.jsonl"
+    assert "conversational prompt/completion data: the records tokenized" in config.read_text()
+    for text, spans in _tokenized_match(model, data, config, monkeypatch):
+        assert "Answer briefly." in text and "It is blue" in text
+        (span,) = spans
+        assert "It is red" in span and "blue" not in span and "colour" not in span
+
+    if family != "qwen2_5":
+        return  # no template (TRL cannot render one), or one refusing a system message
+    native = yaml.safe_load(config.read_text())
+    native["datasets"][0]["data_files"] = str(data)
+    native["completion_only_loss"] = True
+    as_is = tmp_path / "as_is.yaml"
+    as_is.write_text(yaml.safe_dump(native))
+    _tokenized_match(model, data, as_is, monkeypatch)
+
+
 def test_a_preset_without_its_model_names_the_conversations_trl_cannot_mask(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -347,6 +391,13 @@ def test_a_preset_without_its_model_names_the_conversations_trl_cannot_mask(
     assert "chat data takes loss on every token in TRL: 5 of 12 records" in text
     assert "tokenizer is not here" in text
     assert yaml.safe_load(text)["datasets"][0]["data_files"] == str(data.resolve())
+
+    # Conversational prompt/completion: TRL renders it as hpo does, given the file as it is.
+    prompts = _conversational_prompts(tmp_path / "pc.jsonl", 5)
+    (config,) = _export(tmp_path / "elsewhere", prompts, tmp_path / "pc.yaml")
+    parsed = yaml.safe_load(config.read_text())
+    assert parsed["completion_only_loss"] is True
+    assert parsed["datasets"][0]["data_files"] == str(prompts.resolve())
 
 
 def test_the_fallback_template_renders_what_hpo_trains(tiny_model_dir: Path) -> None:

@@ -107,7 +107,9 @@ def _record_characters(path: Path) -> list[int]:
     counts = []
     for record in records:
         texts = [record.get("text"), record.get("prompt"), record.get("completion")]
-        texts += [m["content"] for m in record.get("messages") or []]
+        for field in ("messages", "prompt", "completion"):  # the last two when conversational
+            if isinstance(record.get(field), list):
+                texts += [m["content"] for m in record[field]]
         counts.append(sum(len(t) for t in texts if isinstance(t, str)))
     if len(counts) < 2:
         raise BadInputError(f"--data: {path} has {len(counts)} record(s); a run needs 2")

@@ -21,13 +21,17 @@ carries loss too). A template that renders a conversation otherwise once its las
 reply is last; Qwen3's gives the last reply an empty think block) gets the turns before the
 last reply rendered with the generation prompt, then that reply: what the model sees when it
 writes it, every reply labelled. A message's other fields (`reasoning_content`, `tool_calls`)
-and a record's `tools` go to the template; `tool` messages are context.
+and a record's `tools` go to the template; `tool` messages are context. A conversational
+``prompt``/``completion`` record (TRL's: two lists of messages) is labelled as TRL labels it:
+the whole conversation rendered, the loss on what follows its common beginning with the prompt
+rendered with the generation prompt (without a template, the completion's replies).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -159,6 +163,13 @@ def to_native(shape: str, record: dict[str, Any]) -> dict[str, Any]:
         tools = {"tools": record["tools"]} if record.get("tools") else {}
         return {"messages": [_message(m) for m in record["messages"]], **tools}
     if shape == "prompt_completion":
+        if isinstance(record["prompt"], list):  # conversational (TRL's shape of it)
+            tools = {"tools": record["tools"]} if record.get("tools") else {}
+            return {
+                "prompt": [_message(m) for m in record["prompt"]],
+                "completion": [_message(m) for m in record["completion"]],
+                **tools,
+            }
         return {"prompt": record["prompt"], "completion": record["completion"]}
     return {"text": record["text"]}
 
@@ -220,8 +231,11 @@ def _validate(record: Any) -> str:
                 _require_str(record, field)
         return "alpaca"
     if "prompt" in record or "completion" in record:
-        for field in ("prompt", "completion"):
-            _require_str(record, field)
+        if isinstance(record.get("prompt"), list) or isinstance(record.get("completion"), list):
+            _validate_conversational_prompt(record)
+        else:
+            for field in ("prompt", "completion"):
+                _require_str(record, field)
         return "prompt_completion"
     if "text" in record:
         if not _require_str(record, "text"):
@@ -231,6 +245,20 @@ def _validate(record: Any) -> str:
         "no 'text', 'prompt'/'completion', 'messages', 'instruction'/'output' (Alpaca) or "
         "'conversations' (ShareGPT) field"
     )
+
+
+def _validate_conversational_prompt(record: dict[str, Any]) -> None:
+    """TRL's conversational prompt/completion: both lists of messages, the completion's with
+    an assistant reply."""
+    for field in ("prompt", "completion"):
+        _validate_turns(
+            record.get(field), field, ("role", "content"), ROLES, "system, user, assistant or tool"
+        )
+    if not any(message["role"] == "assistant" for message in record["completion"]):
+        raise _BadLine("no assistant message in 'completion' (nothing to learn from)")
+    tools = record.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise _BadLine(f"field 'tools' must be a list of objects, got {_json_type(tools)}")
 
 
 def _validate_sharegpt(record: dict[str, Any]) -> None:
@@ -370,14 +398,19 @@ def _render(
     eos: list[int] = [int(tokenizer.eos_token_id)]  # type: ignore[arg-type]
     if shape == "text":
         return [(prefix, False), (record["text"], True), (eos, True)]
-    if shape == "prompt_completion":
+    context: list[dict[str, Any]] = []  # messages without loss (a conversational prompt)
+    if shape == "prompt_completion" and isinstance(record["prompt"], list):
+        context = [_message(m) for m in record["prompt"]]
+        messages = context + [_message(m) for m in record["completion"]]
+    elif shape == "prompt_completion":
         return [
             (prefix, False),
             (record["prompt"], False),
             (record["completion"], True),
             (eos, True),
         ]
-    messages = [_message(m) for m in record["messages"]]
+    else:
+        messages = [_message(m) for m in record["messages"]]
     tools = record.get("tools") or None
     for key in sorted({k for m in messages for k in m} - {"role", "content", "tool_calls"}):
         _check_rendered(key, messages, tokenizer, tools)
@@ -402,6 +435,8 @@ def _render(
                 "the tokenizer's chat template does not render tool calls (a chat_template.jinja "
                 "in the model's folder that does replaces it)"
             )
+        if context:
+            return _completion_after_prompt(context, messages, tokenizer, tools)
         return _render_with_template(messages, tokenizer, tools)
     if tools or any("tool_calls" in m for m in messages):
         # hpo's own `<|role|>` lines have no format for a call: it would not be trained.
@@ -410,8 +445,8 @@ def _render(
             "(a chat_template.jinja in the model's folder gives it one)"
         )
     pieces: list[Piece] = [(prefix, False)]
-    for message in messages:
-        is_assistant = message["role"] == "assistant"
+    for index, message in enumerate(messages):
+        is_assistant = message["role"] == "assistant" and index >= len(context)
         pieces.append((f"<|{message['role']}|>\n", False))
         pieces.append((message["content"], is_assistant))
         if is_assistant:
@@ -536,11 +571,46 @@ def _render_with_template(
             raise
         pieces = locate(merged)  # a failure of its own is the record's
         if _first_time(str(tokenizer.chat_template), "system message"):
-            log.warning(
-                "the tokenizer's chat template refuses a system message: it is joined to the "
-                "first user turn (system, a blank line, user), as Gemma 3's template does itself"
-            )
+            log.warning(_SYSTEM_JOINED)
         return pieces
+
+
+_SYSTEM_JOINED = (
+    "the tokenizer's chat template refuses a system message: it is joined to the first user "
+    "turn (system, a blank line, user), as Gemma 3's template does itself"
+)
+
+
+def _completion_after_prompt(
+    prompt: list[dict[str, Any]],
+    messages: list[dict[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    tools: list[Any] | None,
+) -> list[Piece]:
+    """A conversational prompt/completion record as TRL's SFTTrainer labels it: the whole
+    conversation rendered, the loss on what follows its common beginning with the prompt
+    rendered with the generation prompt (so an assistant turn inside the prompt is context)."""
+    render = _renderer(tokenizer, tools)
+    try:
+        before, whole = render(prompt, True), render(messages, False)
+    except _BadLine as refused:
+        merged = _system_into_first_turn(prompt)
+        if merged is None or not str(refused).startswith("chat template failed"):
+            raise
+        completion = messages[len(prompt) :]
+        before, whole = render(merged, True), render(merged + completion, False)
+        if _first_time(str(tokenizer.chat_template), "system message"):
+            log.warning(_SYSTEM_JOINED)
+    start = len(os.path.commonprefix([before, whole]))
+    if start < len(before) and _first_time(str(tokenizer.chat_template), "prompt prefix"):
+        log.warning(
+            "the chat template renders a prompt alone otherwise than with its completion: the "
+            "loss starts where they differ, as in TRL (%r of the prompt is not in the sample)",
+            before[start:],
+        )
+    if start == len(whole):
+        raise _BadLine("the completion renders as nothing after the prompt")
+    return [(whole[:start], False), (whole[start:], True)]
 
 
 def _system_into_first_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:

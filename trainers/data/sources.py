@@ -107,17 +107,18 @@ def _unset_keys_dropped(row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     if isinstance(out.get("tools"), list):
         out["tools"] = _without_none_keys(out["tools"])
-    messages = out.get("messages")
-    if isinstance(messages, list):
-        out["messages"] = [
-            {
-                key: value if key in ("role", "content") else _without_none_keys(value)
-                for key, value in message.items()
-            }
-            if isinstance(message, dict)
-            else message
-            for message in messages
-        ]
+    for field in ("messages", "prompt", "completion"):  # the last two: conversational
+        messages = out.get(field)
+        if isinstance(messages, list):
+            out[field] = [
+                {
+                    key: value if key in ("role", "content") else _without_none_keys(value)
+                    for key, value in message.items()
+                }
+                if isinstance(message, dict)
+                else message
+                for message in messages
+            ]
     return out
 
 
