@@ -159,12 +159,11 @@ def to_native(shape: str, record: dict[str, Any]) -> dict[str, Any]:
             turns.insert(0, {"role": "system", "content": record["system"]})
         schemas = _sharegpt_tools(record.get("tools"))
         return {"messages": turns, **({"tools": schemas} if schemas else {})}
+    tools = {"tools": record["tools"]} if record.get("tools") else {}
     if shape == "messages":
-        tools = {"tools": record["tools"]} if record.get("tools") else {}
         return {"messages": [_message(m) for m in record["messages"]], **tools}
     if shape == "prompt_completion":
         if isinstance(record["prompt"], list):  # conversational (TRL's shape of it)
-            tools = {"tools": record["tools"]} if record.get("tools") else {}
             return {
                 "prompt": [_message(m) for m in record["prompt"]],
                 "completion": [_message(m) for m in record["completion"]],
@@ -213,11 +212,7 @@ def _validate(record: Any) -> str:
         raise _BadLine(f"expected a JSON object, got {_json_type(record)}")
     if "messages" in record:
         _validate_messages(record["messages"])
-        tools = record.get("tools")
-        if tools is not None and not (
-            isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
-        ):
-            raise _BadLine(f"field 'tools' must be a list of objects, got {_json_type(tools)}")
+        _validate_tools(record)
         return "messages"
     if "conversations" in record:
         _validate_sharegpt(record)
@@ -256,6 +251,11 @@ def _validate_conversational_prompt(record: dict[str, Any]) -> None:
         )
     if not any(message["role"] == "assistant" for message in record["completion"]):
         raise _BadLine("no assistant message in 'completion' (nothing to learn from)")
+    _validate_tools(record)
+
+
+def _validate_tools(record: dict[str, Any]) -> None:
+    """A chat record's optional `tools`: a list of objects (JSON schemas)."""
     tools = record.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise _BadLine(f"field 'tools' must be a list of objects, got {_json_type(tools)}")
