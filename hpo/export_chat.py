@@ -90,8 +90,11 @@ def chat_loss(records: Sequence[dict[str, Any]], model_path: str, template_file:
                 "the model's chat template",
             )  # fmt: skip
         moved = sum(
-            1 for r in records if not renders_in_order(r["messages"], tokenizer, r.get("tools"))
-        )
+            1 for r in records
+            if not renders_in_order(
+                r["messages"], tokenizer, r.get("tools"), r.get("chat_template_kwargs")
+            )
+        )  # fmt: skip
         if moved:
             return _tokenized(
                 records, tokenizer,
@@ -110,10 +113,13 @@ def chat_loss(records: Sequence[dict[str, Any]], model_path: str, template_file:
             ),
         )
     if several == 0:
-        rows = [
-            {"prompt": record["messages"][:-1], "completion": record["messages"][-1:]}
+        rows = template_kwargs_everywhere([
+            {
+                "prompt": record["messages"][:-1], "completion": record["messages"][-1:],
+                **{k: record[k] for k in ("tools", "chat_template_kwargs") if k in record},
+            }
             for record in records
-        ]
+        ])  # fmt: skip
         return ChatLoss(
             {"completion_only_loss": True},
             rows=rows,
@@ -208,6 +214,26 @@ def _tokenized(records: Sequence[dict[str, Any]], tokenizer: Any, why: str) -> C
     if left_out := len(records) - len(rows):
         note += f"; {left_out:,} records the template cannot render left out, as hpo skips them"
     return ChatLoss(rows=rows, note=note)
+
+
+def uneven_template_kwargs(records: Sequence[dict[str, Any]]) -> bool:
+    """Whether some records set `chat_template_kwargs` and others do not. TRL passes a
+    record's as `**example.get("chat_template_kwargs", {})`, and `datasets` gives a record
+    without them None there (a TypeError in TRL), a Parquet row another row's names as None
+    (which a template reads as set)."""
+    names = {frozenset(record.get("chat_template_kwargs") or {}) for record in records}
+    return len(names) > 1
+
+
+def template_kwargs_everywhere(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`records` written for TRL: where any sets `chat_template_kwargs`, every one carries
+    them (`{}` where unset), which `datasets` 5 reads from JSON as they are."""
+    if not any(record.get("chat_template_kwargs") for record in records):
+        return records
+    return [
+        {**record, "chat_template_kwargs": record.get("chat_template_kwargs") or {}}
+        for record in records
+    ]
 
 
 def _calls(messages: Sequence[dict[str, Any]]) -> bool:

@@ -42,7 +42,13 @@ from common.errors import BadInputError
 from common.files import write_atomic
 from common.fmt import format_duration
 from common.redact import redact
-from hpo.export_chat import ChatLoss, chat_loss, prompt_completion_loss
+from hpo.export_chat import (
+    ChatLoss,
+    chat_loss,
+    prompt_completion_loss,
+    template_kwargs_everywhere,
+    uneven_template_kwargs,
+)
 
 FORMATS = ("preset", "trl")
 # `datasets` builders TRL's loader can point at a user's file directly.
@@ -144,10 +150,13 @@ def trl_config(
     if chat.rows is not None:
         rows = chat.rows
         dataset = {"path": "json", "data_files": str(data_out.resolve())}
-    elif shape in _NATIVE and source.kind in _TRL_READABLE and not skipped:
+    elif (
+        shape in _NATIVE and source.kind in _TRL_READABLE and not skipped
+        and not uneven_template_kwargs(native)
+    ):  # fmt: skip
         dataset = {"path": _TRL_READABLE[source.kind], "data_files": str(source.path.resolve())}
     else:
-        rows = native
+        rows = template_kwargs_everywhere(native)
         dataset = {"path": "json", "data_files": str(data_out.resolve())}
     targets = lora["target_modules"]
     config: dict[str, Any] = {

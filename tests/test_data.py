@@ -485,6 +485,79 @@ def test_columnar_tool_data_trains_no_keys_other_rows_set(
     assert '"unit": null' in labelled_text(tok, only(data, "Weather in Paris", tok))
 
 
+def test_chat_template_kwargs_reach_the_template(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """A record's `chat_template_kwargs` (TRL's column) go to the template, as TRL passes
+    them: under Qwen3's, `enable_thinking: false` puts the empty think block in the prompt, so
+    the reply alone carries loss; Nemotron 3's, refused without it (its generation prompt
+    opens a think block the reply lacks), trains with it. A Parquet row another row's names
+    were given as None trains as its JSONL line. A name the template never reads is said
+    once; malformed or reserved ones, or ones on a record no template renders, stop with the
+    record's line."""
+    import inspect
+
+    import datasets
+    import trl.chat_template_utils as shipped
+    from transformers import PreTrainedTokenizerBase as Base
+
+    from trainers.data import records
+
+    monkeypatch.setattr(records, "_CHECKED", set())
+    chat = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "It is four."}]
+    off = {"messages": chat, "chat_template_kwargs": {"enable_thinking": False}}
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = shipped.qwen3_chat_template
+    data = load(write_jsonl(tmp_path / "q.jsonl", [off, OTHER_CHAT]), tok, tmp_path / "q")
+    example = only(data, "2+2", tok)
+    assert labelled_text(tok, example) == "It is four.<|im_end|>\n"
+    assert unlabelled_text(tok, example).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    data = load(write_jsonl(tmp_path / "d.jsonl", [{"messages": chat}, OTHER_CHAT]), tok, tmp_path / "d")
+    assert labelled_text(tok, only(data, "2+2", tok)).startswith("<think>")  # the default
+
+    tok.chat_template = shipped.nemotron_3_nano_chat_template
+    two = chat + [{"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "It is six."}]
+    with pytest.raises(BadInputError, match=r"n\.jsonl:1: .*think block.*enable_thinking"):
+        load(write_jsonl(tmp_path / "n.jsonl", [{"messages": two}]), tok, tmp_path / "n")
+    data = load(
+        write_jsonl(tmp_path / "n.jsonl", [{**off, "messages": two}, {**OTHER_CHAT, "chat_template_kwargs": {"enable_thinking": False}}]),
+        tok, tmp_path / "n", max_length=1024,
+    )  # fmt: skip
+    example = only(data, "2+2", tok)
+    assert labelled_text(tok, example) == "It is four.<|im_end|>\nIt is six.<|im_end|>\n"
+    assert "3+3" in unlabelled_text(tok, example)
+
+    # gpt-oss reads `reasoning_effort` into its system prompt ("medium" when unset).
+    tok.chat_template = shipped.gptoss_chat_template
+    rows = [{"messages": chat, "chat_template_kwargs": {"reasoning_effort": "low"}},
+            {"messages": OTHER_CHAT["messages"], "chat_template_kwargs": {"enable_thinking": False}}]  # fmt: skip
+    parquet = tmp_path / "r.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(parquet))
+    for path in (write_jsonl(tmp_path / "r.jsonl", rows), parquet):
+        data = load(path, tok, tmp_path / path.suffix, max_length=1024)
+        assert "Reasoning: low" in tok.decode(only(data, "2+2", tok).input_ids)
+        other = tok.decode(only(data, "Count from 2", tok).input_ids)
+        assert "Reasoning: medium" in other and "None" not in other
+    said = [r.getMessage() for r in caplog.records if "chat_template_kwargs" in r.getMessage()]
+    assert len(said) == 1 and "'enable_thinking'" in said[0] and "does not read" in said[0]
+
+    for record, message in [
+        ({**off, "chat_template_kwargs": ["enable_thinking"]}, r"field 'chat_template_kwargs' must be an object, got array"),
+        ({**off, "chat_template_kwargs": {"tools": [], "add_generation_prompt": True}},
+         r"chat_template_kwargs may not set 'add_generation_prompt', 'tools'"),
+        ({"text": "Hi", "chat_template_kwargs": {"enable_thinking": False}},
+         r"field 'chat_template_kwargs' in a text record"),
+        ({"prompt": "Hi", "completion": " there", "chat_template_kwargs": {"enable_thinking": False}},
+         r"field 'chat_template_kwargs' in a text prompt/completion record"),
+    ]:  # fmt: skip
+        with pytest.raises(BadInputError, match=rf"b\.jsonl:2: {message}"):
+            load(write_jsonl(tmp_path / "b.jsonl", [OTHER_CHAT, record]), tok, tmp_path / "b")
+    # Every parameter of apply_chat_template is one a record cannot set.
+    parameters = set(inspect.signature(Base.apply_chat_template).parameters) - {"self", "kwargs"}
+    assert parameters <= records.RESERVED_TEMPLATE_KWARGS
+
+
 def test_tokenizer_that_adds_bos_keeps_it_unlabelled(tiny_model_dir: Path, tmp_path: Path) -> None:
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing

@@ -309,6 +309,50 @@ def test_reasoning_goes_to_trl_with_its_reply(
         assert "is red." in spans[0] and "<think>" in spans[0]
 
 
+def test_chat_template_kwargs_go_to_trl_on_every_record(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records that set `chat_template_kwargs` beside records that do not (Qwen3's
+    `enable_thinking: false` on every other one): the exported rows keep them, `{}` on the
+    others (TRL reads `**example.get("chat_template_kwargs", {})`, and `datasets` gives a
+    record without them None, which TRL cannot unpack), so TRL labels every sample as hpo:
+    the reply alone where thinking is off, the empty think block and the reply elsewhere."""
+    model = _model_with(_shipped("qwen3"), tiny_model_dir, tmp_path / "model")
+    rows = [json.loads(line) for line in _chats(tmp_path / "c.jsonl", 1).read_text().splitlines()]
+    for row in rows[::2]:
+        row["chat_template_kwargs"] = {"enable_thinking": False}
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config, written = _export(model, data, tmp_path / "trl.yaml", max_length=400)
+    assert yaml.safe_load(config.read_text())["completion_only_loss"] is True
+    exported = [json.loads(line) for line in written.read_text().splitlines()]
+    assert [row["chat_template_kwargs"] for row in exported[:2]] == [{"enable_thinking": False}, {}]
+
+    from trainers.model.lora import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model))
+    hpo = _hpo_spans(model, data)
+    samples = _trl_labels(config, monkeypatch)
+    assert len(samples) >= 20
+    thinking = []
+    for ids, labels in samples:
+        text, spans = _spans(tokenizer, ids, labels)
+        assert spans == hpo[text] and len(spans) == 1 and "is red" in spans[0]
+        thinking.append("<think>" in spans[0])
+    assert 5 <= sum(thinking) <= len(thinking) - 5  # both kinds trained
+
+    # A file TRL would read as it is (a template with markers): rewritten, `{}` filled in.
+    marked = _model_with(MARKED, tiny_model_dir, tmp_path / "marked")
+    rows = [json.loads(line) for line in _chats(tmp_path / "two.jsonl", 2).read_text().splitlines()]
+    rows[3]["chat_template_kwargs"] = {"enable_thinking": False}
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config, written = _export(marked, data, tmp_path / "marked.yaml")
+    assert yaml.safe_load(config.read_text())["assistant_only_loss"] is True
+    assert yaml.safe_load(config.read_text())["datasets"][0]["data_files"] == str(written.resolve())
+    assert all("chat_template_kwargs" in json.loads(line) for line in written.read_text().splitlines())
+    assert len(_trl_labels(config, monkeypatch)) >= 20
+
+
 def test_tool_calls_go_to_trl_tokenized_as_hpo_trains_them(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -98,3 +98,18 @@ def test_the_schema_names_the_shapes_columns(shape: str, columns: list[str]) -> 
     fields = dataset_input(str(demo_data_path("messages")), shape=shape, rows=1)
     assert [c["name"] for c in json.loads(fields["schema"])["mlflow_colspec"]] == columns
     assert len(fields["digest"]) <= 36  # what MLflow's store keeps
+
+
+def test_a_conversational_prompt_completion_schema_names_its_messages(tmp_path: Path) -> None:
+    """TRL's conversational prompt/completion: the schema says both columns are lists of
+    messages, where a text prompt/completion file's are strings."""
+    row = {"prompt": [{"role": "user", "content": "Hi"}],
+           "completion": [{"role": "assistant", "content": "Hello."}]}  # fmt: skip
+    chat = tmp_path / "pc.jsonl"
+    chat.write_text("not json\n" + json.dumps(row) + "\n")  # a bad first line is skipped
+    for path, kind in [(chat, "array"), (demo_data_path("prompt_completion"), "string")]:
+        fields = dataset_input(str(path), shape="prompt_completion", rows=1)
+        columns = json.loads(fields["schema"])["mlflow_colspec"]
+        assert [(c["name"], c["type"]) for c in columns] == [("prompt", kind), ("completion", kind)]
+    (prompt, _) = json.loads(dataset_input(str(chat), shape="prompt_completion", rows=1)["schema"])["mlflow_colspec"]
+    assert set(prompt["items"]["properties"]) == {"role", "content"}

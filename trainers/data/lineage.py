@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trainers.data.sources import fingerprint, open_source
+from trainers.data.sources import BadRecord, DataSource, fingerprint, open_source, records
 
 # MLflow's store keeps at most 36 characters of a dataset digest.
 DIGEST_LENGTH = 32
@@ -30,7 +30,19 @@ _COLUMNS: dict[str, list[tuple[str, Any]]] = {
     "messages": [("messages", _turns("content", "role"))],
     "alpaca": [(name, "string") for name in _ALPACA],
     "sharegpt": [("conversations", _turns("from", "value"))],
+    # TRL's conversational prompt/completion: both lists of messages.
+    "prompt_completion_chat": [("prompt", _turns("content", "role")), ("completion", _turns("content", "role"))],
 }
+
+
+def _conversational(source: DataSource) -> bool:
+    """Whether the source's first record is a conversational prompt/completion one."""
+    for _, record in records(source):
+        if isinstance(record, dict):
+            return isinstance(record.get("prompt"), list)
+        if not isinstance(record, BadRecord):
+            return False
+    return False
 
 
 def dataset_input(
@@ -50,7 +62,11 @@ def dataset_input(
         {"type": kind, "name": name, "required": True}
         if isinstance(kind, str)
         else {**kind, "name": name, "required": True}
-        for name, kind in _COLUMNS[shape]
+        for name, kind in _COLUMNS[
+            "prompt_completion_chat"
+            if shape == "prompt_completion" and _conversational(source)
+            else shape
+        ]
     ]
     profile: dict[str, Any] = {"num_rows": rows, "shape": shape, "format": source.kind}
     if total_tokens is not None:

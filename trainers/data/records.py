@@ -20,8 +20,9 @@ carries loss too). A template that renders a conversation otherwise once its las
 (Mistral-Instruct v0.3's moves the system message into the last user turn, and drops it when a
 reply is last; Qwen3's gives the last reply an empty think block) gets the turns before the
 last reply rendered with the generation prompt, then that reply: what the model sees when it
-writes it, every reply labelled. A message's other fields (`reasoning_content`, `tool_calls`)
-and a record's `tools` go to the template; `tool` messages are context. A conversational
+writes it, every reply labelled. A message's other fields (`reasoning_content`, `tool_calls`),
+a record's `tools` and its `chat_template_kwargs` (TRL's column: `enable_thinking`, ...) go to
+the template; `tool` messages are context. A conversational
 ``prompt``/``completion`` record (TRL's: two lists of messages) is labelled as TRL labels it:
 the whole conversation rendered, the loss on what follows its common beginning with the prompt
 rendered with the generation prompt (without a template, the completion's replies).
@@ -137,7 +138,15 @@ def read_pieces(
 
 
 def to_native(shape: str, record: dict[str, Any]) -> dict[str, Any]:
-    """A valid record in a shape TRL and this project's renderer read directly."""
+    """A valid record in a shape TRL and this project's renderer read directly (a chat
+    record keeps its `tools` and `chat_template_kwargs`)."""
+    native = _to_native(shape, record)
+    if kwargs := record.get("chat_template_kwargs"):
+        native["chat_template_kwargs"] = dict(kwargs)
+    return native
+
+
+def _to_native(shape: str, record: dict[str, Any]) -> dict[str, Any]:
     if shape == "alpaca":
         prompt = record["instruction"]
         if record.get("input"):
@@ -213,9 +222,11 @@ def _validate(record: Any) -> str:
     if "messages" in record:
         _validate_messages(record["messages"])
         _validate_tools(record)
+        _validate_template_kwargs(record)
         return "messages"
     if "conversations" in record:
         _validate_sharegpt(record)
+        _validate_template_kwargs(record)
         return "sharegpt"
     if "instruction" in record or "output" in record:
         for field in ("instruction", "output"):
@@ -224,17 +235,21 @@ def _validate(record: Any) -> str:
         for field in ("input", "system"):
             if record.get(field) is not None:
                 _require_str(record, field)
+        _validate_template_kwargs(record)
         return "alpaca"
     if "prompt" in record or "completion" in record:
         if isinstance(record.get("prompt"), list) or isinstance(record.get("completion"), list):
             _validate_conversational_prompt(record)
+            _validate_template_kwargs(record)
         else:
             for field in ("prompt", "completion"):
                 _require_str(record, field)
+            _no_template_kwargs(record, "a text prompt/completion")
         return "prompt_completion"
     if "text" in record:
         if not _require_str(record, "text"):
             raise _BadLine("field 'text' is empty")
+        _no_template_kwargs(record, "a text")
         return "text"
     raise _BadLine(
         "no 'text', 'prompt'/'completion', 'messages', 'instruction'/'output' (Alpaca) or "
@@ -259,6 +274,41 @@ def _validate_tools(record: dict[str, Any]) -> None:
     tools = record.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise _BadLine(f"field 'tools' must be a list of objects, got {_json_type(tools)}")
+
+
+# apply_chat_template's own parameters, and the names it gives the template itself: a
+# record's `chat_template_kwargs` cannot set them (its tools are its `tools` field; what is
+# rendered with a generation prompt, and what carries loss, is the renderer's to choose).
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "conversations", "messages", "tools", "documents", "chat_template",
+    "add_generation_prompt", "continue_final_message", "tokenize", "sanitize_control_tokens",
+    "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs",
+})  # fmt: skip
+
+
+def _validate_template_kwargs(record: dict[str, Any]) -> None:
+    """A chat record's optional `chat_template_kwargs` (TRL's column: variables its chat
+    template reads, such as Qwen3's `enable_thinking` or gpt-oss's `reasoning_effort`): an
+    object of names the renderer does not set itself."""
+    kwargs = record.get("chat_template_kwargs")
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict):
+        raise _BadLine(f"field 'chat_template_kwargs' must be an object, got {_json_type(kwargs)}")
+    if reserved := sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS):
+        raise _BadLine(
+            f"chat_template_kwargs may not set {', '.join(map(repr, reserved))} (hpo sets "
+            "it: a record's tools go in its 'tools' field)"
+        )
+
+
+def _no_template_kwargs(record: dict[str, Any], what: str) -> None:
+    if record.get("chat_template_kwargs") is not None:
+        raise _BadLine(
+            f"field 'chat_template_kwargs' in {what} record: only chat records (messages, "
+            "conversational prompt/completion, Alpaca, ShareGPT) are rendered by a chat template"
+        )
 
 
 def _validate_sharegpt(record: dict[str, Any]) -> None:
@@ -412,13 +462,16 @@ def _render(
     else:
         messages = [_message(m) for m in record["messages"]]
     tools = record.get("tools") or None
+    kwargs = record.get("chat_template_kwargs") or {}
+    options = {"tools": tools, **kwargs}  # apply_chat_template's, as TRL passes them
+    _check_template_kwargs(kwargs, tokenizer)
     for key in sorted({k for m in messages for k in m} - {"role", "content", "tool_calls"}):
-        _check_rendered(key, messages, tokenizer, tools)
+        _check_rendered(key, messages, tokenizer, options)
     if tokenizer.chat_template:
         if tools and _first_time(str(tokenizer.chat_template), "tools"):
             try:
-                same = tokenizer.apply_chat_template(messages, tokenize=False) == (
-                    tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+                same = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs) == (
+                    tokenizer.apply_chat_template(messages, tokenize=False, **options)
                 )
             except Exception:  # the record's own rendering says what is wrong
                 same = False
@@ -428,7 +481,7 @@ def _render(
                     "the model is trained without their descriptions"
                 )
         if any("tool_calls" in m for m in messages) and not _renders(
-            "tool_calls", messages, tokenizer, tools
+            "tool_calls", messages, tokenizer, options
         ):
             # Trained, such a reply would teach the model to answer a request with nothing.
             raise _BadLine(
@@ -436,8 +489,8 @@ def _render(
                 "in the model's folder that does replaces it)"
             )
         if context:
-            return _completion_after_prompt(context, messages, tokenizer, tools)
-        return _render_with_template(messages, tokenizer, tools)
+            return _completion_after_prompt(context, messages, tokenizer, options)
+        return _render_with_template(messages, tokenizer, options)
     if tools or any("tool_calls" in m for m in messages):
         # hpo's own `<|role|>` lines have no format for a call: it would not be trained.
         raise _BadLine(
@@ -467,11 +520,27 @@ def _first_time(template: str, what: str) -> bool:
     return True
 
 
+def _check_template_kwargs(kwargs: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> None:
+    """Warn once per template and name when a record's `chat_template_kwargs` sets a variable
+    the chat template never reads (`enable_thinking` under Llama 3's: the data's author
+    expected a rendering that does not happen), or when there is no template at all."""
+    template = str(tokenizer.chat_template or "")
+    for key in sorted(kwargs):
+        if key in template or not _first_time(template, f"chat_template_kwargs {key}"):
+            continue
+        log.warning(
+            "records set chat_template_kwargs %r, which %s: it changes nothing in what is "
+            "trained", key,
+            "the tokenizer's chat template does not read" if template
+            else "hpo's rendering without a chat template does not use",
+        )  # fmt: skip
+
+
 def _check_rendered(
     key: str,
     messages: list[dict[str, Any]],
     tokenizer: PreTrainedTokenizerBase,
-    tools: list[Any] | None = None,
+    options: dict[str, Any],
 ) -> None:
     """Warn once per template and field when a message field other than role and content
     (reasoning the data carries, say) is not in what is trained: a trace left out silently
@@ -479,7 +548,7 @@ def _check_rendered(
     template = str(tokenizer.chat_template or "")
     if not _first_time(template, key):
         return
-    if template and _renders(key, messages, tokenizer, tools):
+    if template and _renders(key, messages, tokenizer, options):
         return
     log.warning(
         "messages set %r, which %s does not render: it is not trained on (only what the "
@@ -489,7 +558,10 @@ def _check_rendered(
 
 
 def _renders(
-    key: str, messages: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, tools: Any
+    key: str,
+    messages: list[dict[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    options: dict[str, Any],
 ) -> bool:
     """Whether the chat template renders the messages' `key`: the conversation up to the last
     message that sets it, rendered with and without it, differs (templates drop an earlier
@@ -498,10 +570,10 @@ def _renders(
     last = max(i for i, m in enumerate(messages) if key in m)
     turns = messages[: last + 1]
     try:
-        kept = tokenizer.apply_chat_template(turns, tools=tools, tokenize=False)
+        kept = tokenizer.apply_chat_template(turns, tokenize=False, **options)
         left = tokenizer.apply_chat_template(
-            [{k: v for k, v in m.items() if k != key} for m in turns], tools=tools,
-            tokenize=False,
+            [{k: v for k, v in m.items() if k != key} for m in turns], tokenize=False,
+            **options,
         )  # fmt: skip
     except Exception:
         return True
@@ -536,7 +608,7 @@ def fallback_chat_template(tokenizer: PreTrainedTokenizerBase) -> str:
 def _render_with_template(
     messages: list[dict[str, Any]],
     tokenizer: PreTrainedTokenizerBase,
-    tools: list[Any] | None = None,
+    options: dict[str, Any],
 ) -> list[Piece]:
     """Pieces of a conversation rendered by the tokenizer's chat template.
 
@@ -548,7 +620,7 @@ def _render_with_template(
     conversation as it is at inference for its last reply (`_last_reply_in_context`).
     """
 
-    render = _renderer(tokenizer, tools)
+    render = _renderer(tokenizer, options)
 
     def locate(turns: list[dict[str, Any]]) -> list[Piece]:
         pieces = _turns_in_order(turns, render)
@@ -558,8 +630,10 @@ def _render_with_template(
             raise _BadLine(
                 "the tokenizer's chat template does not render this conversation prefix by "
                 "prefix, nor its last reply after its generation prompt (a reasoning template "
-                "that opens a think block the reply lacks?), so its assistant turns cannot be "
-                "located; a chat_template.jinja in the model's folder that does replaces it"
+                "that opens a think block the reply lacks? a record's chat_template_kwargs "
+                '{"enable_thinking": false} turns it off where the template reads it), so its '
+                "assistant turns cannot be located; a chat_template.jinja in the model's "
+                "folder that does replaces it"
             )
         return pieces
 
@@ -585,12 +659,12 @@ def _completion_after_prompt(
     prompt: list[dict[str, Any]],
     messages: list[dict[str, Any]],
     tokenizer: PreTrainedTokenizerBase,
-    tools: list[Any] | None,
+    options: dict[str, Any],
 ) -> list[Piece]:
     """A conversational prompt/completion record as TRL's SFTTrainer labels it: the whole
     conversation rendered, the loss on what follows its common beginning with the prompt
     rendered with the generation prompt (so an assistant turn inside the prompt is context)."""
-    render = _renderer(tokenizer, tools)
+    render = _renderer(tokenizer, options)
     try:
         before, whole = render(prompt, True), render(messages, False)
     except _BadLine as refused:
@@ -627,24 +701,27 @@ def renders_in_order(
     messages: list[dict[str, Any]],
     tokenizer: PreTrainedTokenizerBase,
     tools: list[Any] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> bool:
     """Whether the tokenizer's chat template renders `messages` prefix by prefix: the whole
     conversation is then one rendering, as a trainer that masks by the template (TRL's
     `assistant_only_loss`, prompt/completion records) sees it too."""
+    render = _renderer(tokenizer, {"tools": tools, **(chat_template_kwargs or {})})
     try:
-        return _turns_in_order([_message(m) for m in messages], _renderer(tokenizer, tools)) is not None
+        return _turns_in_order([_message(m) for m in messages], render) is not None
     except _BadLine:  # a template that fails on it: not a rendering anyone trains on
         return False
 
 
-def _renderer(tokenizer: PreTrainedTokenizerBase, tools: list[Any] | None) -> Any:
-    """`render(messages, generation_prompt) -> text` by the tokenizer's chat template; a
-    template's failure raises _BadLine ("chat template failed: ...")."""
+def _renderer(tokenizer: PreTrainedTokenizerBase, options: dict[str, Any]) -> Any:
+    """`render(messages, generation_prompt) -> text` by the tokenizer's chat template, given
+    `options` (the record's `tools` and `chat_template_kwargs`); a template's failure raises
+    _BadLine ("chat template failed: ...")."""
 
     def render(part: list[dict[str, Any]], generation_prompt: bool) -> str:
         try:
             text = tokenizer.apply_chat_template(
-                part, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+                part, tokenize=False, add_generation_prompt=generation_prompt, **options
             )
         except Exception as error:  # jinja raises its own errors (e.g. role order rules)
             raise _BadLine(f"chat template failed: {error}") from None

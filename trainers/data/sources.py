@@ -100,13 +100,15 @@ def _unset_keys_dropped(row: dict[str, Any]) -> dict[str, Any]:
     and another's `get_time(tz)` come back as `{"city": "Paris", "tz": None}` and
     `{"city": None, "tz": "UTC"}`, and tool schemas gain each other's properties. A chat
     template would render those nulls into the prompt and into the reply the model learns.
-    In Arrow an unset key and a null are one thing, so every None key under `tools` and under
-    a message's fields other than role and content is dropped (a JSONL record keeps an
-    explicit null: it was written).
+    In Arrow an unset key and a null are one thing, so every None key under `tools`,
+    `chat_template_kwargs` and a message's fields other than role and content is dropped (a
+    JSONL record keeps an explicit null: it was written).
     """
     out = dict(row)
     if isinstance(out.get("tools"), list):
         out["tools"] = _without_none_keys(out["tools"])
+    if isinstance(out.get("chat_template_kwargs"), dict):  # a variable another row sets
+        out["chat_template_kwargs"] = _without_none_keys(out["chat_template_kwargs"])
     for field in ("messages", "prompt", "completion"):  # the last two: conversational
         messages = out.get(field)
         if isinstance(messages, list):

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4  # 4: records' chat_template_kwargs reach the template
 """Bump when the tokenized content changes for the same inputs (rendering, labels, format).
 2: a conversation its chat template does not render prefix by prefix (Mistral v0.3's with a
 system message, Qwen3's with several replies) is rendered as at its last reply, and one whose
