@@ -114,8 +114,8 @@ def _data_flags(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument(
         "--data",
-        help="Data whose token lengths are measured (JSONL, Parquet, CSV, JSON or a "
-        "Dataset.save_to_disk folder).",
+        help="Data whose token lengths are measured (JSONL, Parquet, CSV, JSON, a folder of "
+        "them or a Dataset.save_to_disk folder).",
     )
     data.add_argument("--tokenizer", help="Tokenizer folder for --data (default: characters / 4).")
 

@@ -256,8 +256,9 @@ class StudyConfig:
     model: str | None = knob(None, "Local model folder. Default: the tiny demo model.")
     data: str | None = knob(
         None,
-        "Training data: a JSONL, Parquet, CSV or JSON file or a Dataset.save_to_disk folder "
-        "(docs: Your data formats). Default: the bundled demo data.",
+        "Training data: a JSONL, Parquet, CSV or JSON file, a folder of such files (a Hub "
+        "dataset's, its train split) or a Dataset.save_to_disk folder (docs: Your data "
+        "formats). Default: the bundled demo data.",
     )
     space: str | None = knob(
         None,
@@ -384,7 +385,7 @@ class StudyConfig:
         if self.data is not None:
             from trainers.data.sources import open_source
 
-            open_source(self.data)  # a data file of a known type or a save_to_disk folder
+            open_source(self.data)  # a data file of a known type, or a folder of them or saved
 
     def _check_objectives(self) -> None:
         axes = self.objectives

@@ -5,8 +5,8 @@ The TRL file is a config for TRL's own entry point, `trl sft --config FILE` (TRL
 `DatasetMixtureConfig`). Its header comments say which study, trial and estimate it comes
 from and what of the preset TRL does not do. Data in a shape TRL reads (text,
 prompt/completion, messages) from a JSON(L) or Parquet file is referenced where it lies;
-anything else (Alpaca, ShareGPT, CSV, a `save_to_disk` folder) is written beside the config as
-`<config stem>.data.jsonl` in the equivalent native shape.
+anything else (Alpaca, ShareGPT, CSV, a folder of files or a `save_to_disk` folder) is written
+beside the config as `<config stem>.data.jsonl` in the equivalent native shape.
 
 A study tracked in MLflow gets its TRL run tracked beside it: the config sets `report_to:
 [mlflow]` and, in TRL's `env` section, the study's tracking URI and experiment and the tags

@@ -109,7 +109,7 @@ QUESTIONS = (
     Question("model", "Model folder (a local transformers model)", read_model),
     Question(
         "data",
-        "Training data (JSONL, Parquet, CSV, JSON or a save_to_disk folder: text, "
+        "Training data (JSONL, Parquet, CSV, JSON, a folder of them or a save_to_disk folder: text, "
         "prompt/completion, messages, Alpaca or ShareGPT)",
         read_data,
     ),

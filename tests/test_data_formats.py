@@ -64,12 +64,42 @@ def _saved_dict(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
+def _hub_folder(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """A dataset repository as the Hub lays it out: train shards and a test split."""
+    (path / "data").mkdir(parents=True)
+    half = len(rows) // 2
+    _parquet(path / "data" / "train-00000-of-00002.parquet", rows[:half])
+    _parquet(path / "data" / "train-00001-of-00002.parquet", rows[half:])
+    _parquet(path / "data" / "test-00000-of-00001.parquet", [{"prompt": "Q?", "completion": " held out"}])
+    (path / "README.md").write_text("# a dataset\n", encoding="utf-8")
+    return path
+
+
+def _jsonl_shards(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """A folder of JSONL shards whose names say no split: all of them train."""
+    (path / ".cache").mkdir(parents=True)  # hidden: not data
+    (path / ".cache" / "x.jsonl").write_text('{"text": "not data"}\n', encoding="utf-8")
+    for number, start in enumerate(range(0, len(rows), 5)):
+        _jsonl(path / f"part-{number}.jsonl", rows[start : start + 5])
+    return path
+
+
+def _csv_shards(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.mkdir()
+    _csv(path / "a.csv", rows[:6])
+    _csv(path / "b.csv", rows[6:])
+    return path
+
+
 WRITERS: dict[str, tuple[str, Callable[[Path, list[dict[str, Any]]], Path]]] = {
     "parquet": ("d.parquet", _parquet),
     "csv": ("d.csv", _csv),
     "json array": ("d.json", _json_array),
     "save_to_disk folder": ("saved", _saved),
     "save_to_disk DatasetDict": ("saved-dict", _saved_dict),
+    "Hub folder of Parquet shards": ("hub", _hub_folder),
+    "folder of JSONL shards": ("shards", _jsonl_shards),
+    "folder of CSV files": ("csvs", _csv_shards),
 }
 
 
@@ -238,9 +268,10 @@ def test_a_bad_row_is_named_by_its_number(
     [
         (lambda tmp: _file(tmp / "d.txt", "hello"), "unsupported file type '.txt'"),
         (lambda tmp: _file(tmp / "d.parquet", "not parquet"), "cannot be read as parquet"),
-        (lambda tmp: _mkdir(tmp / "plain-folder"), "not one written by Dataset.save_to_disk"),
+        (lambda tmp: _mkdir(tmp / "plain-folder"), "a directory with no data files"),
+        (lambda tmp: _test_only(tmp / "test-only"), r"a folder without a 'train' split \(it has test\)"),
     ],
-    ids=["unknown suffix", "corrupt parquet", "plain folder"],
+    ids=["unknown suffix", "corrupt parquet", "plain folder", "folder without train"],
 )
 def test_unreadable_data_is_one_line(
     make: Callable[[Path], Path], message: str, tmp_path: Path, tokenizer: PreTrainedTokenizerBase
@@ -258,6 +289,36 @@ def _file(path: Path, text: str) -> Path:
 def _mkdir(path: Path) -> Path:
     path.mkdir()
     return path
+
+
+def _test_only(path: Path) -> Path:
+    (path / "data").mkdir(parents=True)
+    return _parquet(path / "data" / "test-00000-of-00001.parquet", PROMPTS).parent.parent
+
+
+def test_a_folder_of_shards_is_keyed_by_its_files_and_names_its_bad_rows(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerBase, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Hub dataset folder: its test split is said once not to be read; the cache hits on
+    the same files and misses when a shard changes; a bad row is named by its number in
+    the train split."""
+    folder = _hub_folder(tmp_path / "hub", PROMPTS)
+    first = _load(folder, tokenizer, tmp_path / "cache")
+    again = _load(folder, tokenizer, tmp_path / "cache")
+    assert (first.cache_hit, again.cache_hit) == (False, True)
+    said = [r.getMessage() for r in caplog.records if "split(s) are not read" in r.getMessage()]
+    assert len(said) == 1 and "its test split(s)" in said[0]
+    assert "held out" not in str(_samples(first))
+    changed = [dict(row) for row in PROMPTS]
+    changed[-1]["completion"] = " 99"
+    _parquet(folder / "data" / "train-00001-of-00002.parquet", changed[len(PROMPTS) // 2 :])
+    other = _load(folder, tokenizer, tmp_path / "cache")
+    assert not other.cache_hit and other.cache_path != first.cache_path
+
+    bad = [dict(row) for row in PROMPTS]
+    bad[8]["completion"] = None
+    with pytest.raises(BadInputError, match=r"bad: row 9 of its train split: field 'completion' must be a string"):
+        _load(_jsonl_shards(tmp_path / "bad", bad), tokenizer, tmp_path / "cache")
 
 
 def test_the_cache_is_keyed_by_the_saved_folders_fingerprint(

@@ -111,7 +111,8 @@ class TrainSpec:
     model: str = field(metadata={"help": "Local path of a transformers causal LM."})
     data: str = field(
         metadata={
-            "help": "JSONL, Parquet, CSV or JSON file, or a Dataset.save_to_disk folder (text, "
+            "help": "JSONL, Parquet, CSV or JSON file, a folder of them (its train split) or a "
+            "Dataset.save_to_disk folder (text, "
             "prompt/completion, messages, Alpaca or ShareGPT records)."
         }
     )

@@ -179,7 +179,7 @@ def check_start(spec: TrainSpec, resume: bool) -> DatasetStats:
     if not (model / "config.json").is_file():
         what = "has no config.json" if model.is_dir() else "is not a folder"
         raise BadInputError(f"model {spec.model} {what}: give a transformers model folder")
-    open_source(spec.data)  # a data file of a known type or a Dataset.save_to_disk folder
+    open_source(spec.data)  # a data file of a known type, or a folder of them or saved
     check_writable_dir(spec.output_dir, "output_dir")
     _starting_checkpoint(spec, resume)
     # Every record checked (and tokenized into the cache, where training finds it).

@@ -1,7 +1,7 @@
 """Training data: records -> validated, tokenized, cached examples and their statistics.
 
-The data is a JSONL, Parquet, CSV or JSON file or a `Dataset.save_to_disk` folder (see
-``trainers.data.sources``). It holds one record shape (detected from its first good record):
+The data is a JSONL, Parquet, CSV or JSON file, a folder of them or a `Dataset.save_to_disk`
+folder (see ``trainers.data.sources``). It holds one record shape (detected from its first good record):
 
 - ``{"text": ...}``: causal LM on the whole text, followed by eos.
 - ``{"prompt": ..., "completion": ...}``: loss on the completion (and eos) only.
@@ -52,7 +52,8 @@ class DataSpec:
     """What to load and how to cut it.
 
     Attributes:
-        path: A JSONL, Parquet, CSV or JSON file, or a `Dataset.save_to_disk` folder.
+        path: A JSONL, Parquet, CSV or JSON file, a folder of them, or a
+            `Dataset.save_to_disk` folder.
         max_length: Longest sample in tokens.
         overflow: ``"truncate"`` cuts long samples; ``"pack"`` concatenates all samples and cuts
             the stream into ``max_length`` blocks.

@@ -51,7 +51,7 @@ def dataset_input(
     """The `mlflow.entities.Dataset` fields of the data at `path`.
 
     Args:
-        path: The data file or `save_to_disk` folder.
+        path: The data file or folder.
         shape: Its record shape (``trainers.data.records.SHAPES``).
         rows: Usable records.
         total_tokens: Tokens after tokenizing (train and validation), if known.

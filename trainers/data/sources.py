@@ -2,15 +2,20 @@
 
 `--data` takes a JSONL file (read here, so a malformed line is named by its line number), a
 Parquet, CSV or JSON file (read by `datasets`; a bad record is named by its row number, the
-first data row being row 1), or a folder written by `Dataset.save_to_disk` (a `DatasetDict`
-folder gives its `train` split). `fingerprint` is what the token cache is keyed by: a file's
-content hash, or the fingerprint `datasets` stored with a saved folder.
+first data row being row 1), a folder written by `Dataset.save_to_disk` (a `DatasetDict`
+folder gives its `train` split) or a folder of data files, such as a dataset repository from
+the Hugging Face Hub (`data/train-00000-of-00004.parquet`, ...): `datasets.load_dataset` reads
+its `train` split as the Hub does, by file names or the README's `configs`, all shards in
+order. `fingerprint` is what the token cache is keyed by: a file's content hash, the hash of
+a folder's data files, or the fingerprint `datasets` stored with a saved folder.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +27,8 @@ from trainers.data.paths import cache_root
 
 if TYPE_CHECKING:
     from datasets import Dataset
+
+log = logging.getLogger(__name__)
 
 # `datasets` builder per file suffix; `.jsonl` is read here (line numbers in errors).
 BUILDERS = {".parquet": "parquet", ".csv": "csv", ".json": "json"}
@@ -38,16 +45,19 @@ class DataSource:
 
     Attributes:
         path: The file or folder.
-        kind: ``"jsonl"``, ``"parquet"``, ``"csv"``, ``"json"`` or ``"saved"`` (a
-            `save_to_disk` folder).
+        kind: ``"jsonl"``, ``"parquet"``, ``"csv"``, ``"json"``, ``"saved"`` (a
+            `save_to_disk` folder) or ``"folder"`` (a folder of data files).
     """
 
     path: Path
     kind: str
 
     def location(self, number: int) -> str:
-        """How an error names record `number` (1-based): ``path:line`` or ``path: row N``."""
-        return f"{self.path}:{number}" if self.kind == "jsonl" else f"{self.path}: row {number}"
+        """How an error names record `number` (1-based): ``path:line``, ``path: row N`` (of
+        a folder's train split, its shards in order)."""
+        if self.kind == "jsonl":
+            return f"{self.path}:{number}"
+        return f"{self.path}: row {number}" + (" of its train split" if self.kind == "folder" else "")
 
 
 def open_source(path: str | Path) -> DataSource:
@@ -58,14 +68,15 @@ def open_source(path: str | Path) -> DataSource:
     """
     path = Path(path)
     if path.is_dir():
-        if not (path / "dataset_info.json").is_file() and not (
-            path / "dataset_dict.json"
-        ).is_file():
+        if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
+            return DataSource(path, "saved")
+        if not data_files(path):
             raise BadInputError(
-                f"data {path} is a directory but not one written by Dataset.save_to_disk "
-                "(no dataset_info.json or dataset_dict.json): give a data file or such a folder"
+                f"data {path} is a directory with no data files ({', '.join(SUFFIXES)}) and "
+                "not one written by Dataset.save_to_disk (no dataset_info.json or "
+                "dataset_dict.json)"
             )
-        return DataSource(path, "saved")
+        return DataSource(path, "folder")
     if not path.is_file():
         raise BadInputError(f"data file not found: {path}")
     suffix = path.suffix.lower()
@@ -77,11 +88,29 @@ def open_source(path: str | Path) -> DataSource:
     return DataSource(path, suffix.lstrip("."))
 
 
+def data_files(folder: Path) -> list[Path]:
+    """The data files under `folder` (any depth, hidden folders such as `.cache` left out),
+    sorted: what `datasets` may read from it."""
+    return sorted(
+        path for path in folder.rglob("*")
+        if path.suffix.lower() in SUFFIXES and path.is_file()
+        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    )  # fmt: skip
+
+
 def fingerprint(source: DataSource) -> str:
-    """What identifies the records: a file's sha256, a saved folder's `datasets` fingerprint."""
-    if source.kind != "saved":
+    """What identifies the records: a file's sha256, a saved folder's `datasets` fingerprint,
+    a folder's data files (their names and contents, and its README, whose `configs` may
+    choose among them)."""
+    if source.kind == "saved":
+        return f"datasets:{load_hf(source)._fingerprint}"
+    if source.kind != "folder":
         return sha256_file(source.path)
-    return f"datasets:{load_hf(source)._fingerprint}"
+    digest = hashlib.sha256()
+    readme = source.path / "README.md"
+    for path in [*data_files(source.path), *([readme] if readme.is_file() else [])]:
+        digest.update(f"{path.relative_to(source.path).as_posix()}\0{sha256_file(path)}\n".encode())
+    return digest.hexdigest()
 
 
 def records(source: DataSource) -> Iterator[tuple[int, Any]]:
@@ -144,14 +173,21 @@ def load_hf(source: DataSource) -> Dataset:
 
     disable_progress_bar()
     try:
-        if source.kind == "saved":
-            loaded = datasets.load_from_disk(str(source.path))
+        if source.kind in ("saved", "folder"):
+            loaded = (
+                datasets.load_from_disk(str(source.path)) if source.kind == "saved"
+                else datasets.load_dataset(
+                    str(source.path), cache_dir=str(cache_root() / "hf-datasets"),
+                    **_csv_features(source.path),
+                )
+            )  # fmt: skip
             if isinstance(loaded, datasets.DatasetDict):
                 if "train" not in loaded:
                     raise BadInputError(
-                        f"data {source.path}: a DatasetDict without a 'train' split "
-                        f"(it has {', '.join(loaded)})"
+                        f"data {source.path}: {'a DatasetDict' if source.kind == 'saved' else 'a folder'} "
+                        f"without a 'train' split (it has {', '.join(loaded)})"
                     )
+                _said_unread_splits(source.path, [name for name in loaded if name != "train"])
                 loaded = loaded["train"]
         else:
             # A CSV cell is text: " 4" stays a completion, not the number 4.
@@ -175,6 +211,30 @@ def load_hf(source: DataSource) -> Dataset:
     if not isinstance(loaded, datasets.Dataset):
         raise BadInputError(f"data {source.path}: expected a Dataset, got {type(loaded).__name__}")
     return loaded
+
+
+_SAID: set[Path] = set()
+
+
+def _said_unread_splits(path: Path, others: list[str]) -> None:
+    """Say once per folder that its other splits are not read: a user who ships a `test`
+    split may expect the study to evaluate on it."""
+    if others and path not in _SAID:
+        _SAID.add(path)
+        log.warning(
+            "data %s: its %s split(s) are not read; the validation set is a share of its "
+            "train split (--validation-fraction)", path, ", ".join(others),
+        )  # fmt: skip
+
+
+def _csv_features(folder: Path) -> dict[str, Any]:
+    """For a folder of CSV files: every column text (a CSV cell " 4" stays a completion)."""
+    import datasets
+
+    files = data_files(folder)
+    if not files or any(path.suffix.lower() != ".csv" for path in files):
+        return {}
+    return {"features": datasets.Features({name: datasets.Value("string") for name in _csv_header(files[0])})}
 
 
 def _csv_header(path: Path) -> list[str]:
