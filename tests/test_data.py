@@ -558,6 +558,43 @@ def test_chat_template_kwargs_reach_the_template(
     assert parameters <= records.RESERVED_TEMPLATE_KWARGS
 
 
+@pytest.mark.parametrize("family", ["deepseek_r1_distill", "qwen3", "nemotron_3_nano"])
+def test_reasoning_written_in_the_content_trains(
+    family: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Replies whose content writes their reasoning (`<think>...</think>answer`, as distilled
+    reasoning data does), two of them: the last is trained as the model writes it after its
+    generation prompt, trace and answer; the earlier one as the history holds it, its
+    answer (these templates drop an earlier trace). DeepSeek-R1's template drops the trace
+    from every reply and opens the think block in its generation prompt; it and the others
+    refused such a conversation before."""
+    import trl.chat_template_utils as shipped
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = getattr(shipped, f"{family}_chat_template")
+    messages = [
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "<think>\nTwo and two.\n</think>\n\nIt is four."},
+        {"role": "user", "content": "And 3+3?"},
+        {"role": "assistant", "content": "<think>\nThree and three.\n</think>\n\nIt is six."},
+    ]
+    other = {"messages": [messages[0], {"role": "assistant", "content": "<think>\nSum.\n</think>\n\n4"}]}
+    data = load(write_jsonl(tmp_path / "r.jsonl", [{"messages": messages}, other]), tok, tmp_path, max_length=1024)
+    example = only(data, "3+3", tok)
+    text, labelled = tok.decode(example.input_ids), labelled_text(tok, example)
+    prompt = tok.apply_chat_template(messages[:3], tokenize=False, add_generation_prompt=True)
+    assert text.startswith(prompt.removeprefix(EOS)) or text.startswith(prompt)
+    assert "Three and three.\n</think>" in labelled and labelled.rstrip().endswith(
+        tok.apply_chat_template(messages, tokenize=False).rstrip()[-12:]
+    )
+    assert "It is four." in labelled and "Two and two" not in text  # the history's form
+    assert not any(s in labelled for s in ("2+2", "3+3"))
+    if family == "deepseek_r1_distill":  # a reply without its trace after an opened <think>
+        plain = {"messages": [messages[0], {"role": "assistant", "content": "It is four."}]}
+        with pytest.raises(BadInputError, match=r"p\.jsonl:1: .*starts with <think>"):
+            load(write_jsonl(tmp_path / "p.jsonl", [plain]), tok, tmp_path / "p")
+
+
 def test_tokenizer_that_adds_bos_keeps_it_unlabelled(tiny_model_dir: Path, tmp_path: Path) -> None:
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing

@@ -630,7 +630,8 @@ def _render_with_template(
             raise _BadLine(
                 "the tokenizer's chat template does not render this conversation prefix by "
                 "prefix, nor its last reply after its generation prompt (a reasoning template "
-                "that opens a think block the reply lacks? a record's chat_template_kwargs "
+                "that opens a think block the reply lacks? a reply whose content starts with "
+                "<think>...</think> trains, and a record's chat_template_kwargs "
                 '{"enable_thinking": false} turns it off where the template reads it), so its '
                 "assistant turns cannot be located; a chat_template.jinja in the model's "
                 "folder that does replaces it"
@@ -770,7 +771,10 @@ def _last_reply_in_context(
     end-of-turn marker where the prompt has that marker there (without a trailing eos:
     Phi-3's), a reply that calls tools at the first such marker after its content (its calls
     rendered before it), else after its content. Messages after the last reply carry no loss
-    and are left out.
+    and are left out. Under a template that drops the reasoning from every reply and opens
+    the think block in its generation prompt (DeepSeek-R1's), the last reply is what its
+    content adds to that opening (`_reasoning_written`); an earlier reply whose content is
+    not in the history is found by its answer, the text after its `</think>`.
     """
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
     prompt = render(messages[:last], True)
@@ -782,9 +786,11 @@ def _last_reply_in_context(
         reply = whole[len(prompt) :]
     elif body_replies:  # the whole conversation drops what the prompt holds (Mistral's system)
         reply = body_replies[-1]
+    elif (written := _reasoning_written(messages[last]["content"], prompt, whole)) is not None:
+        reply = written
     else:
         return None
-    content = messages[last]["content"].strip()
+    content = _as_rendered(messages[last]["content"], reply)
     at = reply.rfind(content) if content else -1
     markers = [reply[at + len(content) :]] if at >= 0 else []
     if markers and eos and markers[0].endswith(eos) and len(markers[0]) > len(eos):
@@ -794,7 +800,8 @@ def _last_reply_in_context(
     earlier = [i for i, m in enumerate(messages[:last]) if m["role"] == "assistant"]
     for number, index in enumerate(earlier):
         span = _earlier_reply(
-            prompt, cursor, render(messages[:index], True), messages[index]["content"].strip(),
+            prompt, cursor, render(messages[:index], True),
+            _as_rendered(messages[index]["content"], prompt[cursor:]),
             body_replies[number] if number < len(body_replies) else None, markers,
             calls="tool_calls" in messages[index],
         )  # fmt: skip
@@ -804,6 +811,36 @@ def _last_reply_in_context(
         cursor = span[1]
     pieces += [(prompt[cursor:], False), (reply, True)]
     return pieces
+
+
+def _reasoning_written(content: str, prompt: str, whole: str) -> str | None:
+    """The last reply under a template whose generation prompt opens a think block and which
+    drops the reasoning from every reply it renders (DeepSeek-R1-Distill's and V3's open
+    `<think>\n`), where the content writes that reasoning (`<think>...</think>answer`): what
+    the content adds to the opening, then the end-of-turn marker the template puts after
+    the answer. The model writes just that after its generation prompt. None otherwise (a
+    reply without reasoning under such a template is refused: it would teach the model to
+    leave a think block it was given unclosed)."""
+    start = prompt.rfind("<think>")
+    if start < 0 or not content.startswith("<think>") or "</think>" not in content:
+        return None
+    opening = prompt[start:]
+    overlap = next(k for k in range(len(opening), 0, -1) if content.startswith(opening[:k]))
+    answer = content.rsplit("</think>", 1)[-1].strip()
+    at = whole.rfind(answer) if answer else -1
+    if at < 0:
+        return None
+    return content[overlap:].rstrip() + whole[at + len(answer) :]
+
+
+def _as_rendered(content: str, text: str) -> str:
+    """A reply's content as `text` holds it: whole, or where it is not, what follows its
+    reasoning (`<think>...</think>` written into the content, which Qwen3's, Nemotron 3's and
+    DeepSeek's templates drop from a reply in the history)."""
+    content = content.strip()
+    if content in text or "</think>" not in content:
+        return content
+    return content.rsplit("</think>", 1)[-1].strip()
 
 
 def _earlier_reply(
