@@ -376,6 +376,27 @@ def test_tool_calls_carry_loss_and_tool_results_do_not(
     assert "sunny, 21 C" not in labelled and "Weather in Paris?" not in labelled
 
 
+def test_tools_given_as_json_text_train_as_the_list(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`tools` as the JSON text of the list (how Hub datasets keep schemas of any shape in one
+    Arrow column, and TRL reads them), from JSONL and Parquet: the same sample as the list
+    gives; text that is not JSON stops with the record's line."""
+    import datasets
+    import trl.chat_template_utils as shipped
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = shipped.qwen2_5_chat_template
+    as_text = {**TOOL_CHAT, "tools": json.dumps(TOOL_CHAT["tools"])}
+    listed = load(write_jsonl(tmp_path / "l.jsonl", [TOOL_CHAT, OTHER_CHAT]), tok, tmp_path / "l", max_length=2048)
+    parquet = tmp_path / "t.parquet"
+    datasets.Dataset.from_list([as_text, {**OTHER_CHAT, "tools": ""}]).to_parquet(str(parquet))
+    for path in (write_jsonl(tmp_path / "t.jsonl", [as_text, OTHER_CHAT]), parquet):
+        data = load(path, tok, tmp_path / path.suffix, max_length=2048)
+        assert only(data, "Weather in Paris", tok) == only(listed, "Weather in Paris", tok)
+        assert "The weather of a city" in tok.decode(only(data, "Weather in Paris", tok).input_ids)
+    with pytest.raises(BadInputError, match=r"b\.jsonl:2: field 'tools' is text but not JSON"):
+        load(write_jsonl(tmp_path / "b.jsonl", [OTHER_CHAT, {**TOOL_CHAT, "tools": "[{"}]), tok, tmp_path / "b")
+
+
 def test_tool_data_a_template_cannot_render_is_refused(
     tiny_model_dir: Path, plain_tokenizer: PreTrainedTokenizerBase, tmp_path: Path
 ) -> None:

@@ -168,7 +168,8 @@ def _to_native(shape: str, record: dict[str, Any]) -> dict[str, Any]:
             turns.insert(0, {"role": "system", "content": record["system"]})
         schemas = _sharegpt_tools(record.get("tools"))
         return {"messages": turns, **({"tools": schemas} if schemas else {})}
-    tools = {"tools": record["tools"]} if record.get("tools") else {}
+    schemas = _tools(record)
+    tools = {"tools": schemas} if schemas else {}
     if shape == "messages":
         return {"messages": [_message(m) for m in record["messages"]], **tools}
     if shape == "prompt_completion":
@@ -270,10 +271,24 @@ def _validate_conversational_prompt(record: dict[str, Any]) -> None:
 
 
 def _validate_tools(record: dict[str, Any]) -> None:
-    """A chat record's optional `tools`: a list of objects (JSON schemas)."""
+    """A chat record's optional `tools`: a list of objects (JSON schemas), or the JSON text of
+    one, as Hub datasets store them and TRL reads them."""
+    _tools(record)
+
+
+def _tools(record: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A chat record's `tools` as a list of objects; JSON text parsed; None or "" unset."""
     tools = record.get("tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+    if tools is None or tools == "":
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as error:
+            raise _BadLine(f"field 'tools' is text but not JSON: {error}") from None
+    if not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise _BadLine(f"field 'tools' must be a list of objects, got {_json_type(tools)}")
+    return tools
 
 
 # apply_chat_template's own parameters, and the names it gives the template itself: a
@@ -346,20 +361,14 @@ def _sharegpt_calls(value: str) -> list[dict[str, Any]]:
 
 def _sharegpt_tools(tools: Any) -> list[dict[str, Any]] | None:
     """A ShareGPT record's `tools` (LLaMA-Factory: the JSON of a list of function
-    descriptions), each in the `{"type": "function", "function": ...}` form chat templates
-    take; None when it gives none."""
-    if tools is None or tools == "" or tools == []:
+    descriptions, or of one), each in the `{"type": "function", "function": ...}` form chat
+    templates take; None when it gives none."""
+    if tools == []:
         return None
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as error:
-            raise _BadLine(f"field 'tools' must be the JSON of a list: {error}") from None
-    if isinstance(tools, dict):
-        tools = [tools]
-    if not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise _BadLine(f"field 'tools' must be a list of objects, got {_json_type(tools)}")
-    return [t if "type" in t else {"type": "function", "function": t} for t in tools]
+    if isinstance(tools, str) and tools.lstrip().startswith("{"):
+        tools = f"[{tools}]"  # one function
+    listed = _tools({"tools": [tools] if isinstance(tools, dict) else tools})
+    return [t if "type" in t else {"type": "function", "function": t} for t in listed or []] or None
 
 
 def _validate_turns(
