@@ -339,6 +339,7 @@ class StudyConfig:
     device: str = same_as(TrainSpec, "device")
     precision: str = same_as(TrainSpec, "precision")
     validation_fraction: float = same_as(TrainSpec, "validation_fraction")
+    validation_split: str | None = same_as(TrainSpec, "validation_split")
 
     def __post_init__(self) -> None:
         for name in ("objectives", "profiles"):

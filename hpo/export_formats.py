@@ -34,7 +34,7 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
@@ -49,6 +49,9 @@ from hpo.export_chat import (
     template_kwargs_everywhere,
     uneven_template_kwargs,
 )
+
+if TYPE_CHECKING:
+    from trainers.data.sources import DataSource
 
 FORMATS = ("preset", "trl")
 # `datasets` builders TRL's loader can point at a user's file directly.
@@ -162,7 +165,7 @@ def trl_config(
     config: dict[str, Any] = {
         "model_name_or_path": preset["model"]["path"],
         "datasets": [{**dataset, "split": "train"}],
-        "test_split_size": _test_split(len(native), data, training),
+        "test_split_size": _test_split(len(native), data, training, _held(source, data)),
         "use_peft": True,
         "lora_r": int(lora["r"]),
         "lora_alpha": float(lora["alpha"]),
@@ -222,15 +225,36 @@ def trl_config(
     return TrlFiles(config, rows, chat)
 
 
-def eval_rows(records: int, data: Mapping[str, Any], training: Mapping[str, Any]) -> int:
-    """The samples hpo's run evaluates each time: `eval_samples` of its validation split."""
+def _held(source: DataSource, data: Mapping[str, Any]) -> int | None:
+    """Records of the data's own validation split (the preset's `validation_split`), or None.
+    TRL's config cannot name a split of converted data to evaluate on: it holds out as many
+    of the train split's records."""
+    split = data.get("validation_split")
+    if not split:
+        return None
+    from trainers.data.records import read_native
+    from trainers.data.sources import with_split
+
+    held = with_split(source, str(split))
+    return len(read_native(held, skip_bad_lines=bool(data.get("skip_bad_lines")))[1])
+
+
+def eval_rows(
+    records: int, data: Mapping[str, Any], training: Mapping[str, Any], held: int | None = None
+) -> int:
+    """The samples hpo's run evaluates each time: `eval_samples` of its validation split
+    (`held` records: the data's own `validation_split`)."""
     from trainers.data.dataset import validation_count
 
-    validation = validation_count(records, float(data["validation_fraction"]))
+    validation = (
+        held if held is not None else validation_count(records, float(data["validation_fraction"]))
+    )
     return max(1, min(int(training.get("eval_samples") or validation), validation))
 
 
-def _test_split(records: int, data: Mapping[str, Any], training: Mapping[str, Any]) -> float:
+def _test_split(
+    records: int, data: Mapping[str, Any], training: Mapping[str, Any], held: int | None = None
+) -> float:
     """TRL's `test_split_size` that holds out as many samples as hpo evaluates.
 
     TRL evaluates its whole test split at every evaluation. The preset's `validation_fraction`
@@ -241,7 +265,7 @@ def _test_split(records: int, data: Mapping[str, Any], training: Mapping[str, An
     """
     if records < 2:
         return float(data["validation_fraction"])  # TRL's own split refuses it, as hpo does
-    return (eval_rows(records, data, training) - 0.5) / records
+    return (eval_rows(records, data, training, held) - 0.5) / records
 
 
 def _evaluation(interval: int, steps: int | None) -> dict[str, Any]:
@@ -425,7 +449,12 @@ def _header(preset: dict[str, Any], config: dict[str, Any], path: Path, chat_not
         "The estimate carries to TRL for the same model, batch shape, precision and data; "
         "TRL differs in: no window guard, early stopping or divergence rollback; "
         "a random held-out split of the samples it evaluates (hpo: the first eval_samples of "
-        "a validation_fraction split, at eval_max_length)",
+        + (
+            f"the data's {split} split"
+            if (split := (preset.get("data") or {}).get("validation_split"))
+            else "a validation_fraction split"
+        )
+        + ", at eval_max_length)",
     ]
     if chat_note:
         lines.append(chat_note)

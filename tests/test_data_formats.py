@@ -321,6 +321,60 @@ def test_a_folder_of_shards_is_keyed_by_its_files_and_names_its_bad_rows(
         _load(_jsonl_shards(tmp_path / "bad", bad), tokenizer, tmp_path / "cache")
 
 
+def test_a_folders_own_split_is_the_validation_set(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerBase, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`validation_split` names a split of a Hub folder or a saved DatasetDict: its records
+    are the validation samples, in order, and the whole train split trains. A split the data
+    lacks, a single file, or a split of another record shape stops in one line naming it."""
+    held = [{"prompt": f"H{i}: what is {i} times 3?", "completion": f" {3 * i}"} for i in range(5)]
+    folder = _hub_folder(tmp_path / "hub", PROMPTS)
+    _parquet(folder / "data" / "test-00000-of-00001.parquet", held)
+    saved = tmp_path / "saved"
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(PROMPTS), "validation": datasets.Dataset.from_list(held)}
+    ).save_to_disk(str(saved))
+    from trainers.data.records import read_pieces, tokenize_pieces
+
+    def in_order(rows: list[dict[str, Any]], name: str) -> list[tuple[list[int], list[int]]]:
+        return tokenize_pieces(read_pieces(_jsonl(tmp_path / name, rows), tokenizer)[1], tokenizer)
+
+    alone, everything = in_order(held, "held.jsonl"), in_order(PROMPTS, "train.jsonl")
+    for path, split in [(folder, "test"), (saved, "validation")]:
+        spec = DataSpec(path=str(path), cache_dir=str(tmp_path / "cache"), max_length=128, validation_split=split)
+        data = load_tokenized(spec, tokenizer)
+        assert [(e.input_ids, e.labels) for e in data.validation] == alone
+        assert [(e.input_ids, e.labels) for e in data.train] == everything
+        again = load_tokenized(spec, tokenizer)
+        assert again.cache_hit and [e.input_ids for e in again.validation] == [e.input_ids for e in data.validation]
+        shared = _load(path, tokenizer, tmp_path / "cache")  # the default: a share of train
+        assert not shared.cache_hit and len(shared.validation) == 1
+    # Said once a folder, by the loads that leave a split out: the default ones.
+    said = [r.getMessage() for r in caplog.records if "split(s) are not read" in r.getMessage()]
+    assert len(said) == 2 and all("--validation-split NAME validates on one" in m for m in said)
+    assert "hub: its test split(s)" in said[0] and "saved: its validation split(s)" in said[1]
+
+    def refused(path: Path, split: str) -> str:
+        with pytest.raises(BadInputError) as raised:
+            load_tokenized(DataSpec(path=str(path), cache_dir=str(tmp_path / "c1"), validation_split=split), tokenizer)
+        assert "\n" not in str(raised.value)
+        return str(raised.value)
+
+    assert "a folder without a 'dev' split (it has train, test)" in refused(folder, "dev")
+    assert "one file, without splits: validation_split 'test'" in refused(tmp_path / "train.jsonl", "test")
+    assert "must name a split other than 'train'" in refused(folder, "train")
+    _parquet(folder / "data" / "test-00000-of-00001.parquet", [{"text": "plain text"}] * 3)
+    # `datasets` reads a folder's splits with one set of columns.
+    assert "because column names don't match" in refused(folder, "test")
+    mixed = tmp_path / "mixed"
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(PROMPTS), "test": datasets.Dataset.from_list([{"text": "x"}] * 3)}
+    ).save_to_disk(str(mixed))
+    assert "its test split holds text records, its train split prompt_completion" in refused(mixed, "test")
+    _parquet(folder / "data" / "test-00000-of-00001.parquet", [*held[:2], {"prompt": None, "completion": " x"}])
+    assert "hub: row 3 of its test split: field 'prompt' must be a string" in refused(folder, "test")
+
+
 def test_the_cache_is_keyed_by_the_saved_folders_fingerprint(
     tmp_path: Path, tokenizer: PreTrainedTokenizerBase
 ) -> None:

@@ -36,6 +36,7 @@ _DATA_FIELDS = (
     "overflow",
     "skip_bad_lines",
     "validation_fraction",
+    "validation_split",
 )
 _NOT_TRAINING = {"model", "data", "lora", "output_dir", "cache_dir", *_DATA_FIELDS}
 

@@ -20,7 +20,10 @@ from common.workdir import WorkDir
 from trainers.spec import LoraSpec, TrainSpec
 
 # What a run takes from its settings and its settings' full run, each a `TrainSpec` field.
-_SHARED = ("eval_samples", "eval_max_length", "validation_fraction", "device", "precision", "seed")
+_SHARED = (
+    "eval_samples", "eval_max_length", "validation_fraction", "validation_split", "device",
+    "precision", "seed",
+)  # fmt: skip
 _FULL_RUN = ("epochs", "eval_interval", "checkpoint_interval")
 # The sampled keys a run reads, each a `TrainSpec` field; a key a choice lacks takes the
 # field's default (and `lora_alpha` twice the rank).
@@ -70,6 +73,9 @@ class RunSettings(Protocol):
     def validation_fraction(self) -> float: ...
 
     @property
+    def validation_split(self) -> str | None: ...
+
+    @property
     def device(self) -> str: ...
 
     @property
@@ -102,6 +108,7 @@ class Settings:
     eval_samples: int = TrainSpec.eval_samples
     eval_max_length: int | None = None
     validation_fraction: float = TrainSpec.validation_fraction
+    validation_split: str | None = None
     device: str = TrainSpec.device
     precision: str = TrainSpec.precision
     seed: int = TrainSpec.seed

@@ -157,6 +157,11 @@ class TrainSpec:
     validation_fraction: float = knob(
         0.1, "Share of the samples held out for validation.", above=0, below=1
     )
+    validation_split: str | None = knob(
+        None,
+        "A split of a data folder (a Hub dataset's validation or test) or of a saved "
+        "DatasetDict to validate on, instead of validation_fraction of the train split.",
+    )
     eval_interval: int = knob(
         50, "Optimizer steps between evaluations (0: only at the end).", at_least=0
     )

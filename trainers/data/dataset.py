@@ -1,7 +1,8 @@
 """Training data: records -> validated, tokenized, cached examples and their statistics.
 
 The data is a JSONL, Parquet, CSV or JSON file, a folder of them or a `Dataset.save_to_disk`
-folder (see ``trainers.data.sources``). It holds one record shape (detected from its first good record):
+folder (see ``trainers.data.sources``). It holds one record shape (detected from its first good
+record):
 
 - ``{"text": ...}``: causal LM on the whole text, followed by eos.
 - ``{"prompt": ..., "completion": ...}``: loss on the completion (and eos) only.
@@ -10,8 +11,11 @@ folder (see ``trainers.data.sources``). It holds one record shape (detected from
 - Alpaca (``instruction``/``input``/``output``) and ShareGPT (``conversations``): mapped to
   ``messages``.
 
-Samples longer than ``max_length`` are truncated, or with ``overflow="pack"`` concatenated
-(train and validation separately) and cut into ``max_length`` blocks. The tokenized records are
+The validation samples are a seeded share of the records (``validation_fraction``), or a
+folder's or saved `DatasetDict`'s own split (``validation_split``: a Hub dataset's
+`validation` or `test`). Samples longer than ``max_length`` are truncated, or with
+``overflow="pack"`` concatenated (train and validation separately) and cut into
+``max_length`` blocks. The tokenized records are
 cached (see ``trainers.data.token_cache``), so a second load skips parsing and tokenizing.
 """
 
@@ -29,7 +33,13 @@ from common.errors import BadInputError
 from trainers.data import token_cache
 from trainers.data.paths import cache_root, demo_data_path
 from trainers.data.records import IGNORE_INDEX, read_pieces, tokenize_pieces
-from trainers.data.sources import fingerprint, open_source
+from trainers.data.sources import (
+    DataSource,
+    fingerprint,
+    open_source,
+    say_unread_splits,
+    with_split,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -59,6 +69,8 @@ class DataSpec:
             the stream into ``max_length`` blocks.
         skip_bad_lines: Skip (and count) malformed lines instead of failing on the first one.
         validation_fraction: Share of the samples held out for validation (at least one).
+        validation_split: A split of a data folder or saved `DatasetDict` to validate on
+            instead (all of the train split trains); None: the share.
         seed: Seed of the train/validation split.
         cache_dir: Folder of the tokenized cache; ``None`` means ``<cache root>/tokenized``
             (cache root: ``$HPO_CACHE_DIR`` or ``~/.cache/hpo``).
@@ -69,6 +81,7 @@ class DataSpec:
     overflow: str = "truncate"
     skip_bad_lines: bool = False
     validation_fraction: float = 0.1
+    validation_split: str | None = None
     seed: int = 0
     cache_dir: str | None = None
 
@@ -97,6 +110,12 @@ class DataSpec:
             raise BadInputError(
                 f"data.validation_fraction must be between 0 and 1 (exclusive), "
                 f"but got validation_fraction={fraction!r}"
+            )
+        split = self.validation_split
+        if split is not None and (not isinstance(split, str) or not split or split == "train"):
+            raise BadInputError(
+                "data.validation_split must name a split other than 'train' (or be unset), "
+                f"but got validation_split={split!r}"
             )
         if not _is_int(self.seed):
             raise BadInputError(f"data.seed must be an integer, but got seed={self.seed!r}")
@@ -159,10 +178,14 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
     """
     source = open_source(spec.path)
     path = source.path
+    held = with_split(source, spec.validation_split) if spec.validation_split else None
     if tokenizer.eos_token_id is None:
         raise BadInputError(f"tokenizer {type(tokenizer).__name__} has no eos token")
+    data_fingerprint = fingerprint(source)
+    if held is not None:  # the split's name and, for a saved DatasetDict, its own records
+        data_fingerprint += f"|{held.split}:{fingerprint(held)}"
     key = token_cache.cache_key(
-        data_fingerprint=fingerprint(source),
+        data_fingerprint=data_fingerprint,
         tokenizer=tokenizer,
         max_length=spec.max_length,
         overflow=spec.overflow,
@@ -174,21 +197,29 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
     if cached is not None:
         shape, samples, meta = cached
         skipped, truncated = int(meta["skipped_lines"]), int(meta["truncated"])
+        held_from = meta.get("validation_from")
     else:
         shape, pieces, skipped = read_pieces(source, tokenizer, skip_bad_lines=spec.skip_bad_lines)
+        held_from = None
+        if held is not None:
+            pieces, skipped, held_from = _with_held_split(shape, pieces, skipped, held, tokenizer, spec)
         samples = tokenize_pieces(pieces, tokenizer)
         truncated = 0
         if spec.overflow == "truncate":
             truncated = sum(len(ids) > spec.max_length for ids, _ in samples)
             samples = [(ids[: spec.max_length], lab[: spec.max_length]) for ids, lab in samples]
-        token_cache.save(
-            cache_file, shape, samples, {"skipped_lines": skipped, "truncated": truncated}
-        )
+        meta = {"skipped_lines": skipped, "truncated": truncated, "validation_from": held_from}
+        token_cache.save(cache_file, shape, samples, meta)
+    if source.kind in ("folder", "saved"):
+        say_unread_splits(source, ["train", *([held.split] if held else [])])
     if len(samples) < 2:
         raise BadInputError(
             f"{path}: {len(samples)} usable sample(s); need at least 2 to hold out validation"
         )
-    train_idx, val_idx = split_indices(len(samples), spec.validation_fraction, spec.seed)
+    if held_from is not None:  # the held split's samples follow the train split's
+        train_idx, val_idx = list(range(held_from)), list(range(held_from, len(samples)))
+    else:
+        train_idx, val_idx = split_indices(len(samples), spec.validation_fraction, spec.seed)
     train = [Example(list(samples[i][0]), list(samples[i][1])) for i in train_idx]
     validation = [Example(list(samples[i][0]), list(samples[i][1])) for i in val_idx]
     if spec.overflow == "pack":
@@ -196,6 +227,31 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
     stats = compute_stats(shape, train + validation, truncated=truncated, skipped_lines=skipped)
     stats.records = len(samples)
     return TokenizedData(train, validation, stats, cached is not None, str(cache_file))
+
+
+def _with_held_split(
+    shape: str,
+    pieces: list[Any],
+    skipped: int,
+    held: DataSource,
+    tokenizer: PreTrainedTokenizerBase,
+    spec: DataSpec,
+) -> tuple[list[Any], int, int]:
+    """The train split's pieces followed by the held split's, the bad records of both, and
+    where the held split's begin.
+
+    Raises:
+        BadInputError: The held split is of another record shape than the train split.
+    """
+    held_shape, held_pieces, held_skipped = read_pieces(
+        held, tokenizer, skip_bad_lines=spec.skip_bad_lines
+    )
+    if held_shape != shape:
+        raise BadInputError(
+            f"data {held.path}: its {held.split} split holds {held_shape} records, its train "
+            f"split {shape} records (one shape for both)"
+        )
+    return [*pieces, *held_pieces], skipped + held_skipped, len(pieces)
 
 
 def validation_count(count: int, validation_fraction: float) -> int:

@@ -13,6 +13,7 @@ a folder's data files, or the fingerprint `datasets` stored with a saved folder.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import logging
@@ -47,17 +48,35 @@ class DataSource:
         path: The file or folder.
         kind: ``"jsonl"``, ``"parquet"``, ``"csv"``, ``"json"``, ``"saved"`` (a
             `save_to_disk` folder) or ``"folder"`` (a folder of data files).
+        split: The split read from a folder or a saved `DatasetDict` (`with_split`).
     """
 
     path: Path
     kind: str
+    split: str = "train"
 
     def location(self, number: int) -> str:
         """How an error names record `number` (1-based): ``path:line``, ``path: row N`` (of
-        a folder's train split, its shards in order)."""
+        a folder's split, its shards in order)."""
         if self.kind == "jsonl":
             return f"{self.path}:{number}"
-        return f"{self.path}: row {number}" + (" of its train split" if self.kind == "folder" else "")
+        of_split = self.kind == "folder" or self.split != "train"
+        return f"{self.path}: row {number}" + (f" of its {self.split} split" if of_split else "")
+
+
+def with_split(source: DataSource, split: str) -> DataSource:
+    """The source's `split`, for a folder or a saved `DatasetDict` (`load_hf` checks that it
+    has one of that name).
+
+    Raises:
+        BadInputError: A single file, which has no splits.
+    """
+    if source.kind not in ("folder", "saved"):
+        raise BadInputError(
+            f"data {source.path} is one file, without splits: validation_split {split!r} "
+            "names a split of a data folder (a Hub dataset's) or a saved DatasetDict"
+        )
+    return dataclasses.replace(source, split=split)
 
 
 def open_source(path: str | Path) -> DataSource:
@@ -99,9 +118,9 @@ def data_files(folder: Path) -> list[Path]:
 
 
 def fingerprint(source: DataSource) -> str:
-    """What identifies the records: a file's sha256, a saved folder's `datasets` fingerprint,
-    a folder's data files (their names and contents, and its README, whose `configs` may
-    choose among them)."""
+    """What identifies the records: a file's sha256, a saved folder's `datasets` fingerprint
+    (of the source's split), a folder's data files (their names and contents, and its
+    README, whose `configs` may choose among them)."""
     if source.kind == "saved":
         return f"datasets:{load_hf(source)._fingerprint}"
     if source.kind != "folder":
@@ -182,13 +201,18 @@ def load_hf(source: DataSource) -> Dataset:
                 )
             )  # fmt: skip
             if isinstance(loaded, datasets.DatasetDict):
-                if "train" not in loaded:
+                if source.split not in loaded:
                     raise BadInputError(
                         f"data {source.path}: {'a DatasetDict' if source.kind == 'saved' else 'a folder'} "
-                        f"without a 'train' split (it has {', '.join(loaded)})"
+                        f"without a {source.split!r} split (it has {', '.join(loaded)})"
                     )
-                _said_unread_splits(source.path, [name for name in loaded if name != "train"])
-                loaded = loaded["train"]
+                _SPLITS[source.path] = list(loaded)
+                loaded = loaded[source.split]
+            elif source.split != "train":
+                raise BadInputError(
+                    f"data {source.path}: a saved Dataset, without splits: validation_split "
+                    f"{source.split!r} names a split of a saved DatasetDict or a data folder"
+                )
         else:
             # A CSV cell is text: " 4" stays a completion, not the number 4.
             options: dict[str, Any] = {}
@@ -206,24 +230,40 @@ def load_hf(source: DataSource) -> Dataset:
     except BadInputError:
         raise
     except Exception as error:  # each reader (pyarrow, pandas, json) raises its own errors
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise BadInputError(f"data {source.path}: cannot be read as {source.kind}: {reason}") from None
+        raise BadInputError(f"data {source.path}: cannot be read as {source.kind}: {_reason(error)}") from None
     if not isinstance(loaded, datasets.Dataset):
         raise BadInputError(f"data {source.path}: expected a Dataset, got {type(loaded).__name__}")
     return loaded
 
 
+def _reason(error: BaseException) -> str:
+    """An error's first line, and its cause's where it wraps one (`datasets`' "An error
+    occurred while generating the dataset" over pyarrow's "Couldn't cast ... because column
+    names don't match", whose first and last lines say it)."""
+    text = str(error).strip().splitlines()
+    reason = text[0] if text else type(error).__name__
+    cause = error.__cause__ or error.__context__
+    if cause is not None and (lines := str(cause).strip().splitlines()):
+        reason += f": {lines[0]}" + (f" ... {lines[-1]}" if len(lines) > 1 else "")
+    return reason
+
+
+# The splits of each folder or saved DatasetDict read in this process.
+_SPLITS: dict[Path, list[str]] = {}
 _SAID: set[Path] = set()
 
 
-def _said_unread_splits(path: Path, others: list[str]) -> None:
-    """Say once per folder that its other splits are not read: a user who ships a `test`
-    split may expect the study to evaluate on it."""
-    if others and path not in _SAID:
-        _SAID.add(path)
+def say_unread_splits(source: DataSource, read: list[str]) -> None:
+    """Say once per folder when it has splits beside the ones `read`: a user who ships a
+    `test` split may expect the study to evaluate on it (`load_hf` must have read it)."""
+    others = [name for name in _SPLITS.get(source.path, []) if name not in read]
+    if others and source.path not in _SAID:
+        _SAID.add(source.path)
         log.warning(
-            "data %s: its %s split(s) are not read; the validation set is a share of its "
-            "train split (--validation-fraction)", path, ", ".join(others),
+            "data %s: its %s split(s) are not read; the validation set is %s",
+            source.path, ", ".join(others),
+            f"its {read[1]} split" if len(read) > 1
+            else "a share of its train split (--validation-split NAME validates on one)",
         )  # fmt: skip
 
 

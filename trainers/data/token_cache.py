@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CACHE_FORMAT = 4  # 4: records' chat_template_kwargs reach the template
+CACHE_FORMAT = 4
 """Bump when the tokenized content changes for the same inputs (rendering, labels, format).
 2: a conversation its chat template does not render prefix by prefix (Mistral v0.3's with a
 system message, Qwen3's with several replies) is rendered as at its last reply, and one whose
@@ -32,7 +32,9 @@ template refuses a system message (Gemma 1's) has it joined to the first user tu
 skipped both under skip_bad_lines; a message's other fields (`reasoning_content`) reach the
 template, where 1 dropped them; content given as text parts and tool messages are read,
 where 1 skipped them. 3: a Parquet, JSON or saved-dataset record's tools and tool calls lose
-the keys Arrow filled with None from other rows, which 2 rendered as nulls."""
+the keys Arrow filled with None from other rows, which 2 rendered as nulls. 4: a record's
+`chat_template_kwargs` reach the template, reasoning written into a reply's content trains
+(DeepSeek-R1's, and Qwen3's earlier replies), and `tools` given as JSON text are read."""
 
 Sample = tuple[list[int], list[int]]
 
