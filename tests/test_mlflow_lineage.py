@@ -113,3 +113,41 @@ def test_a_conversational_prompt_completion_schema_names_its_messages(tmp_path: 
         assert [(c["name"], c["type"]) for c in columns] == [("prompt", kind), ("completion", kind)]
     (prompt, _) = json.loads(dataset_input(str(chat), shape="prompt_completion", rows=1)["schema"])["mlflow_colspec"]
     assert set(prompt["items"]["properties"]) == {"role", "content"}
+
+
+def test_a_validation_split_is_the_runs_evaluation_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that validates on the data's own split records two dataset inputs: the train
+    split (context training) and that split (context evaluation), each named and counted
+    apart; without one, the data as before."""
+    import datasets
+
+    from trainers.data.lineage import dataset_inputs
+
+    rows = [{"prompt": f"Q{i}", "completion": f" A{i}"} for i in range(7)]
+    saved = tmp_path / "saved"
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows[:5]), "test": datasets.Dataset.from_list(rows[5:])}
+    ).save_to_disk(str(saved))
+    away = MlflowWriter(f"http://127.0.0.1:{free_port()}", spool_root=tmp_path / "spool")
+    run = away.create_run_later(away.experiment_later("splits"), run_name="full", tags={})
+    inputs = dataset_inputs(str(saved), shape="prompt_completion", rows=7, validation_split="test", validation_rows=2)
+    for dataset, context in inputs:
+        away.log_input(run, dataset, context)
+    away.flush()
+    away.close()
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)
+    replay(tmp_path / "spool", tracking_uri=tracking)
+    client = MlflowClient(tracking)
+    found = client.get_experiment_by_name("splits")
+    assert found is not None
+    (stored,) = client.search_runs([found.experiment_id])
+    logged = {tags["mlflow.data.context"]: dataset for dataset, tags in _inputs(client, stored.info.run_id)}
+    assert {k: v["name"] for k, v in logged.items()} == {"training": "saved:train", "evaluation": "saved:test"}
+    profiles = {k: json.loads(v["profile"]) for k, v in logged.items()}
+    assert (profiles["training"]["num_rows"], profiles["evaluation"]["num_rows"]) == (5, 2)
+    assert logged["training"]["digest"] != logged["evaluation"]["digest"]  # each split's records
+    ((alone, context),) = dataset_inputs(str(saved), shape="prompt_completion", rows=5, validation_split=None, validation_rows=0)
+    assert context == "training" and alone["name"] == "saved"

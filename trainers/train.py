@@ -397,11 +397,13 @@ def _tracking_callbacks(
             )
         )
     callbacks.append(tracker)
-    from trainers.data.lineage import dataset_input
+    from trainers.data.lineage import dataset_inputs
 
-    tracker.writer.log_input(
-        tracker.run_id, dataset_input(spec.data, shape=data_stats.shape, rows=data_stats.records)
-    )
+    for dataset, context in dataset_inputs(
+        spec.data, shape=data_stats.shape, rows=data_stats.records,
+        validation_split=spec.validation_split, validation_rows=data_stats.validation_records,
+    ):  # fmt: skip
+        tracker.writer.log_input(tracker.run_id, dataset, context)
     return callbacks
 
 

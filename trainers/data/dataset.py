@@ -144,6 +144,7 @@ class DatasetStats:
     skipped_lines: int
     lengths: list[int]
     records: int = 0  # usable records read (``samples`` counts blocks when packed)
+    validation_records: int = 0  # of them, the data's own validation split's (0: a share)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict of every field."""
@@ -226,6 +227,7 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
         train, validation = pack(train, spec.max_length), pack(validation, spec.max_length)
     stats = compute_stats(shape, train + validation, truncated=truncated, skipped_lines=skipped)
     stats.records = len(samples)
+    stats.validation_records = len(samples) - held_from if held_from is not None else 0
     return TokenizedData(train, validation, stats, cached is not None, str(cache_file))
 
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trainers.data.sources import BadRecord, DataSource, fingerprint, open_source, records
+from trainers.data.sources import (
+    BadRecord,
+    DataSource,
+    fingerprint,
+    open_source,
+    records,
+    with_split,
+)
 
 # MLflow's store keeps at most 36 characters of a dataset digest.
 DIGEST_LENGTH = 32
@@ -45,8 +52,30 @@ def _conversational(source: DataSource) -> bool:
     return False
 
 
+def dataset_inputs(
+    path: str, *, shape: str, rows: int, validation_split: str | None, validation_rows: int
+) -> list[tuple[dict[str, str], str]]:
+    """(dataset, context) of each MLflow dataset input of a run's data: the data in the
+    `training` context; with a `validation_split`, the train split and that split in the
+    `evaluation` context, each with its own rows.
+
+    Args:
+        path: The data file or folder.
+        shape: Its record shape.
+        rows: Usable records, of both splits.
+        validation_split: The data's own split the run validates on, or None.
+        validation_rows: Its usable records.
+    """
+    if not validation_split:
+        return [(dataset_input(path, shape=shape, rows=rows), "training")]
+    return [
+        (dataset_input(path, shape=shape, rows=rows - validation_rows, split="train"), "training"),
+        (dataset_input(path, shape=shape, rows=validation_rows, split=validation_split), "evaluation"),
+    ]
+
+
 def dataset_input(
-    path: str, *, shape: str, rows: int, total_tokens: int | None = None
+    path: str, *, shape: str, rows: int, total_tokens: int | None = None, split: str | None = None
 ) -> dict[str, str]:
     """The `mlflow.entities.Dataset` fields of the data at `path`.
 
@@ -55,8 +84,12 @@ def dataset_input(
         shape: Its record shape (``trainers.data.records.SHAPES``).
         rows: Usable records.
         total_tokens: Tokens after tokenizing (train and validation), if known.
+        split: One split of a folder or saved DatasetDict, named in the dataset's name
+            (`data:test`), or None: the data as a run reads it.
     """
     source = open_source(path)
+    if split is not None:
+        source = with_split(source, split)
     digest = fingerprint(source).removeprefix("datasets:")[:DIGEST_LENGTH]
     columns = [
         {"type": kind, "name": name, "required": True}
@@ -69,10 +102,12 @@ def dataset_input(
         ]
     ]
     profile: dict[str, Any] = {"num_rows": rows, "shape": shape, "format": source.kind}
+    if split is not None:
+        profile["split"] = split
     if total_tokens is not None:
         profile["total_tokens"] = total_tokens
     return {
-        "name": source.path.name,
+        "name": source.path.name + (f":{split}" if split is not None else ""),
         "digest": digest,
         "source_type": "local",
         "source": json.dumps({"uri": str(source.path.resolve())}),
