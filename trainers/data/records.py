@@ -831,10 +831,11 @@ def _reasoning_written(content: str, prompt: str, whole: str) -> str | None:
     reply without reasoning under such a template is refused: it would teach the model to
     leave a think block it was given unclosed)."""
     start = prompt.rfind("<think>")
-    if start < 0 or not content.startswith("<think>") or "</think>" not in content:
+    opening = prompt[start:] if start >= 0 else ""
+    # The prompt must end in the opening (the generation prompt's, not an earlier turn's).
+    if opening.strip() != "<think>" or not content.startswith("<think>") or "</think>" not in content:
         return None
-    opening = prompt[start:]
-    overlap = next(k for k in range(len(opening), 0, -1) if content.startswith(opening[:k]))
+    overlap = len(os.path.commonprefix([opening, content]))
     answer = content.rsplit("</think>", 1)[-1].strip()
     at = whole.rfind(answer) if answer else -1
     if at < 0:
