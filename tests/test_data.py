@@ -610,6 +610,12 @@ def test_reasoning_written_in_the_content_trains(
     )
     assert "It is four." in labelled and "Two and two" not in text  # the history's form
     assert not any(s in labelled for s in ("2+2", "3+3"))
+    # A template whose generation prompt closes an empty block (Qwen3.5's no-think) has no
+    # place for a trace: refused, not trained as a second close after the empty one.
+    tok.chat_template = shipped.qwen3_5_nothink_chat_template
+    with pytest.raises(BadInputError, match=r"n\.jsonl:1: .*think block"):
+        load(write_jsonl(tmp_path / "n.jsonl", [{"messages": messages}]), tok, tmp_path / "n")
+    tok.chat_template = getattr(shipped, f"{family}_chat_template")
     if family == "deepseek_r1_distill":  # a reply without its trace after an opened <think>
         plain = {"messages": [messages[0], {"role": "assistant", "content": "It is four."}]}
         with pytest.raises(BadInputError, match=r"p\.jsonl:1: .*starts with <think>"):
