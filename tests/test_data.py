@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -844,11 +845,24 @@ def test_cache_is_reused_and_keyed(tokenizer: PreTrainedTokenizerBase, tmp_path:
     assert second.cache_path == first.cache_path and Path(first.cache_path).is_file()
     assert second.train == first.train and second.validation == first.validation
     assert second.stats == first.stats
-    assert list((tmp_path / "cache").iterdir()) == [Path(first.cache_path)]  # no temp files left
+    # The samples whole, which no sample outgrows at 128 tokens; no temp files left.
+    assert list((tmp_path / "cache").iterdir()) == [Path(first.cache_path)]
 
-    assert not load(path, tokenizer, tmp_path, max_length=64).cache_hit
-    assert not load(path, tokenizer, tmp_path, overflow="pack").cache_hit
+    # One tokenization serves every cut (a study's profiles, its validation length): each
+    # length and overflow is cut from the cache as a fresh load would cut it.
+    for cut in ({"max_length": 4}, {"overflow": "pack", "max_length": 16}):
+        from_cache, fresh = load(path, tokenizer, tmp_path, **cut), load(path, tokenizer, tmp_path / "fresh", **cut)
+        assert from_cache.cache_hit and not fresh.cache_hit
+        assert (from_cache.train, from_cache.validation) == (fresh.train, fresh.validation)
+        assert from_cache.stats == fresh.stats and max(from_cache.stats.lengths) <= cut["max_length"]
+        shutil.rmtree(tmp_path / "fresh")
+    cut_at_4 = load(path, tokenizer, tmp_path, max_length=4)
+    assert cut_at_4.stats.truncated == 10 and cut_at_4.cache_path.endswith("-4.npz")
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(
+        [Path(first.cache_path).name, Path(cut_at_4.cache_path).name]
+    )  # the whole samples and the one length that cuts them
     assert load(path, tokenizer, tmp_path, seed=5).cache_hit  # the split is made after the cache
+    assert not load(path, tokenizer, tmp_path, skip_bad_lines=True).cache_hit
     write_jsonl(path, [GOOD, {"prompt": "2 + 2 =", "completion": " 5"}] * 5)
     assert not load(path, tokenizer, tmp_path).cache_hit
 
@@ -866,13 +880,20 @@ def test_cache_depends_on_the_chat_template(
 
 
 def test_unreadable_cache_is_rebuilt(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    """A cut file that cannot be read is cut again from the whole samples; with those
+    unreadable too, the data is tokenized again."""
     path = write_jsonl(tmp_path / "pc.jsonl", [GOOD] * 4)
-    first = load(path, tokenizer, tmp_path)
+    first = load(path, tokenizer, tmp_path, max_length=4)
+    assert first.cache_path.endswith("-4.npz")
     Path(first.cache_path).write_bytes(b"not a zip file")
-    again = load(path, tokenizer, tmp_path)
+    again = load(path, tokenizer, tmp_path, max_length=4)
+    assert again.cache_hit and again.train == first.train
+    for written in (tmp_path / "cache").iterdir():
+        written.write_bytes(b"not a zip file")
+    again = load(path, tokenizer, tmp_path, max_length=4)
     assert not again.cache_hit
     assert again.train == first.train
-    assert load(path, tokenizer, tmp_path).cache_hit
+    assert load(path, tokenizer, tmp_path, max_length=4).cache_hit
 
 
 def test_split_is_deterministic_by_seed(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:

@@ -186,31 +186,37 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
     if held is not None:  # the split's name and, for a saved DatasetDict, its own records
         data_fingerprint += f"|{held.split}:{fingerprint(held)}"
     key = token_cache.cache_key(
-        data_fingerprint=data_fingerprint,
-        tokenizer=tokenizer,
-        max_length=spec.max_length,
-        overflow=spec.overflow,
-        skip_bad_lines=spec.skip_bad_lines,
+        data_fingerprint=data_fingerprint, tokenizer=tokenizer, skip_bad_lines=spec.skip_bad_lines
     )
     cache_dir = Path(spec.cache_dir) if spec.cache_dir is not None else cache_root() / "tokenized"
-    cache_file = cache_dir / f"{key}.npz"
+    # Two levels: the samples whole (`key`), which every length is cut from, and, when cut,
+    # each length's own file, so a trial reads no more than it trains on.
+    whole_file = cache_dir / f"{key}.npz"
+    cut = spec.overflow == "truncate"
+    cache_file = cache_dir / f"{key}-{spec.max_length}.npz" if cut else whole_file
     cached = token_cache.load(cache_file)
+    if cached is None and cut:
+        cached = token_cache.load(whole_file)  # another length's tokenization, cut below
     if cached is not None:
         shape, samples, meta = cached
-        skipped, truncated = int(meta["skipped_lines"]), int(meta["truncated"])
-        held_from = meta.get("validation_from")
+        skipped, held_from = int(meta["skipped_lines"]), meta.get("validation_from")
     else:
         shape, pieces, skipped = read_pieces(source, tokenizer, skip_bad_lines=spec.skip_bad_lines)
         held_from = None
         if held is not None:
             pieces, skipped, held_from = _with_held_split(shape, pieces, skipped, held, tokenizer, spec)
         samples = tokenize_pieces(pieces, tokenizer)
-        truncated = 0
-        if spec.overflow == "truncate":
-            truncated = sum(len(ids) > spec.max_length for ids, _ in samples)
+        meta = {"skipped_lines": skipped, "validation_from": held_from}
+        token_cache.save(whole_file, shape, samples, meta)
+    hit = cached is not None  # nothing rendered nor tokenized
+    truncated = int(meta.get("truncated", 0))
+    if cut and "truncated" not in meta:  # cut from the whole samples: this length's file
+        truncated = sum(len(ids) > spec.max_length for ids, _ in samples)
+        if truncated:
             samples = [(ids[: spec.max_length], lab[: spec.max_length]) for ids, lab in samples]
-        meta = {"skipped_lines": skipped, "truncated": truncated, "validation_from": held_from}
-        token_cache.save(cache_file, shape, samples, meta)
+            token_cache.save(cache_file, shape, samples, {**meta, "truncated": truncated})
+        else:  # nothing longer: the whole file is this length's too
+            cache_file = whole_file
     if source.kind in ("folder", "saved"):
         say_unread_splits(source, ["train", *([held.split] if held else [])])
     if len(samples) < 2:
@@ -228,7 +234,7 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
     stats = compute_stats(shape, train + validation, truncated=truncated, skipped_lines=skipped)
     stats.records = len(samples)
     stats.validation_records = len(samples) - held_from if held_from is not None else 0
-    return TokenizedData(train, validation, stats, cached is not None, str(cache_file))
+    return TokenizedData(train, validation, stats, hit, str(cache_file))
 
 
 def _with_held_split(

@@ -1,4 +1,9 @@
-"""On-disk cache of tokenized data sets: one ``.npz`` file per (data, tokenizer, cut) key.
+"""On-disk cache of tokenized data sets: ``.npz`` files per (data, tokenizer) key.
+
+`<key>.npz` holds the samples whole, as rendered and tokenized once: every `max_length` and
+`overflow` a study's profiles use (and its validation length) is cut from it, and each cut
+length is kept as `<key>-<max_length>.npz`, so a trial reads no more than it trains on
+(`trainers.data.dataset.load_tokenized`).
 
 The format is plain numpy arrays (no pickle): all input ids and labels concatenated, the
 offsets where each sample starts, and a JSON string of metadata. Files are written to a temp
@@ -34,7 +39,9 @@ template, where 1 dropped them; content given as text parts and tool messages ar
 where 1 skipped them. 3: a Parquet, JSON or saved-dataset record's tools and tool calls lose
 the keys Arrow filled with None from other rows, which 2 rendered as nulls. 4: a record's
 `chat_template_kwargs` reach the template, reasoning written into a reply's content trains
-(DeepSeek-R1's, and Qwen3's earlier replies), and `tools` given as JSON text are read."""
+(DeepSeek-R1's, and Qwen3's earlier replies), and `tools` given as JSON text are read; the
+samples are stored whole under a key without `max_length` and `overflow`, each cut length
+beside them."""
 
 Sample = tuple[list[int], list[int]]
 
@@ -56,21 +63,12 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
     }
 
 
-def cache_key(
-    *,
-    data_fingerprint: str,
-    tokenizer: PreTrainedTokenizerBase,
-    max_length: int,
-    overflow: str,
-    skip_bad_lines: bool,
-) -> str:
-    """sha256 hex key of everything the cached samples depend on."""
+def cache_key(*, data_fingerprint: str, tokenizer: PreTrainedTokenizerBase, skip_bad_lines: bool) -> str:
+    """sha256 hex key of everything the cached (uncut) samples depend on."""
     identity = {
         "format": CACHE_FORMAT,
         "data_sha256": data_fingerprint,
         "tokenizer": tokenizer_fingerprint(tokenizer),
-        "max_length": max_length,
-        "overflow": overflow,
         # A file with bad lines loads under skip_bad_lines but must still fail without it.
         "skip_bad_lines": skip_bad_lines,
     }
