@@ -118,6 +118,11 @@ def _data_flags(parser: argparse.ArgumentParser) -> None:
         "them or a Dataset.save_to_disk folder).",
     )
     data.add_argument("--tokenizer", help="Tokenizer folder for --data (default: characters / 4).")
+    data.add_argument(
+        "--data-columns",
+        help="--data's columns read as hpo's fields, FIELD=COLUMN joined by commas "
+        "(input=context,output=response), as the study reads them.",
+    )
 
 
 def _run_flags(parser: argparse.ArgumentParser) -> None:
@@ -416,7 +421,9 @@ def _config_path(given: str) -> Path:
 
 def _lengths(args: argparse.Namespace, max_length: int) -> tuple[tuple[int, ...], str]:
     if args.data:
-        return lengths_from_data(args.data, max_length=max_length, tokenizer_dir=args.tokenizer)
+        return lengths_from_data(
+            args.data, max_length=max_length, tokenizer_dir=args.tokenizer, columns=args.data_columns
+        )
     per_sample = args.tokens_per_sample or max_length
     how = "every sample full" if args.tokens_per_sample is None else "as given"
     return lengths_from_count(args.samples, per_sample), f"{per_sample} tokens per sample ({how})"

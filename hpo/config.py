@@ -340,6 +340,7 @@ class StudyConfig:
     precision: str = same_as(TrainSpec, "precision")
     validation_fraction: float = same_as(TrainSpec, "validation_fraction")
     validation_split: str | None = same_as(TrainSpec, "validation_split")
+    data_columns: str | None = same_as(TrainSpec, "data_columns")
 
     def __post_init__(self) -> None:
         for name in ("objectives", "profiles"):
@@ -383,10 +384,11 @@ class StudyConfig:
             )
         if self.space is not None and Path(self.space).is_dir():
             raise BadInputError(f"space: {self.space} is a directory, not a file")
-        if self.data is not None:
-            from trainers.data.sources import open_source
+        from trainers.data.sources import open_source, parse_columns
 
+        if self.data is not None:
             open_source(self.data)  # a data file of a known type, or a folder of them or saved
+        parse_columns(self.data_columns)
 
     def _check_objectives(self) -> None:
         axes = self.objectives

@@ -131,11 +131,11 @@ def trl_config(
         tracking: As `write_format`'s.
     """
     from trainers.data.records import read_native
-    from trainers.data.sources import open_source
+    from trainers.data.sources import open_source, with_columns
 
     lora, data, training = preset["lora"], preset["data"], preset["training"]
     estimate = preset.get("estimate") or {}
-    source = open_source(data["path"])
+    source = with_columns(open_source(data["path"]), data.get("data_columns"))
     shape, native, skipped = read_native(source, skip_bad_lines=bool(data.get("skip_bad_lines")))
     rows: list[dict[str, Any]] | None = None
     chat = ChatLoss()
@@ -155,7 +155,7 @@ def trl_config(
         dataset = {"path": "json", "data_files": str(data_out.resolve())}
     elif (
         shape in _NATIVE and source.kind in _TRL_READABLE and not skipped
-        and not uneven_template_kwargs(native)
+        and not uneven_template_kwargs(native) and not source.columns  # TRL renames none
     ):  # fmt: skip
         dataset = {"path": _TRL_READABLE[source.kind], "data_files": str(source.path.resolve())}
     else:

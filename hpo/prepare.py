@@ -47,8 +47,9 @@ def prepare(config: StudyConfig) -> Prepared:
         # The default tiny model is built (and its progress shown) before its tokenizer reads
         # the data: bad data is refused first, in one line (read again below, tokenized).
         from trainers.data.records import read_native
+        from trainers.data.sources import open_source, with_columns
 
-        read_native(config.data)
+        read_native(with_columns(open_source(config.data), config.data_columns))
     model_path = config.model or str(default_tiny_model(work.models))
     model_type = family_model_type(model_path)
     space = given_space or space_for_model_type(model_type)
@@ -75,6 +76,7 @@ def prepare(config: StudyConfig) -> Prepared:
                 max_length=max_length,
                 validation_fraction=config.validation_fraction,
                 validation_split=config.validation_split,
+                data_columns=config.data_columns,
                 seed=config.seed,
                 cache_dir=str(work.cache),
             ),
@@ -88,6 +90,7 @@ def prepare(config: StudyConfig) -> Prepared:
             max_length=model_context(model_path),
             validation_fraction=config.validation_fraction,
             validation_split=config.validation_split,
+            data_columns=config.data_columns,
             seed=config.seed,
             cache_dir=str(work.cache),
         ),

@@ -403,3 +403,45 @@ def test_the_plans_character_estimate_reads_every_format(tmp_path: Path) -> None
     assert parquet == jsonl and len(jsonl) == len(PROMPTS) - round(len(PROMPTS) * 0.1)
     # Alpaca rows count their instruction, input and output.
     assert min(lengths(_csv(tmp_path / "a.csv", ALPACA))) >= 2
+
+
+DOLLY = [
+    {"instruction": f"Add {i} and {i}.", "context": "" if i % 2 else f"Show it for {i}.",
+     "response": f"{2 * i}", "category": "math"}
+    for i in range(12)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_data_columns_read_another_layout_as_a_known_shape(
+    kind: str, tmp_path: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """Dolly's columns (instruction, context, response) refused as they are, in one line that
+    names them and the flag; read through `data_columns` they train as the same records in
+    Alpaca's columns, cached apart; a malformed mapping stops before anything is read."""
+    write = {"jsonl": _jsonl, "parquet": _parquet}[kind]
+    dolly = write(tmp_path / f"dolly.{kind}", DOLLY)
+    with pytest.raises(BadInputError, match=r"1: missing field 'output' \(--data-columns output=COLUMN"):
+        _load(dolly, tokenizer, tmp_path / "c0")
+    qa = _jsonl(tmp_path / "qa.jsonl", [{"question": "Q", "answer": "A"}])
+    with pytest.raises(BadInputError, match=r"field, only 'answer', 'question' \(--data-columns FIELD=COLUMN"):
+        _load(qa, tokenizer, tmp_path / "c0")
+    as_alpaca = [{"instruction": r["instruction"], "input": r["context"], "output": r["response"]} for r in DOLLY]
+    reference = _load(_jsonl(tmp_path / "alpaca.jsonl", as_alpaca), tokenizer, tmp_path / "c1")
+    spec = DataSpec(path=str(dolly), cache_dir=str(tmp_path / "c2"), max_length=128,
+                    data_columns="output=response, input=context")  # fmt: skip
+    data = load_tokenized(spec, tokenizer)
+    assert data.stats.shape == "alpaca" and _samples(data) == _samples(reference)
+    plain = DataSpec(path=str(_jsonl(tmp_path / "same.jsonl", as_alpaca)), cache_dir=str(tmp_path / "c2"), max_length=128)
+    assert not load_tokenized(plain, tokenizer).cache_hit  # the mapping is in the key
+    from analysis.planning.inputs import lengths_from_data
+
+    planned = lengths_from_data(str(dolly), max_length=64, tokenizer_dir=None, columns="output=response,input=context")
+    assert planned[0] == lengths_from_data(str(tmp_path / "alpaca.jsonl"), max_length=64, tokenizer_dir=None)[0]
+    for text, message in [
+        ("output", "must be FIELD=COLUMN pairs"),
+        ("answer=response", "'answer' is not a field hpo reads"),
+        ("output=response,output=context", "names a field twice"),
+    ]:
+        with pytest.raises(BadInputError, match=message):
+            DataSpec(path=str(dolly), data_columns=text)

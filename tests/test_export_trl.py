@@ -125,6 +125,26 @@ def test_records_the_preset_skips_are_left_out_of_trls_copy(
     assert len(split["train"]) + len(split["test"]) == len(good)
 
 
+def test_data_read_through_its_columns_goes_to_trl_renamed(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A preset with `data_columns`: TRL renames no column, so it gets the records as hpo
+    read them, converted beside the config; TRL's own loader reads them."""
+    from trl import get_dataset
+
+    rows = [{"question": f"q{i}", "answer": f" a{i}"} for i in range(30)]
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = TrainSpec(model=str(tiny_model_dir), data=str(data), data_columns="prompt=question,completion=answer")
+    preset = preset_dict(spec, estimate=ESTIMATE, provenance=PROVENANCE)
+    assert preset["data"]["data_columns"] == "prompt=question,completion=answer"
+    config, converted = write_format("trl", preset, tmp_path / "trl.yaml")
+    assert [json.loads(line) for line in converted.read_text().splitlines()] == [
+        {"prompt": r["question"], "completion": r["answer"]} for r in rows
+    ]
+    _, _, _, mixture = _sft_args(config)
+    split = get_dataset(mixture)
+    assert set(split["train"].column_names) == {"prompt", "completion"}
+
+
 @pytest.mark.parametrize(
     ("records", "fraction", "eval_samples", "held_out"),
     [(6000, 0.1, 64, 64), (1001, 0.05, 48, 48), (300, 0.1, 64, 30), (20, 0.5, 4, 4)],

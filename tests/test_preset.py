@@ -148,12 +148,14 @@ def test_a_preset_only_the_flags_make_valid_is_not_the_run_it_predicted(tmp_path
 def test_the_validation_split_goes_with_the_preset(tmp_path: Path) -> None:
     """A study that validated on the data's own split writes it into the preset; the run
     reads it back into its data, and a run given another one is not the preset's run."""
-    spec = TrainSpec(model="m", data="hub", validation_split="test")
+    spec = TrainSpec(model="m", data="hub", validation_split="test", data_columns="output=response")
     content = preset_dict(spec, estimate={}, provenance={})
     assert content["data"]["validation_split"] == "test"
+    assert content["data"]["data_columns"] == "output=response"
     path = _write(tmp_path, content)
     ran = _run_spec("--preset", str(path))
     assert ran.validation_split == "test" and ran.data_spec().validation_split == "test"
+    assert ran.data_spec().data_columns == "output=response"
     other = _run_spec("--preset", str(path), "--validation-split", "validation")
     departed = departures(ran, other)
     assert departed == {"validation_split": ["test", "validation"]}

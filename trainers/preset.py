@@ -37,6 +37,7 @@ _DATA_FIELDS = (
     "skip_bad_lines",
     "validation_fraction",
     "validation_split",
+    "data_columns",
 )
 _NOT_TRAINING = {"model", "data", "lora", "output_dir", "cache_dir", *_DATA_FIELDS}
 

@@ -21,8 +21,8 @@ from trainers.spec import LoraSpec, TrainSpec
 
 # What a run takes from its settings and its settings' full run, each a `TrainSpec` field.
 _SHARED = (
-    "eval_samples", "eval_max_length", "validation_fraction", "validation_split", "device",
-    "precision", "seed",
+    "eval_samples", "eval_max_length", "validation_fraction", "validation_split", "data_columns",
+    "device", "precision", "seed",
 )  # fmt: skip
 _FULL_RUN = ("epochs", "eval_interval", "checkpoint_interval")
 # The sampled keys a run reads, each a `TrainSpec` field; a key a choice lacks takes the
@@ -76,6 +76,9 @@ class RunSettings(Protocol):
     def validation_split(self) -> str | None: ...
 
     @property
+    def data_columns(self) -> str | None: ...
+
+    @property
     def device(self) -> str: ...
 
     @property
@@ -109,6 +112,7 @@ class Settings:
     eval_max_length: int | None = None
     validation_fraction: float = TrainSpec.validation_fraction
     validation_split: str | None = None
+    data_columns: str | None = None
     device: str = TrainSpec.device
     precision: str = TrainSpec.precision
     seed: int = TrainSpec.seed

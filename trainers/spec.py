@@ -162,6 +162,11 @@ class TrainSpec:
         "A split of a data folder (a Hub dataset's validation or test) or of a saved "
         "DatasetDict to validate on, instead of validation_fraction of the train split.",
     )
+    data_columns: str | None = knob(
+        None,
+        "The data's columns read as hpo's fields, FIELD=COLUMN joined by commas (Dolly's: "
+        "instruction=instruction,input=context,output=response).",
+    )
     eval_interval: int = knob(
         50, "Optimizer steps between evaluations (0: only at the end).", at_least=0
     )

@@ -75,33 +75,40 @@ def lengths_from_count(samples: int, tokens_per_sample: int) -> tuple[int, ...]:
 
 
 def lengths_from_data(
-    data: str, *, max_length: int, tokenizer_dir: str | None, cache_dir: str | None = None
+    data: str,
+    *,
+    max_length: int,
+    tokenizer_dir: str | None,
+    cache_dir: str | None = None,
+    columns: str | None = None,
 ) -> tuple[tuple[int, ...], str]:
     """Train token lengths of a data set (see `trainers.data.sources`), and how they were measured.
 
     With a tokenizer folder the file goes through the trainer's own tokenization (exact);
     without one, each record's characters / `CHARS_PER_TOKEN` stand for its tokens.
+    `columns` reads other columns as hpo's fields (`trainers.data.sources.parse_columns`).
     """
     from trainers.data.dataset import DataSpec, load_tokenized, split_indices
 
     if tokenizer_dir:
         from trainers.model.lora import load_tokenizer
 
-        spec = DataSpec(path=data, max_length=max_length, cache_dir=cache_dir)
+        spec = DataSpec(path=data, max_length=max_length, cache_dir=cache_dir, data_columns=columns)
         loaded = load_tokenized(spec, load_tokenizer(tokenizer_dir))
         return tuple(loaded.stats.lengths[: len(loaded.train)]), f"tokenized ({tokenizer_dir})"
-    chars = _record_characters(Path(data))
+    chars = _record_characters(Path(data), columns)
     train, _ = split_indices(len(chars), VALIDATION_FRACTION, 0)
     lengths = tuple(max(1, math.ceil(chars[i] / CHARS_PER_TOKEN)) for i in train)
     return lengths, f"estimated at {CHARS_PER_TOKEN:g} characters per token (no --tokenizer)"
 
 
-def _record_characters(path: Path) -> list[int]:
+def _record_characters(path: Path, columns: str | None = None) -> list[int]:
     """Characters of text in each record of a data set, in any format and shape it can have."""
     from trainers.data.records import read_native
+    from trainers.data.sources import open_source, with_columns
 
     try:
-        _, records, _ = read_native(path)
+        _, records, _ = read_native(with_columns(open_source(path), columns))
     except BadInputError as error:
         raise BadInputError(f"--data: {error}") from None
     counts = []

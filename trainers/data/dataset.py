@@ -37,7 +37,9 @@ from trainers.data.sources import (
     DataSource,
     fingerprint,
     open_source,
+    parse_columns,
     say_unread_splits,
+    with_columns,
     with_split,
 )
 
@@ -71,6 +73,8 @@ class DataSpec:
         validation_fraction: Share of the samples held out for validation (at least one).
         validation_split: A split of a data folder or saved `DatasetDict` to validate on
             instead (all of the train split trains); None: the share.
+        data_columns: The data's columns read as hpo's fields ("output=response,...";
+            `trainers.data.sources.parse_columns`), or None.
         seed: Seed of the train/validation split.
         cache_dir: Folder of the tokenized cache; ``None`` means ``<cache root>/tokenized``
             (cache root: ``$HPO_CACHE_DIR`` or ``~/.cache/hpo``).
@@ -82,6 +86,7 @@ class DataSpec:
     skip_bad_lines: bool = False
     validation_fraction: float = 0.1
     validation_split: str | None = None
+    data_columns: str | None = None
     seed: int = 0
     cache_dir: str | None = None
 
@@ -117,6 +122,7 @@ class DataSpec:
                 "data.validation_split must name a split other than 'train' (or be unset), "
                 f"but got validation_split={split!r}"
             )
+        parse_columns(self.data_columns)
         if not _is_int(self.seed):
             raise BadInputError(f"data.seed must be an integer, but got seed={self.seed!r}")
 
@@ -177,7 +183,7 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
             ``path: row N: what``), empty data set, fewer than two samples, or a tokenizer
             without an eos token.
     """
-    source = open_source(spec.path)
+    source = with_columns(open_source(spec.path), spec.data_columns)
     path = source.path
     held = with_split(source, spec.validation_split) if spec.validation_split else None
     if tokenizer.eos_token_id is None:
@@ -185,6 +191,8 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
     data_fingerprint = fingerprint(source)
     if held is not None:  # the split's name and, for a saved DatasetDict, its own records
         data_fingerprint += f"|{held.split}:{fingerprint(held)}"
+    if source.columns:  # other columns read: other records
+        data_fingerprint += f"|columns:{source.columns}"
     key = token_cache.cache_key(
         data_fingerprint=data_fingerprint, tokenizer=tokenizer, skip_bad_lines=spec.skip_bad_lines
     )

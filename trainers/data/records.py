@@ -252,9 +252,12 @@ def _validate(record: Any) -> str:
             raise _BadLine("field 'text' is empty")
         _no_template_kwargs(record, "a text")
         return "text"
+    names = sorted(map(str, record))
+    shown = ", ".join(map(repr, names[:8])) + (", ..." if len(names) > 8 else "")
     raise _BadLine(
         "no 'text', 'prompt'/'completion', 'messages', 'instruction'/'output' (Alpaca) or "
-        "'conversations' (ShareGPT) field"
+        f"'conversations' (ShareGPT) field, only {shown or 'none'} (--data-columns "
+        "FIELD=COLUMN reads your columns as these fields)"
     )
 
 
@@ -438,7 +441,7 @@ def _validate_messages(messages: Any, field: str = "messages") -> None:
 
 def _require_str(record: dict[str, Any], field: str) -> str:
     if field not in record:
-        raise _BadLine(f"missing field {field!r}")
+        raise _BadLine(f"missing field {field!r} (--data-columns {field}=COLUMN reads another column as it)")
     value = record[field]
     if not isinstance(value, str):
         raise _BadLine(f"field {field!r} must be a string, got {_json_type(value)}")

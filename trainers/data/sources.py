@@ -49,11 +49,14 @@ class DataSource:
         kind: ``"jsonl"``, ``"parquet"``, ``"csv"``, ``"json"``, ``"saved"`` (a
             `save_to_disk` folder) or ``"folder"`` (a folder of data files).
         split: The split read from a folder or a saved `DatasetDict` (`with_split`).
+        columns: (hpo's field, the data's column) pairs each record is read through
+            (`with_columns`).
     """
 
     path: Path
     kind: str
     split: str = "train"
+    columns: tuple[tuple[str, str], ...] = ()
 
     def location(self, number: int) -> str:
         """How an error names record `number` (1-based): ``path:line``, ``path: row N`` (of
@@ -77,6 +80,45 @@ def with_split(source: DataSource, split: str) -> DataSource:
             "names a split of a data folder (a Hub dataset's) or a saved DatasetDict"
         )
     return dataclasses.replace(source, split=split)
+
+
+# The fields a record shape reads (`trainers.data.records`): what a column can be read as.
+FIELDS = (
+    "text", "prompt", "completion", "messages", "instruction", "input", "output", "system",
+    "conversations", "tools", "chat_template_kwargs",
+)  # fmt: skip
+
+
+def parse_columns(text: str | None) -> tuple[tuple[str, str], ...]:
+    """`data_columns` ("output=response,input=context": hpo's field = the data's column) as
+    pairs.
+
+    Raises:
+        BadInputError: Not such pairs, a field no record shape reads, or one named twice.
+    """
+    if not text:
+        return ()
+    pairs = []
+    for item in str(text).split(","):
+        field, sep, column = (part.strip() for part in item.partition("="))
+        if not sep or not field or not column:
+            raise BadInputError(
+                f"data_columns must be FIELD=COLUMN pairs joined by commas (output=response,"
+                f"input=context), but got {text!r}"
+            )
+        if field not in FIELDS:
+            raise BadInputError(
+                f"data_columns: {field!r} is not a field hpo reads (one of {', '.join(FIELDS)})"
+            )
+        pairs.append((field, column))
+    if len({field for field, _ in pairs}) < len(pairs):
+        raise BadInputError(f"data_columns names a field twice: {text!r}")
+    return tuple(pairs)
+
+
+def with_columns(source: DataSource, text: str | None) -> DataSource:
+    """The source read through `data_columns` (`parse_columns`)."""
+    return dataclasses.replace(source, columns=parse_columns(text))
 
 
 def open_source(path: str | Path) -> DataSource:
@@ -133,12 +175,26 @@ def fingerprint(source: DataSource) -> str:
 
 
 def records(source: DataSource) -> Iterator[tuple[int, Any]]:
-    """(line or row number, record or a BadRecord) for every record of the source."""
-    if source.kind == "jsonl":
-        yield from _json_lines(source.path)
-        return
-    for number, row in enumerate(load_hf(source), start=1):
-        yield number, _unset_keys_dropped(row)
+    """(line or row number, record or a BadRecord) for every record of the source, its
+    columns renamed to hpo's fields (`DataSource.columns`)."""
+    rows = _json_lines(source.path) if source.kind == "jsonl" else enumerate(load_hf(source), start=1)
+    for number, row in rows:
+        if source.columns and isinstance(row, dict):
+            row = _renamed(row, source.columns)
+        yield number, row if source.kind == "jsonl" or not isinstance(row, dict) else _unset_keys_dropped(row)
+
+
+def _renamed(row: dict[str, Any], columns: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """The row with each named column as hpo's field (a column it lacks: the field unset, so
+    the record's own check names what is missing); the field's own column, if any, gives way."""
+    out = dict(row)
+    for field, _ in columns:
+        out.pop(field, None)
+    for field, column in columns:
+        if column in row:
+            out.pop(column, None)
+            out[field] = row[column]
+    return out
 
 
 def _unset_keys_dropped(row: dict[str, Any]) -> dict[str, Any]:
