@@ -187,13 +187,9 @@ def records(source: DataSource) -> Iterator[tuple[int, Any]]:
 def _renamed(row: dict[str, Any], columns: tuple[tuple[str, str], ...]) -> dict[str, Any]:
     """The row with each named column as hpo's field (a column it lacks: the field unset, so
     the record's own check names what is missing); the field's own column, if any, gives way."""
-    out = dict(row)
-    for field, _ in columns:
-        out.pop(field, None)
-    for field, column in columns:
-        if column in row:
-            out.pop(column, None)
-            out[field] = row[column]
+    taken = {name for pair in columns for name in pair}
+    out = {key: value for key, value in row.items() if key not in taken}
+    out.update({field: row[column] for field, column in columns if column in row})
     return out
 
 
