@@ -374,7 +374,7 @@ class StudyConfig:
         self._check_paths()
 
     def _check_paths(self) -> None:
-        for name in ("model", "data", "space"):
+        for name in ("model", "space"):  # data: `open_source` below says what it is not
             value = getattr(self, name)
             if value is not None and not Path(value).exists():
                 raise BadInputError(f"{name}: path not found: {value}")

@@ -269,9 +269,10 @@ def test_a_bad_row_is_named_by_its_number(
         (lambda tmp: _file(tmp / "d.txt", "hello"), "unsupported file type '.txt'"),
         (lambda tmp: _file(tmp / "d.parquet", "not parquet"), "cannot be read as parquet"),
         (lambda tmp: _mkdir(tmp / "plain-folder"), "a directory with no data files"),
+        (lambda tmp: Path("databricks/databricks-dolly-15k"), r"a Hub dataset\? .*--local-dir DIR"),
         (lambda tmp: _test_only(tmp / "test-only"), r"a folder without a 'train' split \(it has test\)"),
     ],
-    ids=["unknown suffix", "corrupt parquet", "plain folder", "folder without train"],
+    ids=["unknown suffix", "corrupt parquet", "plain folder", "folder without train", "hub name"],
 )
 def test_unreadable_data_is_one_line(
     make: Callable[[Path], Path], message: str, tmp_path: Path, tokenizer: PreTrainedTokenizerBase

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,7 +140,14 @@ def open_source(path: str | Path) -> DataSource:
             )
         return DataSource(path, "folder")
     if not path.is_file():
-        raise BadInputError(f"data file not found: {path}")
+        hint = ""
+        if re.fullmatch(r"[\w.-]+/[\w.-]+", str(path)) and not path.suffix:
+            # A Hub dataset's name: hpo reads no hub, but its downloaded folder.
+            hint = (
+                f" (a Hub dataset? hpo reads local data: `hf download --repo-type dataset "
+                f"{path} --local-dir DIR`, then --data DIR)"
+            )
+        raise BadInputError(f"data file not found: {path}{hint}")
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise BadInputError(
