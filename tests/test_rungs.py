@@ -12,8 +12,15 @@ from analysis.search.schedule import DEFAULT_RUNGS, parse_rungs
 from common.errors import BadInputError
 from hpo.config import TrialConfig, load_config
 from hpo.final_loss import loss_one_doubling_on
-from hpo.keys import CURVE_ATTR, FRACTION_ATTR, LAW_CURVE_ATTR, PROMOTED_FROM_ATTR, RUNG_ATTR
-from hpo.pick import pick_trial, rung_candidates, rung_of
+from hpo.keys import (
+    CURVE_ATTR,
+    FRACTION_ATTR,
+    LAW_CURVE_ATTR,
+    PROMOTED_FROM_ATTR,
+    RUNG_ATTR,
+    SCORED_BY_ATTR,
+)
+from hpo.pick import comparable_losses, pick_trial, rung_candidates, rung_of
 from hpo.runner import run_study
 from hpo.trial_runs import trial_schedule
 from tests.configs import short_study
@@ -56,6 +63,46 @@ def _complete(study: optuna.Study, value: float, **attrs: object) -> None:
     for key, item in attrs.items():
         trial.set_user_attr(key, item)
     study.tell(trial, value)
+
+
+def _scored(study: optuna.Study, kind: str, losses: list[float], value: float, **attrs: object) -> None:
+    """A trial scored by `kind` at `value`, its curve `losses` at 16 samples a step."""
+    curve = {
+        "steps": list(range(1, len(losses) + 1)),
+        "samples": [16 * (i + 1) for i in range(len(losses))],
+        "losses": losses, "scheduler": "linear", "warmup_ratio": 0.0,
+        "learning_rate": 1e-3, "full_run_steps": 100,
+    }  # fmt: skip
+    _complete(study, value, **{SCORED_BY_ATTR: kind, LAW_CURVE_ATTR: curve, **attrs})
+
+
+def test_a_rung_whose_trials_were_scored_two_ways_ranks_them_by_what_they_measured() -> None:
+    """The study's backtest may trust the law for some trials of a rung and not for others:
+    a predicted end (3.91) then beat a loss measured at the same share of the data (4.89)
+    although its own measured loss was higher (5.79; the demo study at seed 2, whose rung
+    left behind the configuration that ended its full run 1.1 lower). Where the kinds mix,
+    each is ranked by what it measured; where they do not, by its score."""
+    study = optuna.create_study()
+    _scored(study, "prediction", [6.6, 5.5, 4.90], 4.81)
+    _scored(study, "loss_at_fidelity", [6.5, 5.6, 4.89], 4.89)
+    _scored(study, "prediction", [6.7, 6.2, 5.79], 3.91)
+    _scored(study, "prediction", [6.8, 6.6, 6.39], 6.39)
+    trials = study.get_trials(deepcopy=False)
+    assert comparable_losses(trials) == {0: 4.90, 1: 4.89, 2: 5.79, 3: 6.39}
+    assert [t.number for t in rung_candidates(trials, 1, 2)] == [1, 0]
+    alike = [t for t in trials if t.number != 1]  # all scored by their prediction
+    assert comparable_losses(alike) == {0: 4.81, 2: 3.91, 3: 6.39}
+    # The last rung: promoted trials scored one doubling on, one by its prediction.
+    samples, measured, predicted = [16, 32, 48, 64], [6.5, 4.89, 3.6, 3.3], [6.6, 4.90, 3.9, 3.7]
+    doubling = loss_one_doubling_on(samples, measured)  # 1.71
+    promoted = {PROMOTED_FROM_ATTR: 1, RUNG_ATTR: 1}
+    _scored(study, "loss_one_doubling_on", measured, doubling, **promoted)
+    _scored(study, "prediction", predicted, 1.5, **{**promoted, PROMOTED_FROM_ATTR: 0})
+    last = [t for t in study.get_trials(deepcopy=False) if t.number >= 4]
+    assert comparable_losses(last) == {
+        4: pytest.approx(doubling), 5: pytest.approx(loss_one_doubling_on(samples, predicted))
+    }
+    assert pick_trial(study)[0].number == 4  # 1.71 against 2.5 (its prediction of 1.5 aside)
 
 
 def test_a_rung_takes_the_best_of_the_rung_before_once_and_not_what_a_full_run_measured() -> None:
