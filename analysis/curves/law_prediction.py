@@ -283,15 +283,15 @@ def _partly_annealed(
 
     A rung's trial stops partway through its run's decay (the default's last rung at 0.44
     of a linear or cosine schedule sees 34-41 % of the annealing area): C then also absorbs
-    how the curve bends, and the law's end can lie far below the outcome (4 of 5 demo
-    studies above p90, one by 9x: their full runs ended between the law without annealing
-    and the law with it, at 5-57 % of the way down; on the recorded real LoRA runs the
-    pick's at 21-125 %, median 66 %, a gap of about 0.4 %). The law without annealing (C
-    held at 0) is refitted, and where it ends higher, the p50 lies the share of the decay
-    seen of the way down from it (geometrically), and the band adds, in quadrature with its
-    other terms, the ways to `seen`^2 of the way (up) and to `seen` + (1 - `seen`)^2 (down):
-    the whole way at `seen` 0, nothing at 1. No constant was tuned: the share seen sets
-    both (docs/curve-replay.md, "A decay seen in part").
+    how the curve bends, and the law's end can lie far below the outcome (the demo study's
+    pick at seeds 0-4: every full run above p90, one by 9x; each ended between the law
+    without annealing and the law with it, at 5-57 % of the way down; on the recorded real
+    LoRA runs the pick's at 21-125 %, median 66 %, a gap of about 0.4 %). The law without
+    annealing (C held at 0) is refitted, and where it ends higher, the p50 lies the share of
+    the decay seen of the way down from it (geometrically), and the band adds, in
+    quadrature with its other terms, the ways to `seen`^2 of the way (up) and to `seen` +
+    (1 - `seen`)^2 (down): the whole way at `seen` 0, nothing at 1. No constant was tuned:
+    the share seen sets both (docs/curve-replay.md, "A decay seen in part").
     """
     seen = decay_seen(curves)
     if not 0.0 < seen < _WHOLE_DECAY:
