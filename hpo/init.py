@@ -3,8 +3,11 @@
 In a terminal it asks for the model folder, the data file (and says how many samples and
 tokens it found), the window, the safety margin, the price per hour, the GPUs per full run
 and the profiles; it detects the hardware, writes the file and prints the exact
-`python -m hpo.study` command.
-A bad answer is asked again with the reason. Every question has a flag; with `--yes` (or
+`python -m hpo.study` command. Two questions come only where the data needs them: which of
+its columns to read as hpo's fields where no record shape matches them, and which split to
+validate on where a data folder or saved `DatasetDict` has others beside train.
+A bad answer is asked again with the reason (data that cannot be read asks for the columns,
+or another file). Every question has a flag; with `--yes` (or
 without a terminal) nothing is asked: flags and defaults make the file, and a bad value
 stops with one line naming the flag (exit 2). The file is checked by the same loader
 `hpo.study --config` uses before it is put in place, so nothing half-written is left.
@@ -65,6 +68,42 @@ def read_data(text: str, _: dict[str, Any]) -> str:
     except BadInputError as error:
         raise BadInputError(f"data: {error}") from None
     return str(path.resolve())
+
+
+def read_columns(text: str, _: dict[str, Any]) -> str:
+    from trainers.data.sources import parse_columns
+
+    parse_columns(text)
+    return text.strip()
+
+
+def _split_question(splits: list[str]) -> Question:
+    """Which of the data's other splits validates; none: a share of the train split."""
+
+    def read(text: str, _: dict[str, Any]) -> str | None:
+        if text in ("", "none"):
+            return None
+        if text not in splits:
+            raise BadInputError(
+                f"validation_split: the data has no {text!r} split (it has {', '.join(splits)}; "
+                "or 'none')"
+            )
+        return text
+
+    prompt = f"Split to validate on ({', '.join(splits)}; 'none': hold out a share of train)"
+    # A validation split is what it is for; a test split the user may keep for the end.
+    default = next((name for name in splits if name in ("validation", "valid", "dev")), "none")
+    return Question("validation_split", prompt, read, default)
+
+
+# Asked only where the data needs it (`settle_data`), else taken as flags.
+COLUMNS = Question(
+    "data_columns",
+    "Columns to read as hpo's fields, FIELD=COLUMN joined by commas (Dolly's: "
+    "instruction=instruction,input=context,output=response; empty: another data file)",
+    read_columns,
+    "",
+)
 
 
 def _budget_question(field: dataclasses.Field[Any]) -> Question:
@@ -132,7 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(
             "--" + q.key.replace("_", "-"), dest=q.key, help=q.prompt + "." + default
         )
-    # Not asked: the default (10 % of the full run's p50 from an hour of full run) suits most.
+    parser.add_argument("--data-columns", dest="data_columns", help=COLUMNS.prompt + ".")
+    parser.add_argument(
+        "--validation-split",
+        help="A split of the data folder or saved DatasetDict to validate on (asked where it "
+        "has one beside train). Default: a share of the train split.",
+    )
+    # Not asked: the default (a share of the full run's p50 from an hour of full run) suits most.
     for field in _NOT_ASKED:
         help = f"{field.metadata['help']} Not asked.".replace("%", "%%")
         parser.add_argument("--" + field.name.replace("_", "-"), type=float, help=help)
@@ -173,10 +218,14 @@ class Findings:
     data: str
     model: str
     hardware: str
+    other_splits: tuple[str, ...] = ()  # the data's splits beside train and the one validated
 
 
-def inspect(model: str, data: str) -> Findings:
-    """Tokenize the data with the model's tokenizer; describe the model and the machine.
+def inspect(
+    model: str, data: str, columns: str | None = None, split: str | None = None
+) -> Findings:
+    """Tokenize the data with the model's tokenizer (read through `columns`, validated on
+    `split`); describe the model and the machine.
 
     Raises:
         BadInputError: The data cannot be read, or the model has no usable tokenizer.
@@ -184,38 +233,105 @@ def inspect(model: str, data: str) -> Findings:
     from analysis.timemodel.machine import model_profile, this_machine
     from hpo.prepare import model_context
     from trainers.data.dataset import DataSpec, load_tokenized
+    from trainers.data.sources import open_source, splits_read
     from trainers.model.lora import load_tokenizer
 
     context = model_context(model)
+    spec = DataSpec(path=data, max_length=context, validation_split=split, data_columns=columns)
     with tempfile.TemporaryDirectory(prefix="hpo-init-") as cache:
-        tokenized = load_tokenized(
-            DataSpec(path=data, max_length=context, cache_dir=cache), load_tokenizer(model)
-        )
+        spec = dataclasses.replace(spec, cache_dir=cache)  # read afresh: its splits are seen
+        tokenized = load_tokenized(spec, load_tokenizer(model))
     stats = tokenized.stats
+    held = (
+        f"; {stats.validation_records:,} of them its {split} split, which validates" if split
+        else ""
+    )  # fmt: skip
+    others = [name for name in splits_read(open_source(data)) if name not in ("train", split)]
     profile = model_profile(model)
     hardware = this_machine()
     memory_gb = hardware.memory_bytes / 1e9
     return Findings(
         data=f"{stats.samples:,} {stats.shape} samples; tokens per sample p50 "
         f"{stats.tokens_p50:.0f}, p95 {stats.tokens_p95:.0f}, max {stats.tokens_max:,} "
-        f"(model context {context:,})",
+        f"(model context {context:,}){held}",
         model=f"{profile.total_parameters / 1e6:,.1f} M parameters, {profile.n_layers} layers",
         hardware=f"{hardware.device_kind} ({hardware.device_name}), {hardware.cpu_cores} "
         f"CPU cores, {memory_gb:.1f} GB memory, {hardware.precision}",
+        other_splits=tuple(others),
     )
+
+
+def settle_data(
+    args: argparse.Namespace, interactive: bool, values: dict[str, Any]
+) -> tuple[dict[str, Any], Findings]:
+    """The data, the columns it is read through and the split it validates on, and what
+    tokenizing it found. In a terminal, data that cannot be read asks for the columns where
+    no record shape matched them (an empty answer: another file), else for another file; and
+    a folder with splits beside train asks which validates.
+
+    Raises:
+        BadInputError: Without a terminal: the data cannot be read through the flags given.
+    """
+    data_question = next(q for q in QUESTIONS if q.key == "data")
+    data = ask(data_question, args.data, interactive, values)
+    columns = ask(COLUMNS, args.data_columns, False, values) if args.data_columns else None
+    split = args.validation_split
+    while True:
+        try:
+            found = inspect(values["model"], data, columns, split)
+            break
+        except BadInputError as error:
+            if not interactive:
+                raise
+            text = str(error)
+            print(f"  {text}; please try again", flush=True)
+            if split is not None and (f"{split!r} split" in text or "validation_split" in text):
+                split = None  # a split the data lacks, or data without splits
+                continue
+            if "--data-columns" in text:  # no record shape reads its columns
+                columns = ask(COLUMNS, None, True, values) or None
+                if columns is not None:
+                    continue
+            data, columns = ask(data_question, None, True, values), None
+    if interactive and split is None and found.other_splits:
+        split = ask(_split_question(list(found.other_splits)), None, True, values)
+        if split is not None:
+            found = inspect(values["model"], data, columns, split)
+    return {"data": data, "data_columns": columns, "validation_split": split}, found
 
 
 def _search_lines(values: dict[str, Any]) -> str:
     """The search budget: given values, else the default said in a comment."""
+    from analysis.search.schedule import DEFAULT_SEARCH_BUDGET_PCT
+
     text = (
         "  # What the search itself may spend (GPU-hours of all workers): search_hours, or\n"
-        "  # search_budget_pct of the full run's predicted p50 (default 10 % once that is an\n"
+        "  # search_budget_pct of the full run's predicted p50 (default "
+        f"{DEFAULT_SEARCH_BUDGET_PCT:g} % once that is an\n"
         "  # hour or more). The study plans its trials into it and ends when it is spent.\n"
     )
     given = [key for key in ("search_hours", "search_budget_pct") if values.get(key) is not None]
     if not given:
-        return text + "  # search_budget_pct: 10\n"
+        return text + f"  # search_budget_pct: {DEFAULT_SEARCH_BUDGET_PCT:g}\n"
     return text + "".join(f"  {key}: {values[key]:g}\n" for key in given)
+
+
+def _data_lines(values: dict[str, Any], found: Findings) -> str:
+    """How the data is read and validated: the values given, else what the default does."""
+    text = ""
+    if values.get("data_columns"):
+        text += "# Its columns read as hpo's fields (FIELD=COLUMN).\n"
+        text += f"data_columns: {yaml.safe_dump(values['data_columns']).strip().removesuffix('...').strip()}\n"
+    if values.get("validation_split"):
+        text += "# Validated on this split; the whole train split trains.\n"
+        text += f"validation_split: {values['validation_split']}\n"
+    if found.other_splits:
+        text += f"# Its {', '.join(found.other_splits)} split(s) are not read" + (
+            ".\n" if values.get("validation_split")
+            else ": validation holds out a share of train.\n"
+            "# validation_split: NAME validates on one instead.\n"
+        )  # fmt: skip
+    return text
 
 
 def render(values: dict[str, Any], found: Findings) -> str:
@@ -235,8 +351,7 @@ def render(values: dict[str, Any], found: Findings) -> str:
         f"# The base model: {found.model}.\n"
         f"model: {value('model')}\n"
         f"# The training data: {found.data}.\n"
-        f"data: {value('data')}\n"
-        "\n"
+        f"data: {value('data')}\n" + _data_lines(values, found) + "\n"
         "budget:\n"
         "  # The full run must end inside this window (trials that would not are never trained).\n"
         f"  window_hours: {value('window_hours')}\n"
@@ -265,10 +380,12 @@ def main(argv: list[str] | None = None) -> int:
     values: dict[str, Any] = {}
     found: Findings | None = None
     for question in QUESTIONS:
-        values[question.key] = ask(question, getattr(args, question.key), interactive, values)
         if question.key == "data":
-            found = inspect(values["model"], values["data"])
+            settled, found = settle_data(args, interactive, values)
+            values.update(settled)
             print(f"found: {found.data}; model: {found.model}", flush=True)
+            continue
+        values[question.key] = ask(question, getattr(args, question.key), interactive, values)
     assert found is not None
     values.update(search)
     write_checked(out, render(values, found))

@@ -130,3 +130,111 @@ def test_yes_writes_a_config_that_hpo_study_runs(tiny_model_dir: Path, tmp_path:
     assert attrs["learning_rate"] == pytest.approx(
         attrs["base_learning_rate"] * space.learning_rate_factor(batch)
     )
+
+
+def _dolly_folder(folder: Path) -> Path:
+    """A Hub-style data folder with Dolly's columns: train, validation and test splits."""
+    folder.mkdir()
+    for split, count in (("train", 40), ("validation", 8), ("test", 6)):
+        rows = (
+            {"instruction": f"Name the number {i}.", "context": "", "response": f"{i}, {split}"}
+            for i in range(count)
+        )
+        (folder / f"{split}.jsonl").write_text(
+            "".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8"
+        )
+    return folder
+
+
+def test_a_terminal_asks_for_columns_and_a_split_only_where_the_data_needs_them(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out, data = tmp_path / "study.yaml", _dolly_folder(tmp_path / "dolly")
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "hpo.init", "--out", str(out), "--profiles", "fast", "--window-hours", "2",
+         "--safety-margin-minutes", "10", "--price-per-hour", "1", "--gpus-per-run", "1"],
+        cwd=str(ROOT), env=ENV, encoding="utf-8", timeout=90,
+    )  # fmt: skip
+    child.expect("Model folder")
+    child.sendline(str(tiny_model_dir))
+    child.expect("Training data")
+    child.sendline(str(data))
+    child.expect("missing field 'output'.*try again")
+    child.expect("Columns to read as hpo's fields")
+    child.sendline("output")
+    child.expect("must be FIELD=COLUMN pairs.*try again")
+    child.expect("Columns to read")
+    child.sendline("output=response, input=context")
+    child.expect(r"Split to validate on \(validation, test; 'none'.*\) \[validation\]")
+    child.sendline("")
+    child.expect(r"found: 48 alpaca samples.*; 8 of them its validation split, which validates")
+    child.expect("python -m hpo.study --config " + str(out))
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    config = load_config(str(out))
+    assert config.data_columns == "output=response, input=context"
+    assert config.validation_split == "validation"
+    text = out.read_text(encoding="utf-8")
+    assert "# Its test split(s) are not read" in text
+
+
+def test_a_terminal_asks_for_another_file_where_no_columns_are_given(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out, data = tmp_path / "study.yaml", _dolly_folder(tmp_path / "dolly")
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "hpo.init", "--out", str(out), "--model", str(tiny_model_dir), "--yes"],
+        cwd=str(ROOT), env=ENV, encoding="utf-8", timeout=90,
+    )  # fmt: skip
+    child.expect(pexpect.EOF)  # --yes: nothing is asked, a terminal or not
+    child.close()
+    assert child.exitstatus == 2
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "hpo.init", "--out", str(out), "--model", str(tiny_model_dir), "--data",
+         str(data), "--profiles", "all", "--window-hours", "2", "--safety-margin-minutes",
+         "10", "--price-per-hour", "1", "--gpus-per-run", "1"],
+        cwd=str(ROOT), env=ENV, encoding="utf-8", timeout=90,
+    )  # fmt: skip
+    child.expect("missing field 'output'.*try again")
+    child.expect("Columns to read")
+    child.sendline("")  # no columns: another file
+    child.expect("Training data")
+    child.sendline(str(demo_data_path("prompt_completion")))
+    child.expect(r"found: 3,000 prompt_completion samples")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    config = load_config(str(out))
+    assert config.data == str(demo_data_path("prompt_completion").resolve())
+    assert config.data_columns is None and config.validation_split is None
+
+
+def test_flags_read_the_columns_and_split_and_a_split_the_data_lacks_exits_2(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out, data = tmp_path / "study.yaml", _dolly_folder(tmp_path / "dolly")
+    common = ("--yes", "--model", str(tiny_model_dir), "--data", str(data), "--out", str(out))
+    plain = _init(*common)
+    assert plain.returncode == 2 and not out.exists()
+    assert (
+        plain.stderr.strip()
+        .splitlines()[0]
+        .endswith(
+            "missing field 'output' (--data-columns output=COLUMN reads another column as it)"
+        )
+    )
+    columns = ("--data-columns", "output=response,input=context")
+    lacking = _init(*common, *columns, "--validation-split", "dev")
+    assert lacking.returncode == 2 and not out.exists()
+    assert "without a 'dev' split (it has train, validation, test)" in lacking.stderr
+    made = _init(*common, *columns, "--validation-split", "test")
+    assert made.returncode == 0, made.stderr
+    assert "found: 46 alpaca samples" in made.stdout
+    assert "6 of them its test split, which validates" in made.stdout
+    config = load_config(str(out))
+    assert (config.data_columns, config.validation_split) == (columns[1], "test")
+    assert "# Its validation split(s) are not read" in out.read_text(encoding="utf-8")

@@ -313,6 +313,12 @@ _SPLITS: dict[Path, list[str]] = {}
 _SAID: set[Path] = set()
 
 
+def splits_read(source: DataSource) -> list[str]:
+    """The splits of a data folder or saved `DatasetDict` that `load_hf` read in this process
+    (empty for one file, a saved `Dataset`, or a source not read here)."""
+    return list(_SPLITS.get(source.path, []))
+
+
 def say_unread_splits(source: DataSource, read: list[str]) -> None:
     """Say once per folder when it has splits beside the ones `read`: a user who ships a
     `test` split may expect the study to evaluate on it (`load_hf` must have read it)."""
