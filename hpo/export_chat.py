@@ -54,12 +54,15 @@ class ChatLoss:
         rows: The records converted for TRL (prompt/completion), or None to keep them.
         template: A chat template to write beside the config, or None.
         note: The header's line: what carries loss, and why.
+        left_out: The indices of the records `rows` leaves out (the template cannot render
+            them; hpo's trainer skips them too): every other record has its row, in order.
     """
 
     config: dict[str, Any] = field(default_factory=dict)
     rows: list[dict[str, Any]] | None = None
     template: str | None = None
     note: str = ""
+    left_out: tuple[int, ...] = ()
 
 
 def chat_loss(records: Sequence[dict[str, Any]], model_path: str, template_file: str) -> ChatLoss:
@@ -197,12 +200,12 @@ def _tokenized(records: Sequence[dict[str, Any]], tokenizer: Any, why: str) -> C
     from trainers.data.sources import BadRecord
 
     prefix = special_prefix(tokenizer)
-    pieces = []
-    for record in records:
+    pieces, left_out = [], []
+    for number, record in enumerate(records):
         try:
             pieces.append(render_native(record, tokenizer, prefix))
         except BadRecord:  # hpo's trainer skips it too (it trains only with skip_bad_lines)
-            continue
+            left_out.append(number)
     rows = [
         {"input_ids": ids, "assistant_masks": [int(label != IGNORE_INDEX) for label in labels]}
         for ids, labels in tokenize_pieces(pieces, tokenizer)
@@ -211,9 +214,11 @@ def _tokenized(records: Sequence[dict[str, Any]], tokenizer: Any, why: str) -> C
         f"{why}, input_ids with assistant_masks on the tokens hpo puts the loss on (the data "
         "file fits this model's tokenizer only)"
     )
-    if left_out := len(records) - len(rows):
-        note += f"; {left_out:,} records the template cannot render left out, as hpo skips them"
-    return ChatLoss(rows=rows, note=note)
+    if left_out:
+        note += (
+            f"; {len(left_out):,} records the template cannot render left out, as hpo skips them"
+        )
+    return ChatLoss(rows=rows, note=note, left_out=tuple(left_out))
 
 
 def uneven_template_kwargs(records: Sequence[dict[str, Any]]) -> bool:

@@ -21,7 +21,11 @@ written beside the config where the tokenizer has none, prompt/completion record
 has one reply, TRL's `assistant_only_loss` where the template marks the turns.
 
 TRL evaluates its whole test split at every evaluation: the split holds out as many samples as
-hpo's run evaluates (`_test_split`), and `max_steps` is the estimate's steps.
+hpo's run evaluates (`_test_split`), and `max_steps` is the estimate's steps. Where the preset
+validates on a split of its data (`validation_split`), TRL evaluates those samples themselves:
+the train split and the validation split's first `eval_rows` go to `<config stem>.data/` as
+`train.jsonl` and `validation.jsonl`, which the config names as `dataset_name` and its two
+splits (TRL's dataset mixture cuts its test split at random).
 
 axolotl and LLaMA-Factory formats are not shipped: neither package installs on these
 machines in reasonable time without replacing the CPU torch (docs/how-to/export.md), so a written
@@ -93,18 +97,26 @@ def write_format(
     path = Path(out)
     trl = trl_config(preset, data_out=_data_file(path), tracking=tracking)
     written = []
-    if trl.rows is not None:
-        # Compact: tokenized records (`export_chat`'s fifth case) are mostly integers.
-        lines = "".join(
-            json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n" for row in trl.rows
-        )
-        written.append(write_atomic(_data_file(path), lines))
+    if trl.held_rows is not None and trl.rows is not None:
+        folder = split_folder(_data_file(path))
+        folder.mkdir(parents=True, exist_ok=True)
+        written.append(write_atomic(folder / "train.jsonl", _jsonl(trl.rows)))
+        written.append(write_atomic(folder / "validation.jsonl", _jsonl(trl.held_rows)))
+    elif trl.rows is not None:
+        written.append(write_atomic(_data_file(path), _jsonl(trl.rows)))
     if trl.chat.template is not None:  # where the config's `chat_template_path` names it
         written.append(write_atomic(Path(trl.config["chat_template_path"]), trl.chat.template))
     text = _header(preset, trl.config, path, trl.chat.note) + yaml.safe_dump(
         trl.config, sort_keys=False
     )
     return [write_atomic(path, text), *written]
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> str:
+    # Compact: tokenized records (`export_chat`'s fifth case) are mostly integers.
+    return "".join(
+        json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n" for row in rows
+    )
 
 
 def _data_file(config_path: Path) -> Path:
@@ -117,6 +129,9 @@ class TrlFiles(NamedTuple):
     config: dict[str, Any]
     rows: list[dict[str, Any]] | None  # records converted for TRL, or None: the file as it is
     chat: ChatLoss  # how chat records carry loss (its template, its header line)
+    # Where the preset validates on a split of its data: the records TRL evaluates (the
+    # split's first `eval_rows`, as hpo's run), written beside `rows` in one folder.
+    held_rows: list[dict[str, Any]] | None = None
 
 
 def trl_config(
@@ -137,6 +152,10 @@ def trl_config(
     estimate = preset.get("estimate") or {}
     source = with_columns(open_source(data["path"]), data.get("data_columns"))
     shape, native, skipped = read_native(source, skip_bad_lines=bool(data.get("skip_bad_lines")))
+    held = _held(source, data)
+    if held is not None:  # what hpo's run evaluates of it, converted as the train records are
+        held = held[: eval_rows(len(native), data, training, len(held))]
+    records = native + (held or [])  # one decision below for both
     rows: list[dict[str, Any]] | None = None
     chat = ChatLoss()
     if "messages" in native[0]:
@@ -145,27 +164,30 @@ def trl_config(
         template_file = data_out.resolve().with_name(
             data_out.name.replace(".data.jsonl", ".chat_template.jinja")
         )
-        chat = chat_loss(native, str(preset["model"]["path"]), str(template_file))
+        chat = chat_loss(records, str(preset["model"]["path"]), str(template_file))
     elif isinstance(native[0].get("prompt"), list):
-        chat = prompt_completion_loss(native, str(preset["model"]["path"]))
+        chat = prompt_completion_loss(records, str(preset["model"]["path"]))
     # A file with records the preset skips (`skip_bad_lines`) is not given to TRL as it is:
     # its loader would stop at the first malformed line, or train on a record hpo refused.
     if chat.rows is not None:
         rows = chat.rows
         dataset = {"path": "json", "data_files": str(data_out.resolve())}
     elif (
-        shape in _NATIVE and source.kind in _TRL_READABLE and not skipped
+        shape in _NATIVE and source.kind in _TRL_READABLE and not skipped and held is None
         and not uneven_template_kwargs(native) and not source.columns  # TRL renames none
     ):  # fmt: skip
         dataset = {"path": _TRL_READABLE[source.kind], "data_files": str(source.path.resolve())}
     else:
-        rows = template_kwargs_everywhere(native)
+        rows = template_kwargs_everywhere(records)
         dataset = {"path": "json", "data_files": str(data_out.resolve())}
+    held_rows = None
+    if held is not None and rows is not None:
+        trained = len(native) - sum(number < len(native) for number in chat.left_out)
+        rows, held_rows = rows[:trained], rows[trained:]
     targets = lora["target_modules"]
     config: dict[str, Any] = {
         "model_name_or_path": preset["model"]["path"],
-        "datasets": [{**dataset, "split": "train"}],
-        "test_split_size": _test_split(len(native), data, training, _held(source, data)),
+        **_datasets(dataset, held_rows, data_out, _test_split(len(native), data, training)),
         "use_peft": True,
         "lora_r": int(lora["r"]),
         "lora_alpha": float(lora["alpha"]),
@@ -222,13 +244,12 @@ def trl_config(
         # As trainers.train: every adapter weight takes part in every step, so DDP need not
         # search the graph for unused ones at each (transformers searches for a PEFT model).
         config["ddp_find_unused_parameters"] = False
-    return TrlFiles(config, rows, chat)
+    return TrlFiles(config, rows, chat, held_rows)
 
 
-def _held(source: DataSource, data: Mapping[str, Any]) -> int | None:
-    """Records of the data's own validation split (the preset's `validation_split`), or None.
-    TRL's config cannot name a split of converted data to evaluate on: it holds out as many
-    of the train split's records."""
+def _held(source: DataSource, data: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The good records of the data's own validation split (the preset's
+    `validation_split`), or None."""
     split = data.get("validation_split")
     if not split:
         return None
@@ -236,7 +257,33 @@ def _held(source: DataSource, data: Mapping[str, Any]) -> int | None:
     from trainers.data.sources import with_split
 
     held = with_split(source, str(split))
-    return len(read_native(held, skip_bad_lines=bool(data.get("skip_bad_lines")))[1])
+    return read_native(held, skip_bad_lines=bool(data.get("skip_bad_lines")))[1]
+
+
+def split_folder(data_out: Path) -> Path:
+    """The folder of a preset's converted train and validation records (`<stem>.data`):
+    `train.jsonl` and `validation.jsonl`, which `datasets` reads as those two splits."""
+    return data_out.with_name(data_out.name.removesuffix(".jsonl"))
+
+
+def _datasets(
+    dataset: dict[str, str],
+    held_rows: list[dict[str, Any]] | None,
+    data_out: Path,
+    test_split: float,
+) -> dict[str, Any]:
+    """Where TRL reads its data: the file as its dataset mixture, of which it holds out the
+    samples hpo evaluates at random; or, where the preset validates on a split of its data,
+    a folder of two splits whose validation split holds those samples themselves (TRL's
+    mixture has one split of its own, its test split cut at random: `dataset_name` reads a
+    folder's splits as they are)."""
+    if held_rows is None:
+        return {"datasets": [{**dataset, "split": "train"}], "test_split_size": test_split}
+    return {
+        "dataset_name": str(split_folder(data_out.resolve())),
+        "dataset_train_split": "train",
+        "dataset_test_split": "validation",
+    }
 
 
 def eval_rows(
@@ -252,9 +299,7 @@ def eval_rows(
     return max(1, min(int(training.get("eval_samples") or validation), validation))
 
 
-def _test_split(
-    records: int, data: Mapping[str, Any], training: Mapping[str, Any], held: int | None = None
-) -> float:
+def _test_split(records: int, data: Mapping[str, Any], training: Mapping[str, Any]) -> float:
     """TRL's `test_split_size` that holds out as many samples as hpo evaluates.
 
     TRL evaluates its whole test split at every evaluation. The preset's `validation_fraction`
@@ -265,7 +310,7 @@ def _test_split(
     """
     if records < 2:
         return float(data["validation_fraction"])  # TRL's own split refuses it, as hpo does
-    return (eval_rows(records, data, training, held) - 0.5) / records
+    return (eval_rows(records, data, training) - 0.5) / records
 
 
 def _evaluation(interval: int, steps: int | None) -> dict[str, Any]:
@@ -448,13 +493,13 @@ def _header(preset: dict[str, Any], config: dict[str, Any], path: Path, chat_not
         f"window {estimate.get('window_hours')!s} h",
         "The estimate carries to TRL for the same model, batch shape, precision and data; "
         "TRL differs in: no window guard, early stopping or divergence rollback; "
-        "a random held-out split of the samples it evaluates (hpo: the first eval_samples of "
         + (
-            f"the data's {split} split"
+            "evaluation at max_length (hpo: eval_max_length), of the samples hpo evaluates "
+            f"(the first of the data's {split} split)"
             if (split := (preset.get("data") or {}).get("validation_split"))
-            else "a validation_fraction split"
-        )
-        + ", at eval_max_length)",
+            else "a random held-out split of the samples it evaluates (hpo: the first "
+            "eval_samples of a validation_fraction split, at eval_max_length)"
+        ),
     ]
     if chat_note:
         lines.append(chat_note)

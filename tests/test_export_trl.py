@@ -145,6 +145,50 @@ def test_data_read_through_its_columns_goes_to_trl_renamed(tmp_path: Path, tiny_
     assert set(split["train"].column_names) == {"prompt", "completion"}
 
 
+def test_trl_evaluates_the_samples_hpo_evaluates_of_the_datas_own_split(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A preset that validates on its data folder's validation split: TRL's dataset mixture
+    can only cut a test split at random out of the train records, so the export writes the
+    train split and the first samples hpo evaluates of the validation split (`eval_samples`)
+    as a folder of two splits, and `trl sft` trains on the one and evaluates the other."""
+    from trl.scripts.sft import main
+
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    for split, count in (("train", 40), ("validation", 12), ("test", 5)):
+        rows = (
+            {"instruction": f"Say {split} {i}.", "input": "", "output": f"{split}-{i}"}
+            for i in range(count)
+        )
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    preset = _preset(
+        tiny_model_dir, folder, validation_split="validation", eval_samples=5,
+        micro_batch_size=4, max_length=48,
+    )  # fmt: skip
+    config, train, held = write_format("trl", preset, tmp_path / "trl.yaml")
+    assert (train.parent, train.name, held.name) == (
+        tmp_path / "trl.data", "train.jsonl", "validation.jsonl"
+    )
+    trained, evaluated = train.read_text().splitlines(), held.read_text().splitlines()
+    assert len(trained) == 40 and all(f'"train-{i}"' in line for i, line in enumerate(trained))
+    # hpo's run evaluates the split's first eval_samples: those, in order, and no other.
+    marked = [[i for i in range(12) if f'"validation-{i}"' in line] for line in evaluated]
+    assert marked == [[0], [1], [2], [3], [4]]
+    assert "test-" not in train.read_text() + held.read_text()
+    script, sft, _, mixture = _sft_args(config)
+    assert mixture.datasets == [] and script.dataset_name == str(train.parent)
+    loaded = datasets.load_dataset(script.dataset_name)  # as `trl sft` loads a dataset_name
+    assert len(loaded[script.dataset_train_split]) == 40
+    assert len(loaded[script.dataset_test_split]) == 5
+    assert "of the samples hpo evaluates (the first of the data's validation split)" in (
+        config.read_text()
+    )
+    main(*_sft_args(config, "--max_steps", "2", "--eval_steps", "2", "--save_steps", "2"))
+    state = json.loads((tmp_path / "trl-output" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert [entry["step"] for entry in state["log_history"] if "eval_loss" in entry] == [2]
+
+
 @pytest.mark.parametrize(
     ("records", "fraction", "eval_samples", "held_out"),
     [(6000, 0.1, 64, 64), (1001, 0.05, 48, 48), (300, 0.1, 64, 30), (20, 0.5, 4, 4)],

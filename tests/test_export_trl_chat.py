@@ -8,6 +8,7 @@ for every training sample with the labels `trainers.data.records` gives the same
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,58 @@ def test_a_template_neither_marked_nor_known_gets_hpos_own_tokens(
     assert any(len(spans) == 2 for _, spans in samples)
     for text, spans in samples:
         assert spans and "colour" not in "".join(spans) and "".join(spans) != text
+
+
+def test_a_saved_datasetdicts_chat_splits_go_to_trl_each_as_its_own(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Chat records of a saved `DatasetDict`, validated on its validation split, tokenized for
+    TRL (several replies): the train records the template cannot render are left out as hpo
+    skips them, and the rows after them still go to the split they came from."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    refusing = (
+        "{% for m in messages %}{% if m['content'] == 'refuse' %}{{ raise_exception('no') }}"
+        "{% endif %}{% endfor %}"
+    )
+    model = _model_with(refusing + CHAT_TEMPLATE, tiny_model_dir, tmp_path / "model")
+
+    def chats(split: str, count: int) -> list[dict[str, Any]]:
+        rows = []
+        for i in range(count):
+            messages = [{"role": "system", "content": "Answer briefly."}]
+            for k in range(2):
+                messages += [
+                    {"role": "user", "content": f"Colour {k}?"},
+                    {"role": "assistant", "content": f"{split} {i}.{k}"},
+                ]
+            rows.append({"messages": messages})
+        return rows
+
+    train = chats("train", 20)
+    train[3]["messages"][4]["content"] = "refuse"
+    saved = tmp_path / "saved"
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(train),
+         "validation": datasets.Dataset.from_list(chats("held", 10))}
+    ).save_to_disk(str(saved))  # fmt: skip
+    spec = TrainSpec(
+        model=str(model), data=str(saved), micro_batch_size=4, max_length=160, max_steps=1,
+        validation_split="validation", eval_samples=4,
+    )  # fmt: skip
+    preset = preset_dict(spec, estimate=ESTIMATE, provenance={"study": "chat", "trial": 1})
+    config, trained, evaluated = write_format("trl", preset, tmp_path / "trl.yaml")
+    assert "1 records the template cannot render left out" in config.read_text()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+
+    def replies(path: Path) -> list[str]:  # each record's first reply: "train 0.0", ...
+        lines = path.read_text().splitlines()
+        texts = [tokenizer.decode(json.loads(line)["input_ids"]) for line in lines]
+        return [re.findall(r"(?:train|held) \d+\.0", text)[0] for text in texts]
+
+    assert replies(trained) == [f"train {i}.0" for i in range(20) if i != 3]
+    assert replies(evaluated) == [f"held {i}.0" for i in range(4)]
 
 
 def _shipped(name: str) -> str:
