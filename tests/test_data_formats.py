@@ -322,6 +322,23 @@ def test_a_folder_of_shards_is_keyed_by_its_files_and_names_its_bad_rows(
         _load(_jsonl_shards(tmp_path / "bad", bad), tokenizer, tmp_path / "cache")
 
 
+def test_a_later_process_that_hits_the_cache_still_says_the_splits_it_leaves_out(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerBase, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A study's next session, or a worker, reads the tokenized cache and not the folder:
+    the splits it recorded say what the folder holds beside train."""
+    from trainers.data import sources
+
+    folder = _hub_folder(tmp_path / "hub", PROMPTS)
+    assert not _load(folder, tokenizer, tmp_path / "cache").cache_hit
+    sources._SAID.clear()  # a new process: nothing said, nothing read
+    sources._SPLITS.clear()
+    caplog.clear()
+    assert _load(folder, tokenizer, tmp_path / "cache").cache_hit
+    said = [r.getMessage() for r in caplog.records if "split(s) are not read" in r.getMessage()]
+    assert len(said) == 1 and "its test split(s)" in said[0]
+
+
 def test_a_folders_own_split_is_the_validation_set(
     tmp_path: Path, tokenizer: PreTrainedTokenizerBase, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -39,6 +39,7 @@ from trainers.data.sources import (
     open_source,
     parse_columns,
     say_unread_splits,
+    splits_read,
     with_columns,
     with_split,
 )
@@ -212,9 +213,16 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
         shape, pieces, skipped = read_pieces(source, tokenizer, skip_bad_lines=spec.skip_bad_lines)
         held_from = None
         if held is not None:
-            pieces, skipped, held_from = _with_held_split(shape, pieces, skipped, held, tokenizer, spec)
+            pieces, skipped, held_from = _with_held_split(
+                shape, pieces, skipped, held, tokenizer, spec
+            )
         samples = tokenize_pieces(pieces, tokenizer)
-        meta = {"skipped_lines": skipped, "validation_from": held_from}
+        # The folder's splits, read now: a cache hit reads no data and must still say them.
+        meta = {
+            "skipped_lines": skipped,
+            "validation_from": held_from,
+            "splits": splits_read(source),
+        }
         token_cache.save(whole_file, shape, samples, meta)
     hit = cached is not None  # nothing rendered nor tokenized
     truncated = int(meta.get("truncated", 0))
@@ -226,7 +234,7 @@ def load_tokenized(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Tokeni
         else:  # nothing longer: the whole file is this length's too
             cache_file = whole_file
     if source.kind in ("folder", "saved"):
-        say_unread_splits(source, ["train", *([held.split] if held else [])])
+        say_unread_splits(source, ["train", *([held.split] if held else [])], meta.get("splits"))
     if len(samples) < 2:
         raise BadInputError(
             f"{path}: {len(samples)} usable sample(s); need at least 2 to hold out validation"

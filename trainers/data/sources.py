@@ -185,11 +185,18 @@ def fingerprint(source: DataSource) -> str:
 def records(source: DataSource) -> Iterator[tuple[int, Any]]:
     """(line or row number, record or a BadRecord) for every record of the source, its
     columns renamed to hpo's fields (`DataSource.columns`)."""
-    rows = _json_lines(source.path) if source.kind == "jsonl" else enumerate(load_hf(source), start=1)
+    rows = (
+        _json_lines(source.path) if source.kind == "jsonl" else enumerate(load_hf(source), start=1)
+    )
     for number, row in rows:
         if source.columns and isinstance(row, dict):
             row = _renamed(row, source.columns)
-        yield number, row if source.kind == "jsonl" or not isinstance(row, dict) else _unset_keys_dropped(row)
+        yield (
+            number,
+            row
+            if source.kind == "jsonl" or not isinstance(row, dict)
+            else _unset_keys_dropped(row),
+        )
 
 
 def _renamed(row: dict[str, Any], columns: tuple[tuple[str, str], ...]) -> dict[str, Any]:
@@ -290,7 +297,9 @@ def load_hf(source: DataSource) -> Dataset:
     except BadInputError:
         raise
     except Exception as error:  # each reader (pyarrow, pandas, json) raises its own errors
-        raise BadInputError(f"data {source.path}: cannot be read as {source.kind}: {_reason(error)}") from None
+        raise BadInputError(
+            f"data {source.path}: cannot be read as {source.kind}: {_reason(error)}"
+        ) from None
     if not isinstance(loaded, datasets.Dataset):
         raise BadInputError(f"data {source.path}: expected a Dataset, got {type(loaded).__name__}")
     return loaded
@@ -319,10 +328,12 @@ def splits_read(source: DataSource) -> list[str]:
     return list(_SPLITS.get(source.path, []))
 
 
-def say_unread_splits(source: DataSource, read: list[str]) -> None:
+def say_unread_splits(source: DataSource, read: list[str], splits: list[str] | None = None) -> None:
     """Say once per folder when it has splits beside the ones `read`: a user who ships a
-    `test` split may expect the study to evaluate on it (`load_hf` must have read it)."""
-    others = [name for name in _SPLITS.get(source.path, []) if name not in read]
+    `test` split may expect the study to evaluate on it. `splits`: the folder's, as a cache
+    recorded them; else those `load_hf` read in this process."""
+    known = splits if splits is not None else _SPLITS.get(source.path, [])
+    others = [name for name in known if name not in read]
     if others and source.path not in _SAID:
         _SAID.add(source.path)
         log.warning(
@@ -340,7 +351,11 @@ def _csv_features(folder: Path) -> dict[str, Any]:
     files = data_files(folder)
     if not files or any(path.suffix.lower() != ".csv" for path in files):
         return {}
-    return {"features": datasets.Features({name: datasets.Value("string") for name in _csv_header(files[0])})}
+    return {
+        "features": datasets.Features(
+            {name: datasets.Value("string") for name in _csv_header(files[0])}
+        )
+    }
 
 
 def _csv_header(path: Path) -> list[str]:
