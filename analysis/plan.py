@@ -123,6 +123,12 @@ def _data_flags(parser: argparse.ArgumentParser) -> None:
         help="--data's columns read as hpo's fields, FIELD=COLUMN joined by commas "
         "(input=context,output=response), as the study reads them.",
     )
+    data.add_argument(
+        "--validation-split",
+        help="--data's split that validates (a data folder's or saved DatasetDict's), as the "
+        "study's validation_split: the whole train split trains (default: a share of it is "
+        "held out).",
+    )
 
 
 def _run_flags(parser: argparse.ArgumentParser) -> None:
@@ -420,10 +426,14 @@ def _config_path(given: str) -> Path:
 
 
 def _lengths(args: argparse.Namespace, max_length: int) -> tuple[tuple[int, ...], str]:
+    for flag in ("data_columns", "validation_split"):
+        if getattr(args, flag) and not args.data:
+            raise BadInputError(f"--{flag.replace('_', '-')} reads --data, which is not given")
     if args.data:
         return lengths_from_data(
-            args.data, max_length=max_length, tokenizer_dir=args.tokenizer, columns=args.data_columns
-        )
+            args.data, max_length=max_length, tokenizer_dir=args.tokenizer,
+            columns=args.data_columns, split=args.validation_split,
+        )  # fmt: skip
     per_sample = args.tokens_per_sample or max_length
     how = "every sample full" if args.tokens_per_sample is None else "as given"
     return lengths_from_count(args.samples, per_sample), f"{per_sample} tokens per sample ({how})"

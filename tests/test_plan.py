@@ -345,3 +345,33 @@ def test_mixture_of_experts_computes_with_its_active_parameters(tmp_path: Path) 
     assert fingerprint(gpu.hardware(), model) != fingerprint(
         gpu.hardware(), dataclasses.replace(model, active_parameters=0)
     )
+
+
+def test_a_split_that_validates_leaves_the_whole_train_split_to_train(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
+) -> None:
+    """`--validation-split`: the study validates on the data's own split, so the full run
+    trains on every train record, not on all but a held-out share; a split the data lacks,
+    or the flag without --data, is one line and exit 2."""
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    for split, count in (("train", 200), ("validation", 30)):
+        rows = ({"prompt": f"What is {i} plus {i}?", "completion": f" {2 * i}"} for i in range(count))
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plan = ("--model-config", "tinyllama-1.1b", "--gpu", "H100", "--data", str(folder))
+    tokenized = ("--tokenizer", str(tiny_model_dir), "--validation-split", "validation")
+    for extra, samples in (
+        ((), 180), (("--validation-split", "validation"), 200), (tokenized, 200)
+    ):  # fmt: skip
+        out = tmp_path / f"plan-{len(extra)}.json"
+        code, _, _ = plan_cli(capsys, *plan, *extra, "--json", str(out))
+        assert code == 0
+        assert json.loads(out.read_text())["data"]["train_samples"] == samples
+    code, _, err = plan_cli(capsys, *plan, "--validation-split", "dev")
+    assert code == 2 and "without a 'dev' split (it has train, validation)" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = plan_cli(
+        capsys, "--model-config", "tinyllama-1.1b", "--gpu", "H100", "--samples", "100",
+        "--validation-split", "validation",
+    )  # fmt: skip
+    assert code == 2 and "--validation-split reads --data, which is not given" in err

@@ -81,34 +81,46 @@ def lengths_from_data(
     tokenizer_dir: str | None,
     cache_dir: str | None = None,
     columns: str | None = None,
+    split: str | None = None,
 ) -> tuple[tuple[int, ...], str]:
     """Train token lengths of a data set (see `trainers.data.sources`), and how they were measured.
 
     With a tokenizer folder the file goes through the trainer's own tokenization (exact);
     without one, each record's characters / `CHARS_PER_TOKEN` stand for its tokens.
     `columns` reads other columns as hpo's fields (`trainers.data.sources.parse_columns`).
+    `split`: the data's split that validates (`validation_split`): the whole train split
+    trains; else a share of it is held out, as the trainer holds it out.
     """
     from trainers.data.dataset import DataSpec, load_tokenized, split_indices
 
     if tokenizer_dir:
         from trainers.model.lora import load_tokenizer
 
-        spec = DataSpec(path=data, max_length=max_length, cache_dir=cache_dir, data_columns=columns)
+        spec = DataSpec(
+            path=data, max_length=max_length, cache_dir=cache_dir, data_columns=columns,
+            validation_split=split,
+        )  # fmt: skip
         loaded = load_tokenized(spec, load_tokenizer(tokenizer_dir))
         return tuple(loaded.stats.lengths[: len(loaded.train)]), f"tokenized ({tokenizer_dir})"
-    chars = _record_characters(Path(data), columns)
-    train, _ = split_indices(len(chars), VALIDATION_FRACTION, 0)
+    chars = _record_characters(Path(data), columns, split)
+    train = range(len(chars)) if split else split_indices(len(chars), VALIDATION_FRACTION, 0)[0]
     lengths = tuple(max(1, math.ceil(chars[i] / CHARS_PER_TOKEN)) for i in train)
     return lengths, f"estimated at {CHARS_PER_TOKEN:g} characters per token (no --tokenizer)"
 
 
-def _record_characters(path: Path, columns: str | None = None) -> list[int]:
-    """Characters of text in each record of a data set, in any format and shape it can have."""
+def _record_characters(
+    path: Path, columns: str | None = None, split: str | None = None
+) -> list[int]:
+    """Characters of text in each record of a data set, in any format and shape it can have
+    (its train split; `split`: checked to be one of its splits)."""
     from trainers.data.records import read_native
-    from trainers.data.sources import open_source, with_columns
+    from trainers.data.sources import load_hf, open_source, with_columns, with_split
 
     try:
-        _, records, _ = read_native(with_columns(open_source(path), columns))
+        source = with_columns(open_source(path), columns)
+        if split:
+            load_hf(with_split(source, split))  # a split the data lacks stops here
+        _, records, _ = read_native(source)
     except BadInputError as error:
         raise BadInputError(f"--data: {error}") from None
     counts = []
