@@ -40,7 +40,12 @@ from hpo.keys import (
     MODEL_ATTR,
     PARENT_ATTR,
 )
-from hpo.pick import measured_standing, pick_trial, score_order, standing_trials
+from hpo.pick import (
+    comparable_order,
+    measured_standing,
+    pick_trial,
+    standing_trials,
+)
 from hpo.states import FINISHED_STATES
 from hpo.storage import make_storage, redact
 from hpo.trial_runs import full_run, stored_config
@@ -172,7 +177,8 @@ def _full_run_epochs(study_attrs: dict[str, Any]) -> float | None:
 
 def end_predictions(study: optuna.Study) -> dict[int, StudyPrediction]:
     """The standing trials' final losses predicted again with every curve the study holds
-    now, by trial number, for the `MAX_END_REFITS` best by score.
+    now, by trial number, for the `MAX_END_REFITS` best by score (ranked by what they
+    measured where the study scored some by their prediction: `comparable_order`).
 
     Each trial recorded its prediction when it ended, fitted only with the trials before
     it (the first has no peer and falls back); `--pick cheapest-within` and the report's
@@ -181,7 +187,7 @@ def end_predictions(study: optuna.Study) -> dict[int, StudyPrediction]:
     p50s). The loss correction is the one the study's calibration file holds now.
     """
     finished = study.get_trials(deepcopy=False, states=FINISHED_STATES)
-    standing = sorted(standing_trials(study), key=score_order)
+    standing = comparable_order(standing_trials(study))
     study_attrs = study.user_attrs  # one read of the storage and the calibration per study
     epochs = _full_run_epochs(study_attrs)
     corrections: dict[object, LossCorrection] = {}
@@ -348,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.format} config of trial {trial.number} ({rule}) written to {written[0]}")
         print(f"run it with: trl sft --config {written[0]}")
         if int(preset["training"].get("gpus") or 1) == 1:  # see the file's header
-            print(f"  on a node of several GPUs: CUDA_VISIBLE_DEVICES=0 trl sft --config {written[0]}")
+            print(
+                f"  on a node of several GPUs: CUDA_VISIBLE_DEVICES=0 trl sft --config {written[0]}"
+            )
         return EXIT_OK
     path = export_study(study, args.out, storage_url=args.storage, trial=trial, picked_by=rule)
     print(f"preset of trial {trial.number} ({rule}) written to {path}")

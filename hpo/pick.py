@@ -127,6 +127,15 @@ def comparable_losses(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[int, f
     return scores
 
 
+def comparable_order(
+    trials: Sequence[optuna.trial.FrozenTrial],
+) -> list[optuna.trial.FrozenTrial]:
+    """`trials` best first by their comparable scores (`comparable_losses`), then number;
+    those without a score last."""
+    scores = comparable_losses(trials)
+    return sorted(trials, key=lambda t: (_or_inf(scores[t.number]), t.number))
+
+
 def best_of(trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial:
     """The trial of `trials` with the lowest comparable score (`comparable_losses`), then
     the lowest number; those without a score last."""

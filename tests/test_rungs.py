@@ -105,6 +105,31 @@ def test_a_rung_whose_trials_were_scored_two_ways_ranks_them_by_what_they_measur
     assert pick_trial(study)[0].number == 4  # 1.71 against 2.5 (its prediction of 1.5 aside)
 
 
+def test_the_studys_end_refits_the_trials_best_by_what_they_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The end of the study predicts again only its best standing trials: where the kinds
+    mix, those best by what they measured, not the ones whose prediction ran lowest."""
+    import hpo.export
+    from analysis.curves.correction import LossCorrection
+    from hpo.final_loss import TrialCurve, predict_final_loss
+
+    study = optuna.create_study()
+    for kind, losses, value in [
+        ("prediction", [6.7, 6.2, 5.79], 3.91),
+        ("prediction", [6.8, 6.6, 6.39], 4.2),
+        ("loss_at_fidelity", [6.5, 5.6, 4.89], 4.89),
+    ]:
+        draft = optuna.create_study()  # the curve attribute `_scored` writes
+        _scored(draft, kind, losses, value)
+        curve = TrialCurve.from_attr(draft.trials[0].user_attrs[LAW_CURVE_ATTR])
+        assert curve is not None
+        fitted = predict_final_loss(curve, peers=[], full_run_samples=1600, correction=LossCorrection())
+        _scored(study, kind, losses, value, **fitted.user_attrs())  # with the fit it recorded
+    monkeypatch.setattr(hpo.export, "MAX_END_REFITS", 2)
+    assert sorted(hpo.export.end_predictions(study)) == [0, 2]  # 5.79 and 4.89 measured
+
+
 def test_a_rung_takes_the_best_of_the_rung_before_once_and_not_what_a_full_run_measured() -> None:
     study = optuna.create_study()
     for value in (3.0, 1.0, 2.0, 0.5):  # trials 0-3 at rung 0
