@@ -171,6 +171,7 @@ class Outcome:
     cost_seconds: float  # the recorded seconds charged / the mean full run's of the draw
     errors: list[float] = field(default_factory=list)  # p50 / final - 1, per standing trial
     inside: list[bool] = field(default_factory=list)
+    above: list[bool] = field(default_factory=list)  # the outcome above p90 (a miss upward)
     half_widths: list[float] = field(default_factory=list)  # 100 x ln(p90 / p50)
     low_half_widths: list[float] = field(default_factory=list)  # 100 x ln(p50 / p10)
     picked_band: tuple[float, bool, float, float] | None = None  # the pick's: error, inside, widths
@@ -284,6 +285,7 @@ class Replay:
             band, actual = prediction.final.band(), runs[int(trial.user_attrs[RUN_ATTR])].final
             outcome.errors.append(band["p50"] / actual - 1)
             outcome.inside.append(band["p10"] <= actual <= band["p90"])
+            outcome.above.append(actual > band["p90"])
             outcome.half_widths.append(100 * math.log(band["p90"] / band["p50"]))
             outcome.low_half_widths.append(100 * math.log(band["p50"] / band["p10"]))
             if number == picked.number:  # the band the preset carries
@@ -323,6 +325,7 @@ def row(strategy: Strategy, outcomes: list[Outcome], study_size: int) -> dict[st
         ranks.append(spearman(o.scores, o.finals))
     errors = [abs(e) for o in outcomes for e in o.errors]
     inside = [x for o in outcomes for x in o.inside]
+    above = [x for o in outcomes for x in o.above]
     widths = [w for o in outcomes for w in o.half_widths]
     lows = [w for o in outcomes for w in o.low_half_widths]
     return {
@@ -341,6 +344,8 @@ def row(strategy: Strategy, outcomes: list[Outcome], study_size: int) -> dict[st
         "spearman": statistics.median(ranks),
         "median_abs_pct_error": 100 * statistics.median(errors) if errors else None,
         "band_coverage": statistics.mean(inside) if inside else None,
+        # Which side misses: above p90 (the rest of the misses lie below p10).
+        "band_above_p90": statistics.mean(above) if above else None,
         "median_band_halfwidth_pct": statistics.median(widths) if widths else None,
         "median_band_low_halfwidth_pct": statistics.median(lows) if lows else None,
         **_picked(outcomes),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing
 from pathlib import Path
 
@@ -232,6 +233,12 @@ def test_a_one_epoch_full_run_is_not_predicted_above_the_trials_last_loss() -> N
                       n_curves=2), last_loss=3.0,
     )  # fmt: skip
     assert (wide.p10, wide.p50, wide.p90) == (1.0, 2.0, 3.0)
+    # The last loss is one evaluation and the full run's last another: their noise on top.
+    noisy = one_pass_ceiling(
+        LawPrediction(p10=1.0, p50=2.0, p90=4.0, method="joint", reason="", n_points=5,
+                      n_curves=2, noise=0.05), last_loss=3.0,
+    )  # fmt: skip
+    assert noisy.p90 == pytest.approx(3.0 + 1.2816 * math.sqrt(2) * 0.05, rel=1e-4)
     # A prediction above the last loss (a curve that stopped improving) keeps its p50.
     law = one_pass_ceiling(
         LawPrediction(p10=1.0, p50=2.0, p90=4.0, method="joint", reason="", n_points=5,

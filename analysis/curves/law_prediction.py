@@ -118,6 +118,7 @@ class LawPrediction:
         fit: The joint fit behind it (None for a fallback): a later trial's warm start.
         law_ranks_better: The study's backtest found the law ranks its curves' later points
             better than their last losses do (`Backtest`): its p50 may rank trials.
+        noise: One evaluation's noise sd (loss units) the fit assumed (0: not known).
     """
 
     p10: float
@@ -131,6 +132,7 @@ class LawPrediction:
     shape_identified: bool = False
     fit: JointFit | None = None
     law_ranks_better: bool = False
+    noise: float = 0.0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -218,6 +220,7 @@ def predict_final(
         method=JOINT if peers else OWN, reason="", n_points=n, n_curves=len(curves),
         extrapolation_log_sd=EXTRAPOLATION_LOG_SD * _distance(target) if identified else prior,
         shape_identified=identified, fit=fit, law_ranks_better=checked.law_ranks_better,
+        noise=noise,
     )  # fmt: skip
 
 
@@ -482,5 +485,7 @@ def _fallback(target: CurveData, peers: Sequence[CurveData], reason: str) -> Law
         p50 = last * q50
         p10 = min(last * q10, p50 * math.exp(-half))
         p90 = max(last * q90, last, p50 * math.exp(half))
-        return LawPrediction(max(p10, 0.0), p50, p90, FALLBACK, reason, n, len(peers))
+        return LawPrediction(
+            max(p10, 0.0), p50, p90, FALLBACK, reason, n, len(peers), noise=noise
+        )
     return LawPrediction(last * math.exp(-half), last, last, FALLBACK, reason, n, 0)
