@@ -141,7 +141,7 @@ def run_study(
     config, prepared, estimator, study = _open(config, estimator_factory)
     tracker = Tracker.for_study(config)
     parent = tracker.ensure_parent(study, _flat(config.to_dict()))
-    _log_data_input(tracker, parent, prepared, config.validation_split)
+    _log_data_input(tracker, parent, prepared, config.validation_split, config.data_columns)
     if not has_heartbeats(config.storage_url) and fail_dead_workers_trials(study):
         tracker.reconcile(parent, study)  # their MLflow runs: FAILED, state=failed
     _learn_from_full_runs(tracker, estimator, study)
@@ -229,7 +229,11 @@ def _close(study: optuna.Study, context: StudyContext) -> StudySummary:
 
 
 def _log_data_input(
-    tracker: Tracker, parent: str, prepared: Prepared, validation_split: str | None
+    tracker: Tracker,
+    parent: str,
+    prepared: Prepared,
+    validation_split: str | None,
+    data_columns: str | None,
 ) -> None:
     """The study's data as the parent run's MLflow dataset inputs (spooled like any record):
     the data, or its train split and the split it validates on."""
@@ -239,6 +243,7 @@ def _log_data_input(
     for dataset, context in dataset_inputs(
         prepared.data_path, shape=stats.shape, rows=stats.records,
         validation_split=validation_split, validation_rows=stats.validation_records,
+        columns=data_columns,
     ):  # fmt: skip
         tracker.writer.log_input(parent, dataset, context)
 

@@ -115,6 +115,34 @@ def test_a_conversational_prompt_completion_schema_names_its_messages(tmp_path: 
     assert set(prompt["items"]["properties"]) == {"role", "content"}
 
 
+def test_columns_read_as_hpos_fields_keep_the_datas_names_in_the_schema(tmp_path: Path) -> None:
+    """Dolly's rows read as Alpaca's (`data_columns`): the schema names the data's columns,
+    as a user finds them in the file, and the profile says how each was read; a
+    conversational prompt read from another column is still a list of messages."""
+    dolly = tmp_path / "dolly.jsonl"
+    dolly.write_text(json.dumps({"instruction": "Say hi.", "context": "", "response": "Hi."}) + "\n")
+    fields = dataset_input(
+        str(dolly), shape="alpaca", rows=1, columns="input=context,output=response"
+    )
+    names = [c["name"] for c in json.loads(fields["schema"])["mlflow_colspec"]]
+    assert names == ["instruction", "context", "response"]
+    assert json.loads(fields["profile"])["data_columns"] == "input=context,output=response"
+    assert fields["digest"] == dataset_input(str(dolly), shape="alpaca", rows=1)["digest"]
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({
+        "question": [{"role": "user", "content": "Hi"}],
+        "answer": [{"role": "assistant", "content": "Hello."}],
+    }) + "\n")  # fmt: skip
+    from trainers.data.lineage import dataset_inputs
+
+    ((read, _),) = dataset_inputs(
+        str(chat), shape="prompt_completion", rows=1, validation_split=None, validation_rows=0,
+        columns="prompt=question,completion=answer",
+    )  # fmt: skip
+    columns = json.loads(read["schema"])["mlflow_colspec"]
+    assert [(c["name"], c["type"]) for c in columns] == [("question", "array"), ("answer", "array")]
+
+
 def test_a_validation_split_is_the_runs_evaluation_input(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

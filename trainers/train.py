@@ -402,6 +402,7 @@ def _tracking_callbacks(
     for dataset, context in dataset_inputs(
         spec.data, shape=data_stats.shape, rows=data_stats.records,
         validation_split=spec.validation_split, validation_rows=data_stats.validation_records,
+        columns=spec.data_columns,
     ):  # fmt: skip
         tracker.writer.log_input(tracker.run_id, dataset, context)
     return callbacks

@@ -3,7 +3,8 @@
 The fields are those of `mlflow.entities.Dataset` as plain strings, so the writer can spool
 them during an outage like any other record: name, digest (the data's fingerprint, the one
 the token cache is keyed by), source (the local path), schema (the columns of its record
-shape, in MLflow's `mlflow_colspec` form) and profile (rows, shape, format, tokens).
+shape, in MLflow's `mlflow_colspec` form, named as the data names them where `data_columns`
+reads another column as a field) and profile (rows, shape, format, tokens, the mapping).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from trainers.data.sources import (
     fingerprint,
     open_source,
     records,
+    with_columns,
     with_split,
 )
 
@@ -53,7 +55,13 @@ def _conversational(source: DataSource) -> bool:
 
 
 def dataset_inputs(
-    path: str, *, shape: str, rows: int, validation_split: str | None, validation_rows: int
+    path: str,
+    *,
+    shape: str,
+    rows: int,
+    validation_split: str | None,
+    validation_rows: int,
+    columns: str | None = None,
 ) -> list[tuple[dict[str, str], str]]:
     """(dataset, context) of each MLflow dataset input of a run's data: the data in the
     `training` context; with a `validation_split`, the train split and that split in the
@@ -65,17 +73,25 @@ def dataset_inputs(
         rows: Usable records, of both splits.
         validation_split: The data's own split the run validates on, or None.
         validation_rows: Its usable records.
+        columns: The run's `data_columns`, or None.
     """
     if not validation_split:
-        return [(dataset_input(path, shape=shape, rows=rows), "training")]
+        return [(dataset_input(path, shape=shape, rows=rows, columns=columns), "training")]
+    train_rows, held = rows - validation_rows, validation_split
     return [
-        (dataset_input(path, shape=shape, rows=rows - validation_rows, split="train"), "training"),
-        (dataset_input(path, shape=shape, rows=validation_rows, split=validation_split), "evaluation"),
-    ]
+        (dataset_input(path, shape=shape, rows=train_rows, split="train", columns=columns), "training"),
+        (dataset_input(path, shape=shape, rows=validation_rows, split=held, columns=columns), "evaluation"),
+    ]  # fmt: skip
 
 
 def dataset_input(
-    path: str, *, shape: str, rows: int, total_tokens: int | None = None, split: str | None = None
+    path: str,
+    *,
+    shape: str,
+    rows: int,
+    total_tokens: int | None = None,
+    split: str | None = None,
+    columns: str | None = None,
 ) -> dict[str, str]:
     """The `mlflow.entities.Dataset` fields of the data at `path`.
 
@@ -86,15 +102,18 @@ def dataset_input(
         total_tokens: Tokens after tokenizing (train and validation), if known.
         split: One split of a folder or saved DatasetDict, named in the dataset's name
             (`data:test`), or None: the data as a run reads it.
+        columns: The run's `data_columns` (FIELD=COLUMN, ...): the schema names each field by
+            the data's column it is read from, as a user finds it in the data.
     """
-    source = open_source(path)
+    source = with_columns(open_source(path), columns)
     if split is not None:
         source = with_split(source, split)
     digest = fingerprint(source).removeprefix("datasets:")[:DIGEST_LENGTH]
-    columns = [
-        {"type": kind, "name": name, "required": True}
+    named = dict(source.columns)
+    schema = [
+        {"type": kind, "name": named.get(name, name), "required": True}
         if isinstance(kind, str)
-        else {**kind, "name": name, "required": True}
+        else {**kind, "name": named.get(name, name), "required": True}
         for name, kind in _COLUMNS[
             "prompt_completion_chat"
             if shape == "prompt_completion" and _conversational(source)
@@ -104,6 +123,8 @@ def dataset_input(
     profile: dict[str, Any] = {"num_rows": rows, "shape": shape, "format": source.kind}
     if split is not None:
         profile["split"] = split
+    if source.columns:
+        profile["data_columns"] = ",".join(f"{f}={c}" for f, c in source.columns)
     if total_tokens is not None:
         profile["total_tokens"] = total_tokens
     return {
@@ -111,6 +132,6 @@ def dataset_input(
         "digest": digest,
         "source_type": "local",
         "source": json.dumps({"uri": str(source.path.resolve())}),
-        "schema": json.dumps({"mlflow_colspec": columns}),
+        "schema": json.dumps({"mlflow_colspec": schema}),
         "profile": json.dumps(profile),
     }
