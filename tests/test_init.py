@@ -132,6 +132,18 @@ def test_yes_writes_a_config_that_hpo_study_runs(tiny_model_dir: Path, tmp_path:
     )
 
 
+# The budget's answers as flags: the tests below ask only about the data.
+_BUDGET = ("--window-hours", "2", "--safety-margin-minutes", "10", "--price-per-hour", "1",
+           "--gpus-per-run", "1")  # fmt: skip
+
+
+def _spawn_init(*args: str) -> pexpect.spawn:
+    return pexpect.spawn(
+        sys.executable, ["-m", "hpo.init", *args], cwd=str(ROOT), env=ENV, encoding="utf-8",
+        timeout=90,
+    )  # fmt: skip
+
+
 def _dolly_folder(folder: Path) -> Path:
     """A Hub-style data folder with Dolly's columns: train, validation and test splits."""
     folder.mkdir()
@@ -150,12 +162,7 @@ def test_a_terminal_asks_for_columns_and_a_split_only_where_the_data_needs_them(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     out, data = tmp_path / "study.yaml", _dolly_folder(tmp_path / "dolly")
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "hpo.init", "--out", str(out), "--profiles", "fast", "--window-hours", "2",
-         "--safety-margin-minutes", "10", "--price-per-hour", "1", "--gpus-per-run", "1"],
-        cwd=str(ROOT), env=ENV, encoding="utf-8", timeout=90,
-    )  # fmt: skip
+    child = _spawn_init("--out", str(out), "--profiles", "fast", *_BUDGET)
     child.expect("Model folder")
     child.sendline(str(tiny_model_dir))
     child.expect("Training data")
@@ -184,20 +191,13 @@ def test_a_terminal_asks_for_another_file_where_no_columns_are_given(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     out, data = tmp_path / "study.yaml", _dolly_folder(tmp_path / "dolly")
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "hpo.init", "--out", str(out), "--model", str(tiny_model_dir), "--yes"],
-        cwd=str(ROOT), env=ENV, encoding="utf-8", timeout=90,
-    )  # fmt: skip
+    child = _spawn_init("--out", str(out), "--model", str(tiny_model_dir), "--yes")
     child.expect(pexpect.EOF)  # --yes: nothing is asked, a terminal or not
     child.close()
     assert child.exitstatus == 2
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "hpo.init", "--out", str(out), "--model", str(tiny_model_dir), "--data",
-         str(data), "--profiles", "all", "--window-hours", "2", "--safety-margin-minutes",
-         "10", "--price-per-hour", "1", "--gpus-per-run", "1"],
-        cwd=str(ROOT), env=ENV, encoding="utf-8", timeout=90,
+    child = _spawn_init(
+        "--out", str(out), "--model", str(tiny_model_dir), "--data", str(data), "--profiles",
+        "all", *_BUDGET,
     )  # fmt: skip
     child.expect("missing field 'output'.*try again")
     child.expect("Columns to read")
