@@ -294,9 +294,13 @@ def settle_data(
                     continue
             data, columns = ask(data_question, None, True, values), None
     if interactive and split is None and found.other_splits:
-        split = ask(_split_question(list(found.other_splits)), None, True, values)
-        if split is not None:
-            found = inspect(values["model"], data, columns, split)
+        question = _split_question(list(found.other_splits))
+        while (split := ask(question, None, True, values)) is not None:
+            try:  # a split of another record shape than train's cannot validate
+                found = inspect(values["model"], data, columns, split)
+                break
+            except BadInputError as error:
+                print(f"  {error}; please try again", flush=True)
     return {"data": data, "data_columns": columns, "validation_split": split}, found
 
 

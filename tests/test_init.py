@@ -187,6 +187,32 @@ def test_a_terminal_asks_for_columns_and_a_split_only_where_the_data_needs_them(
     assert "# Its test split(s) are not read" in text
 
 
+def test_a_split_that_cannot_validate_is_asked_again(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A saved DatasetDict whose test split holds text records beside prompt/completion
+    ones: choosing it asks again, with the reason; 'none' holds out a share of train."""
+    import datasets
+
+    out, saved = tmp_path / "study.yaml", tmp_path / "saved"
+    prompts = [{"prompt": f"What is {i} + {i}?", "completion": f" {2 * i}"} for i in range(30)]
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(prompts),
+         "test": datasets.Dataset.from_list([{"text": f"plain {i}"} for i in range(5)])}
+    ).save_to_disk(str(saved))  # fmt: skip
+    child = _spawn_init(
+        "--out", str(out), "--model", str(tiny_model_dir), "--data", str(saved), "--profiles",
+        "all", *_BUDGET,
+    )  # fmt: skip
+    child.expect(r"Split to validate on \(test; 'none'.*\) \[none\]")
+    child.sendline("test")
+    child.expect("its test split holds text records.*try again")
+    child.expect("Split to validate on")
+    child.sendline("none")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert load_config(str(out)).validation_split is None
+
+
 def test_a_terminal_asks_for_another_file_where_no_columns_are_given(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
