@@ -320,12 +320,18 @@ def _search_lines(values: dict[str, Any]) -> str:
     return text + "".join(f"  {key}: {values[key]:g}\n" for key in given)
 
 
+def _yaml_value(value: Any) -> str:
+    """`value` as one line of YAML (a scalar without the document end `...`)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=1000)
+    return text.strip().removesuffix("...").strip()
+
+
 def _data_lines(values: dict[str, Any], found: Findings) -> str:
     """How the data is read and validated: the values given, else what the default does."""
     text = ""
     if values.get("data_columns"):
         text += "# Its columns read as hpo's fields (FIELD=COLUMN).\n"
-        text += f"data_columns: {yaml.safe_dump(values['data_columns']).strip().removesuffix('...').strip()}\n"
+        text += f"data_columns: {_yaml_value(values['data_columns'])}\n"
     if values.get("validation_split"):
         text += "# Validated on this split; the whole train split trains.\n"
         text += f"validation_split: {values['validation_split']}\n"
@@ -342,8 +348,7 @@ def render(values: dict[str, Any], found: Findings) -> str:
     """The commented YAML."""
 
     def value(key: str) -> str:
-        text = yaml.safe_dump(values[key], default_flow_style=True, width=1000)
-        return text.strip().removesuffix("...").strip()
+        return _yaml_value(values[key])
 
     today = dt.date.today().isoformat()
     profiles = "" if values["profiles"] is None else f"profiles: {value('profiles')}\n"

@@ -139,8 +139,7 @@ def comparable_order(
 def best_of(trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial:
     """The trial of `trials` with the lowest comparable score (`comparable_losses`), then
     the lowest number; those without a score last."""
-    scores = comparable_losses(trials)
-    return min(trials, key=lambda t: (_or_inf(scores[t.number]), t.number))
+    return comparable_order(trials)[0]
 
 
 def _or_inf(value: float | None) -> float:
