@@ -222,10 +222,12 @@ class Findings:
 
 
 def inspect(
-    model: str, data: str, columns: str | None = None, split: str | None = None
+    model: str, data: str, columns: str | None = None, split: str | None = None,
+    asks_split: bool = False,
 ) -> Findings:
     """Tokenize the data with the model's tokenizer (read through `columns`, validated on
-    `split`); describe the model and the machine.
+    `split`); describe the model and the machine. `asks_split`: the caller asks which split
+    validates, so the loader does not warn of the unread ones.
 
     Raises:
         BadInputError: The data cannot be read, or the model has no usable tokenizer.
@@ -233,9 +235,11 @@ def inspect(
     from analysis.timemodel.machine import model_profile, this_machine
     from hpo.prepare import model_context
     from trainers.data.dataset import DataSpec, load_tokenized
-    from trainers.data.sources import open_source, splits_read
+    from trainers.data.sources import open_source, splits_read, unread_splits_asked
     from trainers.model.lora import load_tokenizer
 
+    if asks_split:
+        unread_splits_asked(open_source(data))
     context = model_context(model)
     spec = DataSpec(path=data, max_length=context, validation_split=split, data_columns=columns)
     with tempfile.TemporaryDirectory(prefix="hpo-init-") as cache:
@@ -278,7 +282,7 @@ def settle_data(
     split = args.validation_split
     while True:
         try:
-            found = inspect(values["model"], data, columns, split)
+            found = inspect(values["model"], data, columns, split, interactive and split is None)
             break
         except BadInputError as error:
             if not interactive:

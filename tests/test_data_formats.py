@@ -16,6 +16,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from common.errors import BadInputError
 from trainers.data.dataset import DataSpec, TokenizedData, load_tokenized
 from trainers.data.records import read_native
+from trainers.data.sources import open_source, with_columns
 
 PROMPTS = [{"prompt": f"Q{i}: what is {i} plus {i}?", "completion": f" {2 * i}"} for i in range(12)]
 ALPACA = [
@@ -452,6 +453,19 @@ def test_data_columns_read_another_layout_as_a_known_shape(
     assert data.stats.shape == "alpaca" and _samples(data) == _samples(reference)
     plain = DataSpec(path=str(_jsonl(tmp_path / "same.jsonl", as_alpaca)), cache_dir=str(tmp_path / "c2"), max_length=128)
     assert not load_tokenized(plain, tokenizer).cache_hit  # the mapping is in the key
+    # A typo in a column is named as the column, not as hpo's field; a record failing for
+    # its own reason keeps that reason though an optional field's column is absent.
+    typo = DataSpec(path=str(dolly), cache_dir=str(tmp_path / "c3"), max_length=128,
+                    data_columns="output=respons, input=context")  # fmt: skip
+    with pytest.raises(BadInputError) as refused:
+        load_tokenized(typo, tokenizer)
+    assert str(refused.value).endswith(
+        "1: no column 'respons' (--data-columns output=respons); the record's columns: "
+        "instruction, response, category, context"
+    ), refused.value
+    empty = _jsonl(tmp_path / "empty.jsonl", [{"instruction": "", "response": "4"}])
+    with pytest.raises(BadInputError, match=r"1: field 'instruction' is empty$"):
+        read_native(with_columns(open_source(empty), "output=response,input=context"))
     from analysis.planning.inputs import lengths_from_data
 
     planned = lengths_from_data(str(dolly), max_length=64, tokenizer_dir=None, columns="output=response,input=context")

@@ -172,8 +172,13 @@ def test_a_terminal_asks_for_columns_and_a_split_only_where_the_data_needs_them(
     child.sendline("output")
     child.expect("must be FIELD=COLUMN pairs.*try again")
     child.expect("Columns to read")
+    child.sendline("output=respons, input=context")  # a typo is named as the column
+    child.expect(r"no column 'respons' \(--data-columns output=respons\); the record's columns")
+    child.expect("try again")
+    child.expect("Columns to read")
     child.sendline("output=response, input=context")
     child.expect(r"Split to validate on \(validation, test; 'none'.*\) \[validation\]")
+    assert "are not read" not in child.before  # asked, not also warned of
     child.sendline("")
     child.expect(r"found: 48 alpaca samples.*; 8 of them its validation split, which validates")
     child.expect("python -m hpo.study --config " + str(out))

@@ -93,11 +93,28 @@ def read_native(
             shape = record_shape
         except BadRecord as bad:
             if not skip_bad_lines:
-                raise BadInputError(f"{source.location(number)}: {bad}") from None
+                why = _absent_column(record, source.columns, str(bad)) or bad
+                raise BadInputError(f"{source.location(number)}: {why}") from None
             skipped += 1
     if shape is None:
         raise BadInputError(f"{source.path}: no usable records ({skipped} bad line(s) skipped)")
     return shape, native, skipped
+
+
+def _absent_column(record: Any, columns: tuple[tuple[str, str], ...], why: str) -> str | None:
+    """Why a record read through `data_columns` failed (`why`), where the field it names was
+    to come from a column the record lacks: a typo in the mapping, which the record's own
+    check sees only as hpo's field missing. None where no such column is at fault."""
+    if not isinstance(record, dict):
+        return None
+    missing = [(f, c) for f, c in columns if f not in record and repr(f) in why]
+    if not missing:
+        return None
+    # The renamed record's keys as the data names them (a field read from a column: that column).
+    names = dict(columns)
+    had = ", ".join(names.get(str(key), str(key)) for key in record) or "none"
+    field, column = missing[0]
+    return f"no column {column!r} (--data-columns {field}={column}); the record's columns: {had}"
 
 
 def read_pieces(

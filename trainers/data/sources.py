@@ -328,6 +328,12 @@ def splits_read(source: DataSource) -> list[str]:
     return list(_SPLITS.get(source.path, []))
 
 
+def unread_splits_asked(source: DataSource) -> None:
+    """Leave `say_unread_splits` silent for this folder: its caller asks which split
+    validates itself (`hpo.init` in a terminal), and the warning would say it twice."""
+    _SAID.add(source.path)
+
+
 def say_unread_splits(source: DataSource, read: list[str], splits: list[str] | None = None) -> None:
     """Say once per folder when it has splits beside the ones `read`: a user who ships a
     `test` split may expect the study to evaluate on it. `splits`: the folder's, as a cache
