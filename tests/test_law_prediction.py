@@ -260,3 +260,32 @@ def test_a_decay_seen_in_part_moves_the_level_toward_the_law_without_annealing()
     whole = predict_final(trials[0], [*trials[1:], _reference(seed=24)])
     fit, _, _ = fit_shared([*trials[1:], _reference(seed=24), trials[0]])
     assert whole.p50 == pytest.approx(fit.predict_end(len(trials) + 0, trials[0]), rel=1e-6)
+
+
+def test_a_speed_no_point_shows_is_the_slowest_the_study_placed() -> None:
+    """One evaluation inside the warmup, at the study's starting loss, fits any speed slow
+    enough: the fit takes ln tau at its bound, and the law ended where the run started (3x
+    the truth here). Such a curve is taken at the slowest speed a curve of 3 or more points
+    showed; a curve whose own points show it slower than every other keeps its own."""
+    trials, _ = _trials(7, 0.1, seed=11)
+    rates = learning_rates("linear", 400, 40, 1e-3)
+    s1, s2 = schedule_areas(rates)
+    start = SHARED[0] + SHARED[1]
+    stuck = curve_data([4], [start + NOISE], rates)  # 4 steps into a warmup of 40
+    p = predict_final(stuck, trials)
+    assert p.fit is not None and p.fit.log_tau[-1] > 25  # the fit's own speed: its bound
+    slowest = max(p.fit.log_tau[:-1])
+    # The truth of a configuration as slow as the slowest trial, and one slower still.
+    for log_tau in (slowest, slowest + 0.5):
+        truth = float(_law(log_tau, s1[-1:], s2[-1:])[0])
+        assert p.p10 <= truth <= p.p90, (p, truth)
+    assert p.p50 < 0.5 * start
+    # Six points of a configuration slower than every trial: its own points place it.
+    steps = np.unique(np.linspace(2, 40, 6).round().astype(int))
+    rng = np.random.default_rng(3)
+    slow = slowest + 1.0
+    observed = _law(slow, s1[steps - 1], s2[steps - 1]) + rng.normal(0, NOISE, steps.size)
+    own = predict_final(curve_data(list(steps), list(observed), rates), trials)
+    truth = float(_law(slow, s1[-1:], s2[-1:])[0])
+    capped = float(_law(slowest, s1[-1:], s2[-1:])[0])
+    assert abs(math.log(own.p50 / truth)) < 0.5 * abs(math.log(capped / truth))

@@ -132,6 +132,10 @@ class JointFit:
         """Curve `index`'s law at areas (s1, s2)."""
         return _law(np.asarray(self.shared), self.log_tau[index], np.asarray(s1), np.asarray(s2))
 
+    def loss_at(self, log_tau: float, s1: FloatArray | float, s2: FloatArray | float) -> FloatArray:
+        """The law of a curve of speed `log_tau` (ln tau) at areas (s1, s2)."""
+        return _law(np.asarray(self.shared), log_tau, np.asarray(s1), np.asarray(s2))
+
     def predict_end(self, index: int, curve: CurveData) -> float:
         """Curve `index`'s loss at its full run's last step."""
         return float(self.loss(index, curve.s1_end, curve.s2_end))
