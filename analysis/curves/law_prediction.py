@@ -32,6 +32,10 @@ of the way down from the law without annealing to the law with it, and the band 
 toward both (`_partly_annealed`). A whole run through its decay (a full run that reported
 back, the reference run) leaves the fitted law as it is.
 
+A curve of one or two points at the study's starting loss shows no speed of its own: it is
+taken at the slowest speed a curve of 3 or more points showed (`_speed`), not at the slowest
+the fit allows (which ends the run where it started).
+
 Before the shape is identified no curve in the study says how a run ends, and the band
 adds an extrapolation error per unit of ln(S1 at the end / S1 at the last point).
 Everywhere the study's curves can be backtested (`backtest`: half of each curve predicting
@@ -68,7 +72,7 @@ _WHOLE_DECAY = 0.999  # a curve that saw this share saw its whole decay (a full 
 _MAX_ANNEALING = 1.0  # C's bound once identified (loss per peak-rate step of annealing)
 _BACKTEST_QUANTILE = 0.8  # the backtest's error per unit of extrapolation taken for p10/p90
 _BACKTEST_MIN_CURVES = 3
-_PLACED_MIN_POINTS = 3  # a curve of this many points shows its own speed (`_end`)
+_PLACED_MIN_POINTS = 3  # a curve of this many points shows its own speed (`_speed`)
 _REFIT_MAX_NFEV = 30  # refits for the band start from the fit: a few steps move them
 LEAVE_OUT_GROUPS = 8
 MAX_LOG_HALF_WIDTH = math.log(1e6)  # a band wider than this says nothing more
@@ -356,10 +360,10 @@ def _speed(fit: JointFit, curves: Sequence[CurveData], index: int, noise: float)
 
     Such points fit any speed slow enough, and the fit takes the slowest it allows (ln tau
     at its bound, or near it): the law then ends where the run started, less the
-    annealing. On the recorded real LoRA runs a third of the trials stopped at their one
-    evaluation (15 steps of 750, inside the warmup), and a third of those were predicted
-    so, 7-9 % above outcomes that ended with the others' (docs/curve-replay.md, "A speed no
-    point shows"). S1 already counts the learning rate, so tau is what the rate does not
+    annealing. On the recorded real LoRA runs half of a study's end predictions are of
+    trials stopped at their one evaluation (15 steps of 750, inside the warmup), and 21-28 %
+    of those were predicted so, 7-9 % above outcomes that ended with the others'
+    (docs/curve-replay.md, "A speed no point shows"). S1 already counts the learning rate, so tau is what the rate does not
     explain (batch, rank): the slowest the study has placed is what such a curve is taken
     at, not slower.
     """
