@@ -174,6 +174,7 @@ class Outcome:
     above: list[bool] = field(default_factory=list)  # the outcome above p90 (a miss upward)
     half_widths: list[float] = field(default_factory=list)  # 100 x ln(p90 / p50)
     low_half_widths: list[float] = field(default_factory=list)  # 100 x ln(p50 / p10)
+    rungs: list[int] = field(default_factory=list)  # each standing trial's rung (0: the first)
     picked_band: tuple[float, bool, float, float] | None = None  # the pick's: error, inside, widths
 
 
@@ -288,6 +289,7 @@ class Replay:
             outcome.above.append(actual > band["p90"])
             outcome.half_widths.append(100 * math.log(band["p90"] / band["p50"]))
             outcome.low_half_widths.append(100 * math.log(band["p50"] / band["p10"]))
+            outcome.rungs.append(rung_of(trial))
             if number == picked.number:  # the band the preset carries
                 outcome.picked_band = (
                     band["p50"] / actual - 1, band["p10"] <= actual <= band["p90"],
@@ -348,8 +350,25 @@ def row(strategy: Strategy, outcomes: list[Outcome], study_size: int) -> dict[st
         "band_above_p90": statistics.mean(above) if above else None,
         "median_band_halfwidth_pct": statistics.median(widths) if widths else None,
         "median_band_low_halfwidth_pct": statistics.median(lows) if lows else None,
+        "by_rung": _by_rung(outcomes),
         **_picked(outcomes),
     }
+
+
+def _by_rung(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
+    """Each rung's end predictions: median |error|, coverage and the band's sides (%)."""
+    out: dict[str, dict[str, float]] = {}
+    for rung in sorted({r for o in outcomes for r in o.rungs}):
+        at = [(o, i) for o in outcomes for i, r in enumerate(o.rungs) if r == rung]
+        out[str(rung)] = {
+            "predictions": len(at),
+            "median_abs_pct_error": 100 * statistics.median(abs(o.errors[i]) for o, i in at),
+            "band_coverage": statistics.mean(o.inside[i] for o, i in at),
+            "band_above_p90": statistics.mean(o.above[i] for o, i in at),
+            "median_band_halfwidth_pct": statistics.median(o.half_widths[i] for o, i in at),
+            "median_band_low_halfwidth_pct": statistics.median(o.low_half_widths[i] for o, i in at),
+        }
+    return out
 
 
 def _picked(outcomes: list[Outcome]) -> dict[str, Any]:

@@ -11,10 +11,12 @@ from benchmarks.curve_replay import (
     DEFAULT_CURVES,
     Replay,
     Strategy,
+    draws,
     load_curves,
     load_tiny_set,
     main,
 )
+from benchmarks.curve_replay import row as replay_row
 from hpo.keys import PROMOTED_FROM_ATTR
 from hpo.pick import rung_of
 
@@ -48,6 +50,9 @@ def test_the_smoke_replays_every_strategy_and_writes_its_rows(tmp_path: Path) ->
         assert 0 <= row["pick_in_best_two"] <= 1 and row["regret"] >= 0
         assert 0 <= row["regret_share_of_range"] <= 1
         assert 0 <= row["band_coverage"] <= 1 and row["median_abs_pct_error"] >= 0
+        rungs = row["by_rung"]
+        assert "0" in rungs and all(0 <= r["band_coverage"] <= 1 for r in rungs.values())
+        assert sum(r["predictions"] for r in rungs.values()) >= row["studies"]
 
 
 def test_a_replayed_study_promotes_picks_and_predicts_as_the_study_does() -> None:
@@ -97,3 +102,19 @@ def test_the_picks_band_holds_a_run_that_ended_above_its_last_rungs_loss() -> No
     assert outcome.picked_band is not None
     error, inside, upper, _ = outcome.picked_band
     assert inside and upper > 0 and abs(error) < 0.005
+
+
+def test_the_first_rungs_predictions_hold_their_outcomes_at_a_few_times_their_error() -> None:
+    """Half a study's end predictions are of trials stopped at their one evaluation, inside
+    the warmup. Before, those whose point sat at the starting loss were predicted where the
+    run started (7-9 % above outcomes that ended with the others'), and the band grew in
+    proportion to the distance (about 6x the errors). Now: each within 3 % of its outcome,
+    the band holding at least 3 in 4 at under 4x the median error."""
+    pool = load_curves(DEFAULT_CURVES)
+    outcomes = [Replay(pool, d, Strategy.default()).run() for d in draws(pool, 12, 3, 0)]
+    first = [(o, i) for o in outcomes for i, rung in enumerate(o.rungs) if rung == 0]
+    assert len(first) == 18  # of each study's 12 first-rung trials, 6 go on
+    assert max(o.errors[i] for o, i in first) < 0.03
+    by_rung = replay_row(Strategy.default(), outcomes, 12)["by_rung"]["0"]
+    assert by_rung["band_coverage"] >= 0.75
+    assert by_rung["median_band_halfwidth_pct"] < 4 * by_rung["median_abs_pct_error"]
