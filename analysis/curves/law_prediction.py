@@ -211,15 +211,12 @@ def predict_final(
         shaped_log_sd = beyond_log_sd = measured
     if not identified:
         prior = (EXTRAPOLATION_LOG_SD if measured is None else measured) * _distance(target)
-    # Once a decay pins the shape, a measured error grows as the square root of the distance
-    # beyond what the backtest saw (`_grown`); before, and with the priors, in proportion.
-    reach = checked.distance if identified and measured is not None else math.inf
     terms = (
         leave_out_log_spread(curves, fit, noise, groups),
         _own_points_log_shift(curves, fit, max_annealing, noise),
         max(noise, fit.residual_sd) / p50,
-        beyond_log_sd * _grown(_beyond_the_curves(fit, curves, noise), reach) if identified else prior,
-        shaped_log_sd * _grown(_distance(target), reach) if identified else 0.0,
+        beyond_log_sd * _beyond_the_curves(fit, curves, noise) if identified else prior,
+        shaped_log_sd * _distance(target) if identified else 0.0,
     )
     half = log_half_width(Z90 * math.sqrt(sum(t**2 for t in terms)))
     p50, lower, upper = _partly_annealed(curves, fit, noise, p50, half)
@@ -230,25 +227,6 @@ def predict_final(
         shape_identified=identified, fit=fit, law_ranks_better=checked.law_ranks_better,
         noise=noise,
     )  # fmt: skip
-
-
-def _grown(distance: float, seen: float) -> float:
-    """`distance` as the error grows with it: in proportion up to `seen` (the backtest's
-    median distance, where its per-unit error was measured), as the square root beyond it.
-
-    On the recorded real LoRA runs the error of a prediction grows far more slowly than its
-    distance once the study's curves went through part of a decay: about 0.3 % at 0.5 units,
-    0.5 % at 1.8 and 1.2 % at 4.4 (the outcomes converge), where the backtest measured its
-    per-unit error at about 0.8 units; in proportion beyond it the band held 97-100 % of
-    outcomes at 2-3x their errors. The square root (a random walk's growth) held 89-98 % at
-    every rung of both halves of the runs and 94 % on the tiny-model sets; no growth at all
-    held 67-69 % at the first rung (docs/curve-replay.md, "How the error grows with the
-    distance"). Before a decay is seen, the tiny models' errors grow faster than their short
-    backtests show, and the proportion stays.
-    """
-    if distance <= seen or seen <= 0:
-        return distance
-    return math.sqrt(distance * seen)
 
 
 def log_half_width(value: float) -> float:
@@ -469,13 +447,11 @@ class Backtest:
             them better (Spearman) than the cut curves' own last losses do: only then may
             its p50 rank trials.
         checks: The curves that were cut and predicted.
-        distance: The median distance (ln S1 ratio) the cut curves were predicted over.
     """
 
     log_sd: float = 0.0
     law_ranks_better: bool = False
     checks: int = 0
-    distance: float = 0.0
 
 
 def backtest(
@@ -503,23 +479,19 @@ def backtest(
         cut, f_scale=2.0 * noise, max_annealing=max_annealing, start=start,
         max_nfev=WARM_MAX_NFEV if start is not None else 200,
     )  # fmt: skip
-    ratios, law, last, observed, distances = [], [], [], [], []
+    ratios, law, last, observed = [], [], [], []
     for index, c in checks:
         predicted = float(fit.loss(index, c.s1[-1], c.s2[-1]))
         distance = math.log(float(c.s1[-1]) / float(cut[index].s1[-1]))
         if predicted > 0 and distance > 0:
             ratios.append(abs(math.log(float(c.losses[-1]) / predicted)) / distance)
-            distances.append(distance)
             law.append(predicted)
             last.append(float(cut[index].losses[-1]))
             observed.append(float(c.losses[-1]))
     if len(ratios) < _BACKTEST_MIN_CURVES:
         return Backtest()
     better = _rank_agreement(law, observed) > _rank_agreement(last, observed)
-    return Backtest(
-        float(np.quantile(ratios, _BACKTEST_QUANTILE)) / Z90, better, len(ratios),
-        float(np.median(distances)),
-    )  # fmt: skip
+    return Backtest(float(np.quantile(ratios, _BACKTEST_QUANTILE)) / Z90, better, len(ratios))
 
 
 def _rank_agreement(predicted: Sequence[float], observed: Sequence[float]) -> float:
