@@ -130,7 +130,7 @@ class JointFit:
 
     def loss(self, index: int, s1: FloatArray | float, s2: FloatArray | float) -> FloatArray:
         """Curve `index`'s law at areas (s1, s2)."""
-        return _law(np.asarray(self.shared), self.log_tau[index], np.asarray(s1), np.asarray(s2))
+        return self.loss_at(self.log_tau[index], s1, s2)
 
     def loss_at(self, log_tau: float, s1: FloatArray | float, s2: FloatArray | float) -> FloatArray:
         """The law of a curve of speed `log_tau` (ln tau) at areas (s1, s2)."""

@@ -33,7 +33,7 @@ toward both (`_partly_annealed`). A whole run through its decay (a full run that
 back, the reference run) leaves the fitted law as it is.
 
 A curve of one or two points at the study's starting loss shows no speed of its own: it is
-taken at the slowest speed a curve of 3 or more points showed (`_speed`), not at the slowest
+taken at the slowest speed a curve of 3 or more points showed (`_speeds`), not at the slowest
 the fit allows (which ends the run where it started).
 
 Before the shape is identified no curve in the study says how a run ends, and the band
@@ -72,7 +72,7 @@ _WHOLE_DECAY = 0.999  # a curve that saw this share saw its whole decay (a full 
 _MAX_ANNEALING = 1.0  # C's bound once identified (loss per peak-rate step of annealing)
 _BACKTEST_QUANTILE = 0.8  # the backtest's error per unit of extrapolation taken for p10/p90
 _BACKTEST_MIN_CURVES = 3
-_PLACED_MIN_POINTS = 3  # a curve of this many points shows its own speed (`_speed`)
+_PLACED_MIN_POINTS = 3  # a curve of this many points shows its own speed (`_speeds`)
 _REFIT_MAX_NFEV = 30  # refits for the band start from the fit: a few steps move them
 LEAVE_OUT_GROUPS = 8
 MAX_LOG_HALF_WIDTH = math.log(1e6)  # a band wider than this says nothing more
@@ -320,7 +320,8 @@ def _partly_annealed(
 def _log_spread(fit: JointFit, curves: Sequence[CurveData], noise: float) -> float:
     """The sd of ln(the fit's end) over `curves`: how far apart the study's configurations
     end, whatever share of their runs each curve reached."""
-    ends = [_end(fit, curves, i, noise) for i in range(len(curves))]
+    speeds = _speeds(fit, curves, noise)
+    ends = [float(fit.loss_at(v, c.s1_end, c.s2_end)) for v, c in zip(speeds, curves, strict=True)]
     logs = [math.log(v) for v in ends if math.isfinite(v) and v > 0]
     return float(np.std(logs)) if len(logs) > 1 else 0.0
 
@@ -335,10 +336,9 @@ def _beyond_the_curves(fit: JointFit, curves: Sequence[CurveData], noise: float)
     shape: ln(S1 / tau) at its end less the largest ln(S1 / tau) of any curve's last point
     (0 when some curve reached further). Up to there the curves pin the shape down; beyond
     it the law extrapolates, and the prior's error per unit of distance applies."""
-    reach = max(
-        math.log(float(c.s1[-1])) - _speed(fit, curves, i, noise) for i, c in enumerate(curves)
-    )
-    end = math.log(curves[-1].s1_end) - _speed(fit, curves, len(curves) - 1, noise)
+    speeds = _speeds(fit, curves, noise)
+    reach = max(math.log(float(c.s1[-1])) - v for v, c in zip(speeds, curves, strict=True))
+    end = math.log(curves[-1].s1_end) - speeds[-1]
     return max(end - reach, 0.0)
 
 
@@ -348,13 +348,14 @@ def _log_end(fit: JointFit, curves: Sequence[CurveData], noise: float) -> float 
 
 
 def _end(fit: JointFit, curves: Sequence[CurveData], index: int, noise: float) -> float:
-    """Curve `index`'s loss at its run's end, at its speed (`_speed`)."""
+    """Curve `index`'s loss at its run's end, at its speed (`_speeds`)."""
     curve = curves[index]
-    return float(fit.loss_at(_speed(fit, curves, index, noise), curve.s1_end, curve.s2_end))
+    speed = _speeds(fit, curves, noise)[index]
+    return float(fit.loss_at(speed, curve.s1_end, curve.s2_end))
 
 
-def _speed(fit: JointFit, curves: Sequence[CurveData], index: int, noise: float) -> float:
-    """Curve `index`'s ln tau, held at the slowest of the curves that show their own speed
+def _speeds(fit: JointFit, curves: Sequence[CurveData], noise: float) -> list[float]:
+    """Each curve's ln tau, held at the slowest of the curves that show their own speed
     (`_PLACED_MIN_POINTS` points or more) where its own points do not: fewer of them, its
     last within Z90 x `noise` of the study's starting loss (L0 + D) or above it.
 
@@ -363,20 +364,20 @@ def _speed(fit: JointFit, curves: Sequence[CurveData], index: int, noise: float)
     annealing. On the recorded real LoRA runs half of a study's end predictions are of
     trials stopped at their one evaluation (15 steps of 750, inside the warmup), and 21-28 %
     of those were predicted so, 7-9 % above outcomes that ended with the others'
-    (docs/curve-replay.md, "A speed no point shows"). S1 already counts the learning rate, so tau is what the rate does not
-    explain (batch, rank): the slowest the study has placed is what such a curve is taken
-    at, not slower.
+    (docs/curve-replay.md, "A speed no point shows"). S1 already counts the learning rate,
+    so tau is what the rate does not explain (batch, rank): the slowest the study has placed
+    is what such a curve is taken at, not slower.
     """
-    log_tau = fit.log_tau[index]
-    curve = curves[index]
-    start = fit.shared[0] + fit.shared[1]
-    if curve.losses.size >= _PLACED_MIN_POINTS or curve.losses[-1] < start - Z90 * noise:
-        return log_tau
-    placed = [
-        fit.log_tau[i] for i, c in enumerate(curves)
-        if i != index and c.losses.size >= _PLACED_MIN_POINTS
-    ]  # fmt: skip
-    return min(log_tau, max(placed, default=log_tau))
+    placed = [t for t, c in zip(fit.log_tau, curves, strict=True) if c.losses.size >= _PLACED_MIN_POINTS]
+    if not placed:
+        return list(fit.log_tau)
+    slowest, start = max(placed), fit.shared[0] + fit.shared[1]
+    return [
+        min(t, slowest)
+        if c.losses.size < _PLACED_MIN_POINTS and c.losses[-1] >= start - Z90 * noise
+        else t
+        for t, c in zip(fit.log_tau, curves, strict=True)
+    ]
 
 
 def leave_out_log_spread(
