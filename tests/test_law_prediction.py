@@ -111,6 +111,23 @@ def test_without_a_decay_the_band_is_what_the_studys_own_backtest_measured() -> 
         assert math.log(p.p90 / p.p50) >= Z90 * EXTRAPOLATION_LOG_SD * distance * (1 - 1e-9)
 
 
+def test_a_target_of_few_points_is_backtested_on_curves_cut_to_as_many() -> None:
+    """The band's error per unit of distance is measured where the target stands: with the
+    study's curves cut to as many points as it has (at most their half), not only at their
+    half. A target with at least half of every curve's points keeps the half cut; whether
+    the law ranks better is always the half cut's (what scores trials does not move)."""
+    trials, _ = _trials(7, 0.3, seed=21)  # 6 points each
+    fit, noise, max_annealing = fit_shared(trials)
+    half = backtest(trials, max_annealing, noise, fit)
+    assert half.checks == 7 and half.log_sd > 0
+    for points in (3, 6, 20):
+        assert backtest(trials, max_annealing, noise, fit, points=points) == half
+    for points in (1, 2):
+        cut = backtest(trials, max_annealing, noise, fit, points=points)
+        assert cut.checks == half.checks and cut.law_ranks_better == half.law_ranks_better
+        assert cut.log_sd > 0 and cut.log_sd != half.log_sd
+
+
 def test_where_no_backtest_can_run_a_curve_reaching_past_the_end_keeps_the_shaped_prior() -> None:
     """A complete run that reaches past every trial's end (a full run that reported back)
     pins the shared shape, not where each configuration's own curve ends: where the study's
