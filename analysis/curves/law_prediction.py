@@ -42,8 +42,8 @@ Everywhere the study's curves can be backtested (`backtest`: half of each curve 
 its other half; cut to as many points as the target has where that is fewer, so the error is
 measured about as far out as the target extrapolates), the per-unit errors above are what
 that backtest measured, at least `SPREAD_LOG_SD` x the spread of the curves' predicted ends:
-as wide as this study's curves are unpredictable (on recorded real LoRA curves the tiny-model priors made the band 100x
-its error, docs/curve-replay.md). The priors (`EXTRAPOLATION_LOG_SD`, `SHAPED_LOG_SD`,
+as wide as this study's curves are unpredictable (on recorded real LoRA curves the
+tiny-model priors made the band 100x its error, docs/curve-replay.md). The priors (`EXTRAPOLATION_LOG_SD`, `SHAPED_LOG_SD`,
 `ONE_SHAPE_LOG_SD`) stay where fewer than 3 curves can be cut. The prior's error also
 bounds whether a prediction may rank trials (`hpo.final_loss.TRUSTED_LOG_HALF_WIDTH`),
 with the backtest's own verdict on whether the law ranks better than the last losses.
@@ -477,7 +477,7 @@ def backtest(
     the target has, over about its distance. On the recorded real LoRA runs the error grows
     far more slowly than the distance, and the half cut's error per unit, measured at about
     0.8 units, made the band of a trial stopped at its first evaluation (4.4 units from its
-    end) hold 98 % at 5x its median error (docs/curve-replay.md, "The backtest at the
+    end) hold 98 % at about 6x its median error (docs/curve-replay.md, "The backtest at the
     target's own points").
     """
     half = _cut_and_predict(curves, max_annealing, noise, start)
