@@ -43,8 +43,9 @@ its other half; cut to as many points as the target has where that is fewer, so 
 measured about as far out as the target extrapolates), the per-unit errors above are what
 that backtest measured, at least `SPREAD_LOG_SD` x the spread of the curves' predicted ends:
 as wide as this study's curves are unpredictable (on recorded real LoRA curves the
-tiny-model priors made the band 100x its error, docs/curve-replay.md). The priors (`EXTRAPOLATION_LOG_SD`, `SHAPED_LOG_SD`,
-`ONE_SHAPE_LOG_SD`) stay where fewer than 3 curves can be cut. The prior's error also
+tiny-model priors made the band 100x its error, docs/curve-replay.md). The priors
+(`EXTRAPOLATION_LOG_SD`, `SHAPED_LOG_SD`, `ONE_SHAPE_LOG_SD`) stay where fewer than 3
+curves can be cut. The prior's error also
 bounds whether a prediction may rank trials (`hpo.final_loss.TRUSTED_LOG_HALF_WIDTH`),
 with the backtest's own verdict on whether the law ranks better than the last losses.
 
@@ -488,7 +489,7 @@ def backtest(
     if points is not None and any(c.losses.size // 2 > points for c in curves):
         matched = _cut_and_predict(curves, max_annealing, noise, start, at_most=points)
         if matched is not None:
-            per_unit = [e / d for e, d in zip(matched.held, matched.distances, strict=True)]
+            per_unit = [e / d for e, d in zip(matched.errors, matched.distances, strict=True)]
     log_sd = float(np.quantile(per_unit, _BACKTEST_QUANTILE)) / Z90
     return Backtest(log_sd, better, len(half.errors))
 
@@ -497,8 +498,7 @@ def backtest(
 class _Cut:
     """One backtest's predictions of its cut curves' last observed losses (aligned lists)."""
 
-    errors: list[float]  # |ln(observed / predicted)|, each curve at its fitted speed
-    held: list[float]  # the same at the speed the band reads it at (`_speeds`)
+    errors: list[float]  # |ln(observed / predicted)|
     distances: list[float]  # ln(S1 at the last point / S1 at the cut)
     law: list[float]  # the predictions
     last: list[float]  # the cut curves' last losses
@@ -511,7 +511,10 @@ def _cut_and_predict(
 ) -> _Cut | None:  # fmt: skip
     """Every curve of at least 3 points cut to its first half (at most `at_most` points), the
     cut curves (and the others whole) fitted jointly, and each cut curve's last observed loss
-    predicted. None where fewer than `_BACKTEST_MIN_CURVES` could be predicted."""
+    predicted: at its fitted speed for the half cut (as the backtest always did), at the speed
+    the band reads it at (`_speeds`) when cut to `at_most`, where a cut curve of one or two
+    points at the starting loss would otherwise end where it started. None where fewer than
+    `_BACKTEST_MIN_CURVES` could be predicted."""
     cut, checks = [], []
     for c in curves:
         keep = c.losses.size // 2 if at_most is None else min(c.losses.size // 2, at_most)
@@ -526,17 +529,14 @@ def _cut_and_predict(
         cut, f_scale=2.0 * noise, max_annealing=max_annealing, start=start,
         max_nfev=WARM_MAX_NFEV if start is not None else 200,
     )  # fmt: skip
-    # A cut curve of one or two points at the starting loss is read as the band reads it.
-    speeds = _speeds(fit, cut, noise)
-    out = _Cut([], [], [], [], [], [])
+    speeds = fit.log_tau if at_most is None else _speeds(fit, cut, noise)
+    out = _Cut([], [], [], [], [])
     for index, c in checks:
-        predicted = float(fit.loss(index, c.s1[-1], c.s2[-1]))
-        held = float(fit.loss_at(speeds[index], c.s1[-1], c.s2[-1]))
+        predicted = float(fit.loss_at(speeds[index], c.s1[-1], c.s2[-1]))
         distance = math.log(float(c.s1[-1]) / float(cut[index].s1[-1]))
-        if predicted > 0 and held > 0 and distance > 0:
+        if predicted > 0 and distance > 0:
             observed = float(c.losses[-1])
             out.errors.append(abs(math.log(observed / predicted)))
-            out.held.append(abs(math.log(observed / held)))
             out.distances.append(distance)
             out.law.append(predicted)
             out.last.append(float(cut[index].losses[-1]))
