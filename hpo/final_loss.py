@@ -182,14 +182,72 @@ def trial_curve(
 
 
 def peer_curves(user_attrs: Iterable[Mapping[str, Any]]) -> list[TrialCurve]:
-    """The curves other trials recorded (the last `MAX_PEERS`), malformed ones left out."""
+    """The curves other trials recorded (the last `MAX_PEERS`), malformed ones left out, and
+    each configuration once: a curve a later rung went on from is left out (`furthest`)."""
     curves = [
         (TrialCurve.from_attr(attrs.get(LAW_CURVE_ATTR)), attrs.get(LAW_FIT_ATTR))
         for attrs in user_attrs
     ]
-    return [replace(c, stored_fit=StoredFit.from_attr(fit)) for c, fit in curves if c is not None][
-        -MAX_PEERS:
+    read = [replace(c, stored_fit=StoredFit.from_attr(fit)) for c, fit in curves if c is not None]
+    return furthest(read)[-MAX_PEERS:]
+
+
+def furthest(curves: Sequence[TrialCurve]) -> list[TrialCurve]:
+    """`curves` less those another of them goes on from (in their order; of two equal curves
+    the later is kept).
+
+    A rung continues its trial from its checkpoint, and its curve holds the evaluations of
+    the trials it went on from (`objective._curve_records`): a configuration promoted twice
+    recorded its first points three times. The joint fit then took them as three
+    configurations, each with its own speed: the same evaluations weighed three times, the
+    jackknife left out one copy and kept the others, and the backtest predicted a rung-2
+    curve's points from its own rung-1 copy. On the recorded real LoRA runs the default's
+    study holds 12 configurations in 20 curves at its end (docs/curve-replay.md, "Each
+    configuration once, and the backtest cross-fitted").
+    """
+    # Only curves of one schedule and one first point can go on from each other: a study of
+    # hundreds of trials compares within those groups, not every pair.
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, c in enumerate(curves):
+        groups.setdefault((*_schedule(c), c.steps[:1], _first_loss(c)), []).append(i)
+    return [
+        c
+        for i, c in enumerate(curves)
+        if not any(
+            goes_on_from(curves[j], c)
+            for j in groups[(*_schedule(c), c.steps[:1], _first_loss(c))]
+            if j != i and (j > i or len(curves[j].steps) > len(c.steps))
+        )
     ]
+
+
+def _first_loss(curve: TrialCurve) -> tuple[float, ...]:
+    return tuple(round(v, 6) for v in curve.losses[:1])
+
+
+def _schedule(curve: TrialCurve) -> tuple[str, float, float, int]:
+    return (curve.scheduler, curve.warmup_ratio, curve.learning_rate, curve.full_run_steps)
+
+
+def other_configurations(curve: TrialCurve, peers: Sequence[TrialCurve]) -> list[TrialCurve]:
+    """`peers` less the trials `curve` went on from: its own first points, not another
+    configuration's."""
+    return [p for p in peers if not goes_on_from(curve, p)]
+
+
+def goes_on_from(curve: TrialCurve, earlier: TrialCurve) -> bool:
+    """Whether `curve` is `earlier` gone on: the same full run's schedule, and `earlier`'s
+    evaluations its first ones (losses as a trial stores them, to 6 decimals)."""
+    n = len(earlier.steps)
+    return (
+        n <= len(curve.steps)
+        and _schedule(curve) == _schedule(earlier)
+        and curve.steps[:n] == earlier.steps
+        and all(
+            round(a, 6) == round(b, 6)
+            for a, b in zip(curve.losses[:n], earlier.losses, strict=True)
+        )
+    )
 
 
 def shape_curves(study_attrs: Mapping[str, Any]) -> list[TrialCurve]:
@@ -253,13 +311,14 @@ def study_peers(
     trial_attrs: Iterable[Mapping[str, Any]], study_attrs: Mapping[str, Any]
 ) -> list[TrialCurve]:
     """What a trial is fitted with: the other trials' curves and the study's shape curves."""
-    return [*peer_curves(trial_attrs), *shape_curves(study_attrs)]
+    return furthest([*peer_curves(trial_attrs), *shape_curves(study_attrs)])
 
 
 def shared_shape(curves: Sequence[TrialCurve]) -> dict[str, Any]:
     """The law's shared exponent and annealing coefficient, fitted to `curves` jointly."""
-    fit, _, _ = fit_shared([c.data() for c in curves])
-    return {"alpha": fit.shared[2], "annealing": fit.shared[4], "curves": len(curves)}
+    distinct = furthest(curves)
+    fit, _, _ = fit_shared([c.data() for c in distinct])
+    return {"alpha": fit.shared[2], "annealing": fit.shared[4], "curves": len(distinct)}
 
 
 def trial_score(
@@ -420,6 +479,7 @@ def predict_final_loss(
         full_run_epochs: The full run's epochs: at most 1, the band is capped at the
             trial's last loss (`one_pass_ceiling`); None (unknown) or more, it is not.
     """
+    peers = other_configurations(curve, peers)
     data = [p.data() for p in peers]
     target = curve.data()
     start, warm = _warm_start(peers, [*data, target])
@@ -503,7 +563,7 @@ def study_prediction(
         full_run_samples = CurveFit.from_dict(recorded).target
     except (KeyError, TypeError, ValueError):
         return None
-    peers = study_peers(other_attrs, study_attrs)
+    peers = other_configurations(curve, study_peers(other_attrs, study_attrs))
     final = predict_final_loss(
         curve, peers=peers, full_run_samples=full_run_samples, correction=correction,
         full_run_epochs=full_run_epochs,

@@ -26,11 +26,14 @@ from hpo.final_loss import (
     add_shape_curves,
     curve_points,
     curve_run_ids,
+    furthest,
+    goes_on_from,
     one_pass_ceiling,
     peer_curves,
     predict_final_loss,
     shape_curve_attrs,
     shape_curves,
+    study_peers,
     study_prediction,
     trial_curve,
 )
@@ -208,6 +211,43 @@ def test_the_studys_end_predicts_a_trial_again_with_every_curve() -> None:
     )
     assert study_prediction({"curve_fit": recorded[0]["curve_fit"]}, recorded, {},
                             correction=correction) is None  # fmt: skip
+
+
+def _first(curve: TrialCurve, points: int) -> TrialCurve:
+    """The trial a rung went on from: `curve`'s first `points` evaluations, as stored."""
+    stored = TrialCurve.from_attr(curve.to_attr())
+    assert stored is not None
+    return dataclasses.replace(
+        stored, steps=stored.steps[:points], samples=stored.samples[:points],
+        losses=stored.losses[:points],
+    )  # fmt: skip
+
+
+def test_each_configuration_is_fitted_once_however_many_rungs_it_went_through() -> None:
+    steps = [4, 8, 12, 16, 20, 24]
+    a, b, c = (_trial(tau, steps, seed) for seed, tau in enumerate([1.5, 2.0, 2.5]))
+    assert goes_on_from(a, _first(a, 2)) and goes_on_from(a, a)
+    assert not goes_on_from(_first(a, 2), a) and not goes_on_from(b, _first(a, 2))
+    moved = dataclasses.replace(a, full_run_steps=TOTAL * 2)  # another full run's schedule
+    assert not goes_on_from(moved, _first(a, 2))
+    # The order is kept; of a configuration's curves only the one that went furthest.
+    assert furthest([_first(a, 1), b, _first(a, 3), a, _first(c, 2)]) == [b, a, _first(c, 2)]
+    # What a rung records: the trial it went on from (rung 0), then itself (rung 1).
+    attrs = [
+        {LAW_CURVE_ATTR: curve.to_attr()}
+        for curve in (_first(a, 1), _first(b, 1), _first(c, 1), _first(a, 3), _first(b, 3))
+    ]
+    assert [len(p.steps) for p in study_peers(attrs, {})] == [1, 3, 3]
+    # The end refit of configuration a's last rung: its own earlier rungs are not its peers.
+    target = {**attrs[3], **predict_final_loss(
+        _first(a, 3), peers=[], full_run_samples=TOTAL * BATCH, correction=LossCorrection(),
+    ).user_attrs()}  # fmt: skip
+    again = study_prediction(target, [attrs[0], attrs[1], attrs[2], attrs[4]], {},
+                             correction=LossCorrection())  # fmt: skip
+    alone = study_prediction(target, [attrs[2], attrs[4]], {}, correction=LossCorrection())
+    assert again is not None and alone is not None
+    assert again.curves == 3  # a, b and c once each
+    assert again.final.band() == alone.final.band()
 
 
 def test_a_one_epoch_full_run_is_not_predicted_above_the_trials_last_loss() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,8 @@ from analysis.curves.law_prediction import (
     MAX_LOG_HALF_WIDTH,
     ONE_SHAPE_LOG_SD,
     SHAPED_LOG_SD,
+    _cross_cut,
+    _cut_and_predict,
     backtest,
     decay_seen,
     fit_shared,
@@ -103,7 +106,11 @@ def test_without_a_decay_the_band_is_what_the_studys_own_backtest_measured() -> 
         p = predict_final(target, trials[:i] + trials[i + 1 :])
         distance = math.log(target.s1_end / float(target.s1[-1]))
         half = math.log(p.p90 / p.p50)
-        assert Z90 * checked.log_sd * distance * 0.5 <= half < Z90 * EXTRAPOLATION_LOG_SD * distance / 5
+        assert (
+            Z90 * checked.log_sd * distance * 0.5
+            <= half
+            < Z90 * EXTRAPOLATION_LOG_SD * distance / 5
+        )
     # Too few curves to backtest (3 cut curves are needed): the prior, as before.
     two = [predict_final(c, [o for o in trials[:2] if o is not c]) for c in trials[:2]]
     for p, c in zip(two, trials[:2], strict=True):
@@ -111,11 +118,12 @@ def test_without_a_decay_the_band_is_what_the_studys_own_backtest_measured() -> 
         assert math.log(p.p90 / p.p50) >= Z90 * EXTRAPOLATION_LOG_SD * distance * (1 - 1e-9)
 
 
-def test_a_target_of_few_points_is_backtested_on_curves_cut_to_as_many() -> None:
-    """The band's error per unit of distance is measured where the target stands: with the
-    study's curves cut to as many points as it has (at most their half), not only at their
-    half. A target with at least half of every curve's points keeps the half cut; whether
-    the law ranks better is always the half cut's (what scores trials does not move)."""
+def test_the_bands_backtest_cuts_each_curve_to_the_targets_points_with_the_others_whole() -> None:
+    """The band's error per unit of distance is measured as the target is predicted: each
+    curve cut to as many points as the target has and predicted with the other curves whole
+    (two folds, two fits), not with every curve cut at once. A target with at least half of
+    every curve's points keeps the half cut; whether the law ranks better is always the
+    half cut's (what scores trials does not move)."""
     trials, _ = _trials(7, 0.3, seed=21)  # 6 points each
     fit, noise, max_annealing = fit_shared(trials)
     half = backtest(trials, max_annealing, noise, fit)
@@ -126,6 +134,23 @@ def test_a_target_of_few_points_is_backtested_on_curves_cut_to_as_many() -> None
         cut = backtest(trials, max_annealing, noise, fit, points=points)
         assert cut.checks == half.checks and cut.law_ranks_better == half.law_ranks_better
         assert cut.log_sd > 0 and cut.log_sd != half.log_sd
+    crossed = _cross_cut(trials, max_annealing, noise, fit, 2)
+    assert crossed is not None and len(crossed.errors) == 7  # each curve cut once
+    assert all(len(c.losses) == 6 for c in trials) and crossed.last == [
+        float(c.losses[1]) for c in (*trials[0::2], *trials[1::2])
+    ]  # two folds: dealt in turn
+    # Curve 0's points after its first 3 moved: with every curve cut at once, only its own
+    # error moves; cross-fitted, the other fold's predictions move too (curve 0 is whole there).
+    moved = [replace(trials[0], losses=np.r_[trials[0].losses[:3], trials[0].losses[3:] * 0.97])]
+    moved += trials[1:]
+    at_once = (_cut_and_predict(trials, max_annealing, noise, fit),
+               _cut_and_predict(moved, max_annealing, noise, fit))  # fmt: skip
+    assert at_once[0] is not None and at_once[1] is not None
+    assert at_once[0].law == at_once[1].law
+    again = _cross_cut(moved, max_annealing, noise, fit, 2)
+    assert again is not None
+    assert again.law[:4] == crossed.law[:4]  # curve 0's own fold, cut to 2 points: unmoved
+    assert all(abs(a / b - 1) > 1e-6 for a, b in zip(again.law[4:], crossed.law[4:], strict=True))
 
 
 def test_where_no_backtest_can_run_a_curve_reaching_past_the_end_keeps_the_shaped_prior() -> None:
@@ -136,9 +161,7 @@ def test_where_no_backtest_can_run_a_curve_reaching_past_the_end_keeps_the_shape
     the only curve through a decay."""
     assert 0 < SHAPED_LOG_SD < ONE_SHAPE_LOG_SD
     trials, _ = _trials(5, 0.05, seed=16)
-    trials = [
-        CurveData(c.s1[:2], c.s2[:2], c.losses[:2], c.s1_end, c.s2_end) for c in trials
-    ]
+    trials = [CurveData(c.s1[:2], c.s2[:2], c.losses[:2], c.s1_end, c.s2_end) for c in trials]
     references = [_reference(seed=17), _reference(seed=18)]
     for shapes, log_sd in ((references[:1], ONE_SHAPE_LOG_SD), (references, SHAPED_LOG_SD)):
         for i, target in enumerate(trials):

@@ -136,15 +136,19 @@ def test_every_trained_trial_predicts_its_full_runs_final_loss(studied: Studied)
     assert estimate["final_val_loss_method"] in ("joint", "own", "fallback")
     assert estimate["final_val_loss_points"] >= 1
     # At its end the study predicts the pick again with every curve it holds: the other
-    # trials' (those after it too) and its shape curves (the reference run).
+    # trials' (those after it too) and its shape curves (the reference run), each
+    # configuration once: a trial its rung went on from is the rung's first points.
     best = studied.study.trials[studied.summary.best_trial or 0]
     others = [
         t
         for t in studied.study.trials
         if t.number != best.number and LAW_CURVE_ATTR in t.user_attrs
     ]
+    went_on = {t.user_attrs.get(PROMOTED_FROM_ATTR) for t in studied.study.trials} - {None}
+    assert went_on  # the rung resumed its trial: its curve holds that trial's points
     shapes = shape_curves(studied.study.user_attrs)
-    assert estimate["final_val_loss_curves"] == 1 + len(others) + len(shapes) >= 3
+    expected = 1 + len(others) - len(went_on) + len(shapes)
+    assert estimate["final_val_loss_curves"] == expected >= 3
     # Every standing trial is predicted again at the end, for the report's front and
     # `--pick cheapest-within`: the pick's entry is the summary's own refit.
     ends = studied.study.user_attrs[END_PREDICTIONS_ATTR]
