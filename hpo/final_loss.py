@@ -207,22 +207,19 @@ def furthest(curves: Sequence[TrialCurve]) -> list[TrialCurve]:
     """
     # Only curves of one schedule and one first point can go on from each other: a study of
     # hundreds of trials compares within those groups, not every pair.
+    keys = [(*_schedule(c), c.steps[:1], tuple(round(v, 6) for v in c.losses[:1])) for c in curves]
     groups: dict[tuple[Any, ...], list[int]] = {}
-    for i, c in enumerate(curves):
-        groups.setdefault((*_schedule(c), c.steps[:1], _first_loss(c)), []).append(i)
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
     return [
         c
         for i, c in enumerate(curves)
         if not any(
             goes_on_from(curves[j], c)
-            for j in groups[(*_schedule(c), c.steps[:1], _first_loss(c))]
+            for j in groups[keys[i]]
             if j != i and (j > i or len(curves[j].steps) > len(c.steps))
         )
     ]
-
-
-def _first_loss(curve: TrialCurve) -> tuple[float, ...]:
-    return tuple(round(v, 6) for v in curve.losses[:1])
 
 
 def _schedule(curve: TrialCurve) -> tuple[str, float, float, int]:

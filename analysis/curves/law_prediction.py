@@ -537,23 +537,17 @@ def _cut_and_predict(
     """Every curve of at least 3 points cut to its first half, the cut curves (and the others
     whole) fitted jointly, and each cut curve's last observed loss predicted at its fitted
     speed. None where fewer than `_BACKTEST_MIN_CURVES` could be predicted."""
-    cut, checks = [], []
-    for c in curves:
-        keep = c.losses.size // 2
-        if c.losses.size >= 3 and c.s1[-1] > c.s1[keep - 1]:
-            cut.append(_first(c, keep))
-            checks.append((len(cut) - 1, c))
-        else:
-            cut.append(c)
-    if len(checks) < _BACKTEST_MIN_CURVES:
+    keeps = _cuttable(curves)
+    if len(keeps) < _BACKTEST_MIN_CURVES:
         return None
-    fit = fit_joint(
-        cut, f_scale=2.0 * noise, max_annealing=max_annealing, start=start,
-        max_nfev=WARM_MAX_NFEV if start is not None else 200,
-    )  # fmt: skip
+    fit, cut = _fit_cut(curves, keeps, max_annealing, noise, start)
     out = _Cut()
-    for index, c in checks:
-        out.add(float(fit.loss_at(fit.log_tau[index], c.s1[-1], c.s2[-1])), cut[index], c)
+    for i in keeps:
+        out.add(
+            float(fit.loss_at(fit.log_tau[i], curves[i].s1[-1], curves[i].s2[-1])),
+            cut[i],
+            curves[i],
+        )
     return out if len(out.errors) >= _BACKTEST_MIN_CURVES else None
 
 
@@ -573,28 +567,45 @@ def _cross_cut(
     points) was backtested with the two last-rung curves cut to 6 points too, 3-5 % off at
     the 80th percentile, where its own end prediction, with them whole, was 0.3 % off at the
     median. None where fewer than `_BACKTEST_MIN_CURVES` could be predicted."""
-    keeps = {
-        i: min(c.losses.size // 2, at_most) for i, c in enumerate(curves) if c.losses.size >= 3
-    }
-    order = sorted(
-        (i for i, keep in keeps.items() if curves[i].s1[-1] > curves[i].s1[keep - 1]),
-        key=lambda i: (curves[i].losses.size, i),
-    )
-    if len(order) < _BACKTEST_MIN_CURVES:
+    keeps = _cuttable(curves, at_most)
+    if len(keeps) < _BACKTEST_MIN_CURVES:
         return None
+    order = sorted(keeps, key=lambda i: (curves[i].losses.size, i))
     out = _Cut()
     for fold in (order[0::2], order[1::2]):
-        cut = [_first(c, keeps[i]) if i in fold else c for i, c in enumerate(curves)]
-        fit = fit_joint(
-            cut, f_scale=2.0 * noise, max_annealing=max_annealing, start=start,
-            max_nfev=WARM_MAX_NFEV if start is not None else 200,
-        )  # fmt: skip
+        fit, cut = _fit_cut(curves, {i: keeps[i] for i in fold}, max_annealing, noise, start)
         speeds = _speeds(fit, cut, noise)
         for i in fold:
             out.add(
                 float(fit.loss_at(speeds[i], curves[i].s1[-1], curves[i].s2[-1])), cut[i], curves[i]
             )
     return out if len(out.errors) >= _BACKTEST_MIN_CURVES else None
+
+
+def _cuttable(curves: Sequence[CurveData], at_most: int | None = None) -> dict[int, int]:
+    """Each curve of at least 3 points that a cut to its first half (at most `at_most`
+    points) shortens: its index -> the points it keeps, in the curves' order."""
+    keeps = {}
+    for i, c in enumerate(curves):
+        if c.losses.size >= 3:
+            keep = c.losses.size // 2 if at_most is None else min(c.losses.size // 2, at_most)
+            if c.s1[-1] > c.s1[keep - 1]:
+                keeps[i] = keep
+    return keeps
+
+
+def _fit_cut(
+    curves: Sequence[CurveData], keeps: dict[int, int], max_annealing: float, noise: float,
+    start: JointFit | None,
+) -> tuple[JointFit, list[CurveData]]:  # fmt: skip
+    """The curves in `keeps` cut to their first points, the others whole, fitted jointly from
+    `start` (a short warm fit) or cold."""
+    cut = [_first(c, keeps[i]) if i in keeps else c for i, c in enumerate(curves)]
+    fit = fit_joint(
+        cut, f_scale=2.0 * noise, max_annealing=max_annealing, start=start,
+        max_nfev=WARM_MAX_NFEV if start is not None else 200,
+    )  # fmt: skip
+    return fit, cut
 
 
 def _rank_agreement(predicted: Sequence[float], observed: Sequence[float]) -> float:
