@@ -153,6 +153,34 @@ def test_the_bands_backtest_cuts_each_curve_to_the_targets_points_with_the_other
     assert all(abs(a / b - 1) > 1e-6 for a, b in zip(again.law[4:], crossed.law[4:], strict=True))
 
 
+def test_where_the_half_cut_stands_where_the_target_does_the_jackknife_counts_once() -> None:
+    """A target with at least half of each curve's points (the last rung, the pick) is
+    backtested by the half cut, whose refits already hold how much a prediction rests on
+    which curves: the larger of the two counts, not both. On curves the law draws the
+    backtest's is the larger, so the band does not depend on the jackknife's groups, and it
+    still holds the truth. A target of fewer points (the cut to its own points) keeps both.
+    (Where the jackknife is the larger, the demo study of seed 3 below, it still counts.)"""
+    trials, truths = _trials(7, 0.5, seed=3)  # 6 points each, over half of each run
+    rates = learning_rates("linear", 300, 0, 1e-3)
+    s1, s2 = schedule_areas(rates)
+    steps = np.arange(30, 301, 30)  # a whole run through its decay in 10 points (half: 5)
+    noise = np.random.default_rng(103).normal(0, NOISE, steps.size)
+    short = curve_data(list(steps), list(_law(0.5, s1[steps - 1], s2[steps - 1]) + noise), rates)
+    for i, target in enumerate(trials):
+        others = [*trials[:i], *trials[i + 1 :]]
+        curves = [*others, short, target]
+        fit, noise_sd, max_annealing = fit_shared(curves)
+        assert backtest(curves, max_annealing, noise_sd, fit, points=6).at_half
+        assert leave_out_log_spread(curves, fit, noise_sd) > 0  # it would have counted
+        two, eight = (predict_final(target, [*others, short], groups=g) for g in (2, 8))
+        assert two.shape_identified and (two.p10, two.p90) == (eight.p10, eight.p90)
+        assert eight.p10 <= truths[i] <= eight.p90
+        # The reference in 30 points (half: 15 > 6): cut to the target's 6, jackknife kept.
+        peers = [*others, _reference(seed=12)]
+        two, eight = (predict_final(target, peers, groups=g) for g in (2, 8))
+        assert (two.p10, two.p90) != (eight.p10, eight.p90)
+
+
 def test_where_no_backtest_can_run_a_curve_reaching_past_the_end_keeps_the_shaped_prior() -> None:
     """A complete run that reaches past every trial's end (a full run that reported back)
     pins the shared shape, not where each configuration's own curve ends: where the study's

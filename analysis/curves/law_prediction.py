@@ -13,7 +13,9 @@ through a decay of its own: the reference run, a full run that reported back):
   which configuration's decay it borrowed. Where only one did (the reference run alone, or
   one full run), that curve stays in every refit: leaving it out would hold the annealing
   term at 0, and the spread would be the error of a prediction without any decay (about
-  twice too high), not the error of this one;
+  twice too high), not the error of this one. Where the backtest's half cut stands where
+  the target does (it holds at least half of each curve's points: the last rung, the pick),
+  the backtest's refits measure this too, and only the larger of the two counts;
 * the target's own points: the shift of its prediction when its last point is left out;
 * the fit's residual sd (one evaluation's noise at least);
 * how far the target's end lies beyond the reach of every curve on the shared shape
@@ -170,7 +172,9 @@ def predict_final(
     else the priors. While no curve went through a decay (C unidentified) it applies over
     the target's whole distance (prior `EXTRAPOLATION_LOG_SD`); after, over the distance
     beyond the curves' reach (prior `EXTRAPOLATION_LOG_SD`) and the target's whole distance
-    (prior `SHAPED_LOG_SD`, `ONE_SHAPE_LOG_SD` where one curve alone went through a decay).
+    (prior `SHAPED_LOG_SD`, `ONE_SHAPE_LOG_SD` where one curve alone went through a decay),
+    this last one or the jackknife's, the larger, where the backtest's half cut stands
+    where the target does (`Backtest.at_half`).
     Where every curve through a decay saw only part of it, the p50 and the band move toward
     the law without annealing (`_partly_annealed`).
 
@@ -218,12 +222,22 @@ def predict_final(
         shaped_log_sd = beyond_log_sd = measured
     if not identified:
         prior = (EXTRAPOLATION_LOG_SD if measured is None else measured) * _distance(target)
+    rests = leave_out_log_spread(curves, fit, noise, groups)
+    shaped = shaped_log_sd * _distance(target) if identified else 0.0
+    if identified and measured is not None and checked.at_half:
+        # The half cut stands where the target does (it holds at least half of each curve's
+        # points: the last rung, the pick): its refits' errors already hold how much a
+        # prediction rests on which curves, and the two measure one uncertainty: the larger
+        # counts, not both (the pick's band held 100 % at 5x its error). Where the cut is to
+        # the target's few points, the curves cut are ones that went on, and both count
+        # (docs/curve-replay.md, "The jackknife counted twice").
+        rests, shaped = 0.0, max(rests, shaped)
     terms = (
-        leave_out_log_spread(curves, fit, noise, groups),
+        rests,
         _own_points_log_shift(curves, fit, max_annealing, noise),
         max(noise, fit.residual_sd) / p50,
         beyond_log_sd * _beyond_the_curves(fit, curves, noise) if identified else prior,
-        shaped_log_sd * _distance(target) if identified else 0.0,
+        shaped,
     )
     half = log_half_width(Z90 * math.sqrt(sum(t**2 for t in terms)))
     p50, lower, upper = _partly_annealed(curves, fit, noise, p50, half)
@@ -459,11 +473,14 @@ class Backtest:
             them better (Spearman) than the cut curves' own last losses do: only then may
             its p50 rank trials.
         checks: The curves that were cut and predicted.
+        at_half: `log_sd` is the half cut's because the target holds at least half of each
+            curve's points (or no target was given): the cuts stand where it stands.
     """
 
     log_sd: float = 0.0
     law_ranks_better: bool = False
     checks: int = 0
+    at_half: bool = False
 
 
 def backtest(
@@ -495,12 +512,14 @@ def backtest(
         return Backtest()
     better = _rank_agreement(half.law, half.observed) > _rank_agreement(half.last, half.observed)
     per_unit = [e / d for e, d in zip(half.errors, half.distances, strict=True)]
-    if points is not None and any(c.losses.size // 2 > points for c in curves):
+    at_half = points is None or all(c.losses.size // 2 <= points for c in curves)
+    if not at_half:
+        assert points is not None
         matched = _cross_cut(curves, max_annealing, noise, start, points)
         if matched is not None:
             per_unit = [e / d for e, d in zip(matched.errors, matched.distances, strict=True)]
     log_sd = float(np.quantile(per_unit, _BACKTEST_QUANTILE)) / Z90
-    return Backtest(log_sd, better, len(half.errors))
+    return Backtest(log_sd, better, len(half.errors), at_half)
 
 
 @dataclass(frozen=True)
