@@ -513,8 +513,7 @@ def backtest(
     better = _rank_agreement(half.law, half.observed) > _rank_agreement(half.last, half.observed)
     per_unit = [e / d for e, d in zip(half.errors, half.distances, strict=True)]
     at_half = points is None or all(c.losses.size // 2 <= points for c in curves)
-    if not at_half:
-        assert points is not None
+    if points is not None and not at_half:
         matched = _cross_cut(curves, max_annealing, noise, start, points)
         if matched is not None:
             per_unit = [e / d for e, d in zip(matched.errors, matched.distances, strict=True)]
