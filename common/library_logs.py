@@ -3,6 +3,9 @@
 bitsandbytes (imported by PEFT and by transformers' Trainer whenever it is installed) warns on
 every import, on CPUs with AVX512-BF16, that an optional CPU kernel from the model hub is
 missing: a second line on stderr before a command's one error line, with nothing to act on.
+Since transformers 5.25 requires the `kernels` package, bitsandbytes asks it for that kernel,
+and under `HF_HUB_OFFLINE=1` `kernels` says first that it skips the kernel's publisher check
+(the same kernel, the same nothing to act on).
 
 A tracked full run saves its adapter as an MLflow model after its summary is printed; there
 `mlflow.transformers` narrates at INFO what it does with a PEFT model (three lines that
@@ -20,6 +23,7 @@ import warnings
 # Logger name -> the lowest level that still shows.
 QUIET_LOGGERS = {
     "bitsandbytes.backends.cpu.ops": logging.ERROR,
+    "kernels._internals.hf_hub": logging.ERROR,
     "mlflow.transformers": logging.WARNING,
 }
 # (message regex, category, module regex) of library warnings with nothing for the user to do.
