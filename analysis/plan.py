@@ -31,6 +31,7 @@ from analysis.planning.fits import (
     best_of_profile,
     coefficients_for,
     gpu_counts,
+    memory_remedy,
     nf4_instead,
     toggled_checkpointing,
 )
@@ -42,10 +43,10 @@ from analysis.planning.inputs import (
 )
 from analysis.planning.output import (
     gpu_count_report,
-    nf4_flags,
-    nf4_report,
     plan_lines,
     plan_report,
+    remedy_flags,
+    remedy_report,
 )
 from analysis.search.schedule import DEFAULT_RUNGS, DEFAULT_TRIAL_FRACTION, parse_rungs
 from analysis.timemodel.gpus import KNOWN_GPUS, GpuSpec, custom_gpu, find_gpu
@@ -336,19 +337,26 @@ def main(argv: list[str] | None = None) -> int:
         for name, profile in space.profiles.items()
     }
     report = plan_report(args, target, config, source, measured, (chosen, other), profiles)
-    # A 16-bit base too large for the GPU: the same run on an NF4 one, the step users take.
+    # A run too large for the GPU: the same batch at a smaller micro-batch and/or with
+    # checkpointing (the base as trained), else on an NF4 base: the steps users take.
+    remedy = memory_remedy(chosen, target)
+    if remedy is not None:
+        report["memory_remedy"] = remedy_report(remedy, chosen, args.price_per_hour)
     nf4 = nf4_instead(chosen, target)
     if nf4 is not None:
-        report["nf4_base"] = nf4_report(nf4[0], args.price_per_hour)
+        report["nf4_base"] = remedy_report(nf4[0], chosen, args.price_per_hour, nf4=True)
     counts = _gpu_list(args.gpus)
     if counts != [1]:
         report["gpu_counts"] = gpu_count_report(
             *gpu_counts(chosen.shape, target, counts), args.price_per_hour
         )
-        if nf4 is not None and report["gpu_counts"]["fastest"] is None:
-            report["gpu_counts"]["nf4_base"] = {
-                **gpu_count_report(*gpu_counts(nf4[0].shape, nf4[1], counts), args.price_per_hour),
-                "flags": nf4_flags(nf4[0]),
+        # Data parallelism copies the run to each GPU: what fits one GPU's memory fits each.
+        fitting = (remedy, target, False) if remedy else (*nf4, True) if nf4 else None
+        if report["gpu_counts"]["fastest"] is None and fitting is not None:
+            fit, on, quantized = fitting
+            report["gpu_counts"]["nf4_base" if quantized else "memory_remedy"] = {
+                **gpu_count_report(*gpu_counts(fit.shape, on, counts), args.price_per_hour),
+                "flags": remedy_flags(fit, chosen, nf4=quantized),
             }
     if args.search_hours is not None or args.search_budget_pct is not None:
         report["search"] = _search(args, chosen)

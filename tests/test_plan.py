@@ -12,7 +12,13 @@ import pytest
 
 from analysis.calibration.file import VERSION, Calibration
 from analysis.plan import main
-from analysis.planning.fits import RunShape, coefficients_for, evaluate, plan_of_shape
+from analysis.planning.fits import (
+    RunShape,
+    coefficients_for,
+    evaluate,
+    plan_of_shape,
+    same_batch_variants,
+)
 from analysis.planning.inputs import lengths_from_count, load_model_config, shipped_configs
 from analysis.timemodel.gpus import KNOWN_GPUS, find_gpu, peak_of
 from analysis.timemodel.hardware import fingerprint, gpu_peak_flops
@@ -36,6 +42,10 @@ PUBLISHED_PARAMETERS = {
     "llama-2-7b": 6_738_415_616,
     "llama-3.1-8b": 8_030_261_248,
     "llama-3.2-3b": 3_212_749_824,
+    # 70B-class bases, counted by hand from their shapes (embeddings and head untied; Qwen2's
+    # q/k/v biases): the cards round them to 70.6B and 72.7B.
+    "llama-3.1-70b": 70_553_706_496,
+    "qwen2.5-72b": 72_706_203_648,
     # ms-swift's table; their model pages round these to 6.06B and 7.51B.
     "yi-6b": 6_061_035_520,
     "baichuan2-7b": 7_505_973_248,
@@ -173,7 +183,78 @@ def test_a_16_bit_base_too_large_for_the_gpu_is_planned_on_nf4_too(
     assert code == 0
     roomy = json.loads(out.read_text())
     assert not roomy["plan"]["fits_memory"] and roomy["other_checkpointing"]["fits_memory"]
-    assert "nf4_base" not in roomy
+    assert "nf4_base" not in roomy and roomy["memory_remedy"]["fits_memory"]
+
+
+@pytest.mark.parametrize(
+    ("micro", "accumulation", "micros"), [(4, 4, [4, 2, 1]), (3, 5, [3, 1]), (1, 8, [1])]
+)
+def test_same_batch_variants_keep_the_effective_batch(
+    micro: int, accumulation: int, micros: list[int]
+) -> None:
+    variants = same_batch_variants(RunShape(micro, accumulation, 2048, 16))
+    assert [v.micro_batch_size for v in variants] == [m for m in micros for _ in (0, 1)]
+    assert {v.gradient_checkpointing for v in variants} == {False, True}
+    assert {v.micro_batch_size * v.gradient_accumulation_steps for v in variants} == {
+        micro * accumulation
+    }
+
+
+def _plan_json(capsys: pytest.CaptureFixture[str], out: Path, *args: str) -> tuple[dict[str, Any], str]:
+    code, stdout, _ = plan_cli(capsys, *args, "--json", str(out))
+    assert code == 0
+    return json.loads(out.read_text()), stdout
+
+
+def test_a_run_too_large_for_the_gpu_is_shown_the_fastest_same_batch_run_that_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Llama-3.1-8B at the default 4 x 4 of 2,048 tokens without checkpointing needs about
+    # 160 GiB at p90: no count of H100s holds it, and the plan said only that.
+    run = ["--model-config", "llama-3.1-8b", "--gpu", "H100", "--samples", "50000",
+           "--tokens-per-sample", "600", "--max-length", "2048"]  # fmt: skip
+    out = tmp_path / "plan.json"
+    report, stdout = _plan_json(capsys, out, *run, "--gpus", "1,8")
+    assert not report["plan"]["fits_memory"] and "nf4_base" not in report
+    remedy = report["memory_remedy"]
+    assert remedy["fits_memory"] and f"fits the memory with {remedy['flags']}" in stdout
+    batch = remedy["run"]["micro_batch_size"] * remedy["run"]["gradient_accumulation_steps"]
+    assert batch == 16 and "the same effective batch of 16" in stdout
+    # No faster run of the same batch fits: the one with checkpointing toggled among them.
+    if report["other_checkpointing"]["fits_memory"]:
+        assert remedy["duration_hours"]["p50"] <= report["other_checkpointing"]["duration_hours"]["p50"]
+    counts = report["gpu_counts"]
+    assert counts["fastest"] is None and "no GPU count fits the memory" in stdout
+    assert counts["memory_remedy"]["cheapest"] is not None
+    assert f"with {remedy['flags']}: fastest that fits" in stdout
+    assert "on 1 GPU (the GPUs table below" in stdout
+    # The flags it names give the run it showed, which then needs no remedy.
+    again, stdout = _plan_json(capsys, out, *run, *remedy["flags"].split())
+    assert again["plan"]["fits_memory"] and "memory_remedy" not in again
+    assert again["plan"]["peak_memory_gib_p90"] == pytest.approx(remedy["peak_memory_gib_p90"])
+    assert again["plan"]["duration_hours"] == pytest.approx(remedy["duration_hours"])
+    assert "fits the memory with" not in stdout and "on 1 GPU" not in stdout
+
+
+def test_a_70b_base_on_one_h100_is_planned_on_nf4_at_a_micro_batch_that_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # QLoRA exists for this: a 70B base in NF4 is about 41 GiB. At 4 x 2,048 tokens with
+    # checkpointing it still needs about 122 GiB at p90; at 1 x 16 it fits one H100.
+    run = ["--model-config", "llama-3.1-70b", "--gpu", "H100", "--samples", "50000",
+           "--tokens-per-sample", "600", "--max-length", "2048"]  # fmt: skip
+    out = tmp_path / "plan.json"
+    report, _ = _plan_json(capsys, out, *run, "--gpus", "1,2")
+    assert "memory_remedy" not in report  # no 16-bit run of this batch fits
+    nf4 = report["nf4_base"]
+    assert nf4["fits_memory"] and nf4["flags"].startswith("--quantization nf4 --micro-batch-size")
+    assert nf4["run"]["micro_batch_size"] < 4
+    assert report["gpu_counts"]["nf4_base"]["cheapest"] is not None
+    same_micro, _ = _plan_json(capsys, out, *run, "--quantization", "nf4", "--gradient-checkpointing")
+    assert not same_micro["plan"]["fits_memory"]
+    again, _ = _plan_json(capsys, out, *run, *nf4["flags"].split())
+    assert again["plan"]["fits_memory"]
+    assert again["plan"]["duration_hours"] == pytest.approx(nf4["duration_hours"])
 
 
 def test_unknown_gpu_described_by_flags(capsys: pytest.CaptureFixture[str]) -> None:

@@ -81,14 +81,35 @@ def plan_report(
     }  # fmt: skip
 
 
-def nf4_report(fit: Fit, price: float | None) -> dict[str, Any]:
-    """The run on an NF4 base (`analysis.planning.fits.nf4_instead`), with the flags it takes."""
-    return {**_fit_dict(fit, price), "flags": nf4_flags(fit)}
+def remedy_report(fit: Fit, chosen: Fit, price: float | None, *, nf4: bool = False) -> dict[str, Any]:
+    """A run that fits where `chosen` does not (`analysis.planning.fits.memory_remedy`, or
+    `nf4_instead` with `nf4`), with the flags that make `chosen`'s command plan it."""
+    return {**_fit_dict(fit, price), "flags": remedy_flags(fit, chosen, nf4=nf4)}
 
 
-def nf4_flags(fit: Fit) -> str:
-    """The plan's flags that make a 16-bit run `fit`, an NF4 one."""
-    return "--quantization nf4" + (" --gradient-checkpointing" if fit.shape.gradient_checkpointing else "")
+def remedy_flags(fit: Fit, chosen: Fit, *, nf4: bool = False) -> str:
+    """The plan's flags that turn `chosen`'s run into `fit`'s."""
+    flags = ["--quantization nf4"] if nf4 else []
+    shape, before = fit.shape, chosen.shape
+    if shape.micro_batch_size != before.micro_batch_size:
+        flags.append(f"--micro-batch-size {shape.micro_batch_size}")
+    if shape.gradient_accumulation_steps != before.gradient_accumulation_steps:
+        flags.append(f"--gradient-accumulation-steps {shape.gradient_accumulation_steps}")
+    if shape.gradient_checkpointing != before.gradient_checkpointing:
+        flags.append(("--" if shape.gradient_checkpointing else "--no-") + "gradient-checkpointing")
+    return " ".join(flags)
+
+
+def _remedy_line(remedy: dict[str, Any], window: float | None) -> str:
+    hours = remedy["duration_hours"]
+    run = remedy["run"]
+    batch = run["micro_batch_size"] * run["gradient_accumulation_steps"]
+    return (
+        f"fits the memory with {remedy['flags']} (the same effective batch of {batch}): "
+        f"peak {remedy['peak_memory_gib']:.1f} GiB (p90 {remedy['peak_memory_gib_p90']:.1f}), "
+        f"p50 {format_duration(hours['p50'] * 3600)}, p90 {format_duration(hours['p90'] * 3600)}: "
+        f"fits {_verdict(remedy, window)}"
+    )
 
 
 def _nf4_line(nf4: dict[str, Any], window: float | None) -> str:
@@ -133,7 +154,8 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
         f"data: {report['data']['train_samples']} training samples, {report['data']['tokens']:,} tokens ({report['data']['lengths']})",
         f"run: micro-batch {run['micro_batch_size']} x accumulation {run['gradient_accumulation_steps']}, "
         f"max_length {run['max_length']}, gradient checkpointing {'on' if run['gradient_checkpointing'] else 'off'}, "
-        f"{run['epochs']:g} epoch(s), {plan['optimizer_steps']} optimizer steps",
+        f"{run['epochs']:g} epoch(s), {plan['optimizer_steps']} optimizer steps"
+        + (" on 1 GPU (the GPUs table below: on several)" if report.get("gpu_counts") else ""),
         "setup: attention {attention}, LoRA targets {targets}, logits {logits}, {packing}longest "
         "sample {longest}, memory as {measure}".format(
             attention=report["setup"]["attention"],
@@ -179,6 +201,8 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
             f"cost: p10 {cost['p10']:.2f}, p50 {cost['p50']:.2f}, p90 {cost['p90']:.2f} at {report['price_per_hour']:g}/h"
         )
     lines.append(f"fits: {_verdict(plan, report['window_hours'])}")
+    if report.get("memory_remedy"):
+        lines.append(_remedy_line(report["memory_remedy"], report["window_hours"]))
     if report.get("nf4_base"):
         lines.append(_nf4_line(report["nf4_base"], report["window_hours"]))
     search = report.get("search")
@@ -239,6 +263,9 @@ def gpu_count_lines(counts: dict[str, Any], window: float | None) -> list[str]:
             f"{run['peak_memory_gib_p90']:5.1f} GiB/GPU  {_verdict(run, window)}"
         )  # fmt: skip
     lines.append(_count_verdict(counts, window))
+    remedy = counts.get("memory_remedy")
+    if remedy is not None:
+        lines.append(f"with {remedy['flags']}: " + _count_verdict(remedy, window))
     nf4 = counts.get("nf4_base")
     if nf4 is not None:
         lines.append(f"with an NF4 base ({nf4['flags']}): " + _count_verdict(nf4, window))
