@@ -59,7 +59,7 @@ from trainers.events import EvalInfo  # noqa: E402
 
 DEFAULT_CURVES = Path(__file__).resolve().parent / "data" / "qwen05b_dolly_lora_200.json"
 RUN_ATTR = "replay_run"  # a replayed trial's run: its index in the pool
-BUDGETS = (0.5, 0.75, 1.0)  # search budgets (full runs) the default is planned into
+BUDGETS = (0.3, 0.4, 0.5, 0.75, 1.0)  # search budgets (full runs) the default is planned into
 NOT_REPLAYED = (
     "not replayed: the loss-shape reference run (the recorded runs never ran a compressed "
     "schedule of their own), the time model and search budget (recorded steps are the cost), "

@@ -173,7 +173,7 @@ def test_the_rungs_are_scaled_into_what_the_trials_at_their_fraction_leave() -> 
     assert "then the 4 best to 0.2, then the 2 best to 0.5 of their full run" in text
 
 
-def test_a_budget_scales_all_rungs_by_one_factor_or_drops_them() -> None:
+def test_a_budget_scales_all_rungs_by_one_factor_then_keeps_the_last_alone_or_drops_them() -> None:
     # 4 at 0.2 then 2 at 0.5 would take 4 x 2.1 + 2 x 6.1 = 20.6 h; 32 h less the 8 trials
     # the first rung halves (16.8 h) leaves 15.2.
     plan = _plan(COST, 32.0, rungs=((4, 0.2), (2, 0.5)))
@@ -182,8 +182,16 @@ def test_a_budget_scales_all_rungs_by_one_factor_or_drops_them() -> None:
     assert low < 0.2 and high / low == pytest.approx(2.5, rel=0.01)
     assert plan.promote_hours <= 15.2 * 1.000001 and plan.planned_hours <= 32.0 * 1.000001
     # 26 h leaves 9.2 h: not even the rungs with the first at 1.5 x the trials' share
-    # (0.15, then 0.375: 13.6 h) fit.
-    none = _plan(COST, 26.0, rungs=((4, 0.2), (2, 0.5)))
+    # (0.15, then 0.375: 13.6 h) fit; the last rung alone does (at 0.15 it takes 2.2 h), as
+    # far as the rest holds, rather than leaving it unspent (the trials then take what the
+    # rung leaves, at a share under 0.1, and the rung is priced again from theirs).
+    last = _plan(COST, 26.0, rungs=((4, 0.2), (2, 0.5)))
+    ((keep, share),) = last.rungs
+    assert keep == 2 and 1.5 * last.fidelity <= share < 0.5 and last.promote == 2
+    assert last.promote_hours > 2.2 and last.planned_hours == pytest.approx(26.0, rel=0.01)
+    assert "it holds only its last rung, at a shorter share" in "\n".join(last.lines())
+    # 18 h leaves 1.2 h after the 8 trials: not even the last rung at 0.15 fits.
+    none = _plan(COST, 18.0, rungs=((4, 0.2), (2, 0.5)))
     assert none.rungs == () and none.promote == 0
     assert "it holds none of them" in "\n".join(none.lines())
     # Trials that alone take more than the budget leave the rungs nothing.

@@ -256,7 +256,12 @@ class SearchPlan:
             )
         if self.rungs != self.rungs_asked:
             asked = ", then ".join(f"{k} to {f:.3g}" for k, f in self.rungs_asked)
-            held = "none of them" if not self.rungs else "them at shorter shares"
+            held = (
+                "none of them" if not self.rungs
+                else "them at shorter shares" if len(self.rungs) == len(self.rungs_asked)
+                else "only its last rung, at a shorter share" if len(self.rungs) == 1
+                else f"only its last {len(self.rungs)}, at shorter shares"
+            )  # fmt: skip
             lines.append(
                 f"  the rungs asked for ({asked}) do not fit the budget: it holds {held}; "
                 "a larger --search-hours or --search-budget-pct holds more"
@@ -429,15 +434,31 @@ def rungs_within(
     cost: TrialCost, rungs: Sequence[tuple[int, float]], fidelity: float, room: float
 ) -> tuple[tuple[int, float], ...]:
     """`rungs` after trials at `fidelity`, their shares scaled down by one factor (their
-    trials kept) until they fit in `room` seconds; () where even the first rung at
-    `RUNG_STEP` x the trials' share would not fit.
+    trials kept) until they fit in `room` seconds. Where even the first rung at `RUNG_STEP`
+    x the trials' share would not fit, the rungs after it alone, scaled the same way (the
+    last rung alone last: the pick is the best of the furthest rung); () where not even that
+    fits.
 
     Scaling keeps the schedule's shape: on recorded real LoRA curves (docs/curve-replay.md)
     the default rungs scaled into a third of their cost picked a top-two configuration in 58 %
     of replayed studies; in a first screen of the same curves fewer trials on the same rungs
-    picked about 37 % at that cost.
+    picked about 37 % at that cost. Below that the trials alone, ranked by their loss at
+    their share, left the rest of the budget unspent (docs/curve-replay.md, "A budget too
+    small for the rungs").
     """
-    if not rungs or rungs_seconds(cost, rungs, fidelity) <= room * (1 + 1e-9):
+    for first in range(len(rungs)):
+        held = _scaled_into(cost, rungs[first:], fidelity, room)
+        if held is not None:
+            return held
+    return ()
+
+
+def _scaled_into(
+    cost: TrialCost, rungs: Sequence[tuple[int, float]], fidelity: float, room: float
+) -> tuple[tuple[int, float], ...] | None:
+    """`rungs` scaled by the largest factor that fits `room` (themselves where they fit);
+    None where the first at `RUNG_STEP` x `fidelity` would not."""
+    if rungs_seconds(cost, rungs, fidelity) <= room * (1 + 1e-9):
         return tuple(rungs)
     lowest = RUNG_STEP * fidelity / rungs[0][1]
 
@@ -445,7 +466,7 @@ def rungs_within(
         return tuple((k, float(f"{f * factor:.3g}")) for k, f in rungs)
 
     if lowest >= 1 or rungs_seconds(cost, scaled(lowest), fidelity) > room:
-        return ()
+        return None
     low, high = lowest, 1.0
     for _ in range(40):
         middle = 0.5 * (low + high)
