@@ -28,7 +28,8 @@ from common.fmt import format_hours
 # Why 50 %: benchmarks/curve_replay.py on 200 recorded LoRA runs of a pre-trained model
 # (docs/curve-replay.md): the default rungs scaled into half a full run of search picked a
 # top-two configuration of 12 in 58 % of studies, into one full run 83 %, unscaled (1.48)
-# 87 % (2026-11-29); at a tenth of a full run no trial reaches the curves' first evaluation.
+# 87 % (2026-11-29), the last rung alone at 0.4 full runs 49 % (2026-12-07); at a tenth of
+# a full run no trial reaches the curves' first evaluation.
 # Below an hour of full run the fixed costs of a trial (start-up, evaluations, a save) are
 # minutes and would not fit in any share of it, so the default applies only from there; a
 # flag always applies.
