@@ -154,8 +154,8 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--max-length",
         type=int,
-        help="Tokens per training sample (default: the profile's, else "
-        f"{DEFAULT_SHAPE.max_length}).",
+        help="Tokens per training sample (default: the profile's own, else with --data the "
+        f"data's p99 token length, as a study trains, else {DEFAULT_SHAPE.max_length}).",
     )
     run.add_argument(
         "--lora-r", type=int, default=DEFAULT_SHAPE.lora_r, help="LoRA rank (every linear layer)."
@@ -306,11 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     coefficients, source = coefficients_for(
         gpu, calibrations=args.calibration, tflops=args.gpu_tflops
     )
-    max_length = args.max_length or (
-        space.profiles[args.profile].max_length
-        if args.profile in space.profiles
-        else DEFAULT_SHAPE.max_length
-    )
+    max_length = _max_length(args, space, config)
     lengths, measured = _lengths(args, max_length)
     setup = RunSetup(
         attention=args.attention,
@@ -328,12 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     target = Target(
         model, lengths, gpu, coefficients, args.window_hours, setup, memory=_memory_terms()
     )
-    chosen = _chosen(args, space, target)
+    chosen = _chosen(args, space, target, max_length)
     other = toggled_checkpointing(chosen, target)
     profiles = {
         name: best_of_profile(
-            profile, target, lora_r=args.lora_r, epochs=args.epochs, max_length=args.max_length
-        )
+            profile, target, lora_r=args.lora_r, epochs=args.epochs,
+            max_length=args.max_length or (profile.max_length or max_length),
+        )  # fmt: skip
         for name, profile in space.profiles.items()
     }
     report = plan_report(args, target, config, source, measured, (chosen, other), profiles)
@@ -455,7 +452,24 @@ def _lengths_vary(args: argparse.Namespace, lengths: Sequence[int], max_length: 
     return args.tokens_per_sample is not None and args.tokens_per_sample < max_length
 
 
-def _chosen(args: argparse.Namespace, space: Any, target: Target) -> Fit:
+def _max_length(args: argparse.Namespace, space: Any, config: Any) -> int:
+    """The run's tokens per sample: --max-length, else the profile's own, else as a study
+    sets it: the data's p99 token length within the model's context (with --data), else
+    `DEFAULT_SHAPE`'s."""
+    from trainers.data.dataset import long_tail_length
+
+    profile = space.profiles.get(args.profile) if args.profile else None
+    given = args.max_length or (profile.max_length if profile is not None else None)
+    if given:
+        return int(given)
+    if not args.data:
+        return DEFAULT_SHAPE.max_length
+    context = getattr(config, "max_position_embeddings", None) or 2048
+    whole, _ = _lengths(args, int(context))
+    return long_tail_length(whole, int(context))
+
+
+def _chosen(args: argparse.Namespace, space: Any, target: Target, max_length: int) -> Fit:
     """The run asked for: a profile's best choice, with any explicit value put over it."""
     if args.profile is not None:
         if args.profile not in space.profiles:
@@ -464,10 +478,13 @@ def _chosen(args: argparse.Namespace, space: Any, target: Target) -> Fit:
             )
         base = best_of_profile(
             space.profiles[args.profile], target, lora_r=args.lora_r, epochs=args.epochs,
-            max_length=args.max_length,
+            max_length=max_length,
         ).shape  # fmt: skip
     else:
-        base = RunShape(**{**DEFAULT_SHAPE.__dict__, "epochs": args.epochs, "lora_r": args.lora_r})
+        base = RunShape(**{
+            **DEFAULT_SHAPE.__dict__, "epochs": args.epochs, "lora_r": args.lora_r,
+            "max_length": max_length,
+        })  # fmt: skip
     given = {
         name: getattr(args, name)
         for name in ("micro_batch_size", "gradient_accumulation_steps", "max_length",

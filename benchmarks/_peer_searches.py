@@ -125,7 +125,7 @@ def hf_search(
     space = prepared.space
     train_sets = {
         length: _examples(config, prepared, length, tokenizer).train
-        for length in sorted({p.max_length for p in space.profiles.values()})
+        for length in sorted({p.length() for p in space.profiles.values()})
     }
     validation = _examples(config, prepared, prepared.eval_max_length, tokenizer).validation
     holder: dict[str, Any] = {}

@@ -80,12 +80,13 @@ FRACTIONS = (0.01, 0.02, 0.05, 0.1)
 EVAL_SAMPLES = 200  # the same validation samples for every trial and full run
 
 
-def draw_configs(n: int, seed: int) -> list[dict[str, Any]]:
-    """`n` unpacked, unquantized configurations from the default space, learning rate in its upper decade."""
+def draw_configs(n: int, seed: int, space: Any = None) -> list[dict[str, Any]]:
+    """`n` unpacked, unquantized configurations from the default space (`space`: the study's,
+    its profiles at its training length), learning rate in its upper decade."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = load_space(None)
+    space = space or load_space(None)
     from search_spaces.domains import parse_domain
 
     # Unpacked only (a packed trial's length counts packed sequences: the study's estimator
@@ -570,7 +571,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         args.pretrain_steps, args.data, args.samples, args.label_noise, args.trial_evals,
         args.seed, model=args.model, data_file=args.data_file, device=args.device,
     ) as (config, prepared, work):  # fmt: skip
-        for index, params in enumerate(draw_configs(args.configs, args.seed)):
+        for index, params in enumerate(draw_configs(args.configs, args.seed, prepared.space)):
             row = run_config(config, params, prepared, work, index, fractions)
             payload["rows"].append(row)
             print(

@@ -282,6 +282,13 @@ class StudyConfig:
     )
     trial: TrialConfig = part(TrialConfig, TrialConfig.__doc__, flat=True, prefix="trial_")
     eval_samples: int = same_as(TrainSpec, "eval_samples", default=STUDY_EVAL_SAMPLES)
+    max_length: int | None = knob(
+        None,
+        "Tokens per training sample (a longer one is cut; with padding-free packing, the most "
+        "tokens of a packed sequence), for every profile that sets none. Default: the data's "
+        "p99 token length, capped by the model's context.",
+        at_least=1,
+    )
     eval_max_length: int | None = knob(
         None,
         "Tokens per validation sample, for every run of the study. Default: the data's p99 "
@@ -349,6 +356,7 @@ class StudyConfig:
                 object.__setattr__(self, name, tuple([value] if isinstance(value, str) else value))
         require_int("eval_samples", self.eval_samples, 1)
         require_int("n_trials", self.n_trials, 1)
+        require_int("max_length", self.max_length, 1, optional=True)
         require_int("eval_max_length", self.eval_max_length, 1, optional=True)
         require_int("heartbeat_seconds", self.heartbeat_seconds, 1)
         require(

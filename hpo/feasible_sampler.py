@@ -13,7 +13,9 @@ again, up to `ATTEMPTS` draws in all: sampling from the proposal restricted to w
 picks each draw as the best of its candidates by its model, so draws repeat where that model
 prefers the misfits; the last one is then repaired: its time-relevant choices (profile,
 micro-batch, accumulation, rank, packing, quantization) become those of the nearest
-configuration that fits (fewest choices changed), the rest of TPE's proposal kept. When none
+configuration that fits (fewest choices changed), the rest of TPE's proposal kept. A redraw
+that cannot be judged (onto a profile TPE has not modelled yet, whose batch choices are then
+drawn apart, unjudged) is no way out: after the last draw the misfit is repaired. When none
 fits nearby the draw goes on and is refused as before, and TPE learns the constraint from
 it. Only TPE is wrapped: its draws are random given its state, while GP's acquisition
 optimum or CMA-ES's generation bookkeeping would not survive being asked twice. Enqueued
@@ -88,10 +90,15 @@ class FeasibleSampler(BaseSampler):
         params = self.base.sample_relative(study, trial, search_space)
         if not params or fixed:
             return params  # start-up (independent draws), or an enqueued configuration
-        draws = 1
-        while self.fits(params) is False:
+        draws, misfit = 1, None
+        while (verdict := self.fits(params)) is not True:
+            if verdict is None and misfit is None:
+                break  # undecidable as first drawn (a profile TPE has not modelled): explore
+            # A redraw onto a profile TPE has not modelled yet cannot be judged: its choices
+            # are drawn apart, after this, and half of them missed (the repair completes it).
+            misfit = params if verdict is False else misfit
             if draws == self.attempts:
-                repaired = self.repair(params) if self.repair else None
+                repaired = self.repair(misfit) if self.repair and misfit else None
                 self._record(study, trial, draws, repaired=repaired is not None)
                 return params if repaired is None else repaired
             params = self.base.sample_relative(study, trial, search_space)

@@ -219,6 +219,7 @@ class Findings:
     model: str
     hardware: str
     other_splits: tuple[str, ...] = ()  # the data's splits beside train and the one validated
+    length: str = ""  # the training length a study takes by default, and what it cuts
 
 
 def inspect(
@@ -234,7 +235,7 @@ def inspect(
     """
     from analysis.timemodel.machine import model_profile, this_machine
     from hpo.prepare import model_context
-    from trainers.data.dataset import DataSpec, load_tokenized
+    from trainers.data.dataset import DataSpec, load_tokenized, long_tail_length
     from trainers.data.sources import open_source, splits_read, unread_splits_asked
     from trainers.model.lora import load_tokenizer
 
@@ -251,6 +252,8 @@ def inspect(
         else ""
     )  # fmt: skip
     others = [name for name in splits_read(open_source(data)) if name not in ("train", split)]
+    length = long_tail_length(stats.lengths, context)
+    cut = sum(n > length for n in stats.lengths)
     profile = model_profile(model)
     hardware = this_machine()
     memory_gb = hardware.memory_bytes / 1e9
@@ -262,6 +265,9 @@ def inspect(
         hardware=f"{hardware.device_kind} ({hardware.device_name}), {hardware.cpu_cores} "
         f"CPU cores, {memory_gb:.1f} GB memory, {hardware.precision}",
         other_splits=tuple(others),
+        length=f"# Tokens per training sample; a longer one is cut. The default is the data's "
+        f"p99 token length,\n# {length:,} here, which cuts {cut:,} of {len(stats.lengths):,} "
+        f"samples.\n# max_length: {length}\n",
     )
 
 
@@ -339,6 +345,7 @@ def _data_lines(values: dict[str, Any], found: Findings) -> str:
     if values.get("validation_split"):
         text += "# Validated on this split; the whole train split trains.\n"
         text += f"validation_split: {values['validation_split']}\n"
+    text += found.length
     if found.other_splits:
         text += f"# Its {', '.join(found.other_splits)} split(s) are not read" + (
             ".\n" if values.get("validation_split")

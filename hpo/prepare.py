@@ -6,7 +6,6 @@ Bad input stops here, before a study or an MLflow run exists.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,46 @@ class Prepared:
     train_samples: int
     dataset_stats: dict[int, Any]  # max_length -> trainers.data.dataset.DatasetStats
     eval_max_length: int  # the one validation length of every run of the study
+    max_length: int | None = None  # the study's training length (profiles without their own)
+    length_given: bool = False  # by the study's max_length; else the data's
+    data_length: int | None = None  # the data's p99 token length, within the model's context
+    context: int | None = None  # the model's
+    cuts: tuple[LengthCut, ...] = ()  # what each training length cuts
+
+
+@dataclass(frozen=True)
+class LengthCut:
+    """What one training length of a study cuts of its data."""
+
+    max_length: int
+    profiles: tuple[str, ...]  # the profiles that name this length themselves
+    study: bool  # the study's length (the profiles without one of their own train at it)
+    samples: int  # train and validation records
+    cut: int  # of them, longer than max_length
+    without_target: int  # of those, left with no target token
+
+    def line(self, prepared: Prepared) -> str:
+        """One line for the study's start: the length, where it comes from, what it cuts."""
+        whose = []
+        if self.study:
+            whose.append(
+                "the study's max_length" if prepared.length_given
+                else "the data's p99 token length (--max-length sets another)"
+            )
+        if self.profiles:
+            names = ", ".join(f"'{p}'" for p in self.profiles)
+            whose.append(f"profile{'s' if len(self.profiles) > 1 else ''} {names}'s own")
+        text = (
+            f"training at max_length {self.max_length:,} tokens, {' and '.join(whose)}: "
+            f"{self.cut:,} of {self.samples:,} samples cut ({100 * self.share:.1f} %)"
+        )
+        if self.without_target:
+            text += f", {self.without_target:,} of them left with no token to learn"
+        return text
+
+    @property
+    def share(self) -> float:
+        return self.cut / max(self.samples, 1)
 
 
 def prepare(config: StudyConfig) -> Prepared:
@@ -67,43 +106,72 @@ def prepare(config: StudyConfig) -> Prepared:
         )
     data_path = config.data or str(demo_data_path("prompt_completion"))
     tokenizer = load_tokenizer(model_path)
-    stats: dict[int, Any] = {}
-    train_samples = 0
-    for max_length in sorted({space.profiles[p].max_length for p in allowed}):
-        data = load_tokenized(
-            DataSpec(
-                path=data_path,
-                max_length=max_length,
-                validation_fraction=config.validation_fraction,
-                validation_split=config.validation_split,
-                data_columns=config.data_columns,
-                seed=config.seed,
-                cache_dir=str(work.cache),
-            ),
-            tokenizer,
-        )
-        stats[max_length] = data.stats
-        train_samples = len(data.train)
-    eval_length = config.eval_max_length or _long_tail_length(
-        DataSpec(
+    context = model_context(model_path)
+
+    def spec_at(max_length: int) -> DataSpec:
+        return DataSpec(
             path=data_path,
-            max_length=model_context(model_path),
+            max_length=max_length,
             validation_fraction=config.validation_fraction,
             validation_split=config.validation_split,
             data_columns=config.data_columns,
             seed=config.seed,
             cache_dir=str(work.cache),
-        ),
-        tokenizer,
-    )
+        )
+
+    data_length = _long_tail_length(spec_at(context), tokenizer)
+    if config.max_length is not None and config.max_length > context:
+        raise BadInputError(
+            f"max_length: {config.max_length:,} tokens is beyond the model's context of "
+            f"{context:,} tokens"
+        )
+    # The study's training length: given, or the data's own (its p99), so that a profile
+    # without a length of its own trains the samples whole, as a user's full run would.
+    length = config.max_length or data_length
+    own = {name for name in allowed if space.profiles[name].max_length is not None}
+    space = space.with_max_length(length)
+    stats: dict[int, Any] = {}
+    train_samples = 0
+    cuts: list[LengthCut] = []
+    for max_length in sorted({space.profiles[p].length() for p in allowed}):
+        data = load_tokenized(spec_at(max_length), tokenizer)
+        stats[max_length] = data.stats
+        train_samples = len(data.train)
+        cuts.append(
+            LengthCut(
+                max_length=max_length,
+                profiles=tuple(
+                    p for p in allowed if p in own and space.profiles[p].length() == max_length
+                ),
+                study=any(
+                    p not in own and space.profiles[p].length() == max_length for p in allowed
+                ),
+                samples=data.stats.records,
+                cut=data.stats.truncated,
+                without_target=_without_target(data.train + data.validation, max_length),
+            )
+        )
     return Prepared(
         model_path=str(Path(model_path).resolve()),
         data_path=str(Path(data_path).resolve()),
         space=space,
         train_samples=train_samples,
         dataset_stats=stats,
-        eval_max_length=eval_length,
+        eval_max_length=config.eval_max_length or data_length,
+        max_length=length,
+        length_given=config.max_length is not None,
+        data_length=data_length,
+        context=context,
+        cuts=tuple(cuts),
     )
+
+
+def _without_target(examples: Any, max_length: int) -> int:
+    """How many cut samples (`max_length` tokens) keep no label to learn from."""
+    from trainers.data.records import IGNORE_INDEX
+
+    cut = (e for e in examples if len(e.input_ids) >= max_length)
+    return sum(all(t == IGNORE_INDEX for t in e.labels) for e in cut)
 
 
 def family_model_type(model_path: str) -> str:
@@ -138,15 +206,8 @@ def model_context(model_path: str) -> int:
 
 
 def _long_tail_length(spec: Any, tokenizer: Any) -> int:
-    """The data's p99 token length (rounded up to a multiple of 8), within the model's context.
+    """The data's p99 token length (`trainers.data.dataset.long_tail_length`) within
+    `spec.max_length`, the model's context."""
+    from trainers.data.dataset import load_tokenized, long_tail_length
 
-    Validation samples are then cut only in the data's rare longest 1 %, whatever the
-    profile's training `max_length`: every run of the study is scored on the same tokens.
-    """
-    import numpy as np
-
-    from trainers.data.dataset import load_tokenized
-
-    lengths = load_tokenized(spec, tokenizer).stats.lengths
-    p99 = int(math.ceil(float(np.percentile(lengths, 99)))) if lengths else spec.max_length
-    return int(min(spec.max_length, max(8, -(-p99 // 8) * 8)))
+    return long_tail_length(load_tokenized(spec, tokenizer).stats.lengths, spec.max_length)

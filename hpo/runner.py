@@ -145,6 +145,8 @@ def run_study(
     if not has_heartbeats(config.storage_url) and fail_dead_workers_trials(study):
         tracker.reconcile(parent, study)  # their MLflow runs: FAILED, state=failed
     _learn_from_full_runs(tracker, estimator, study)
+    for cut in prepared.cuts:  # what the study trains on: the samples whole, or cut where
+        print(cut.line(prepared), flush=True)
     # Set-up and any probe (no calibration yet, or measuring before refusing) are search time.
     keeper, config = search_budget.start(
         study,
@@ -179,8 +181,10 @@ def _open(
     """Prepare the model and data, check the space, and open the study (nothing written
     before the check). The config comes back with the study's one validation length."""
     prepared = prepare(config)
-    # The study's one validation length: given, or the data's p99.
-    config = dataclasses.replace(config, eval_max_length=prepared.eval_max_length)
+    # The study's one validation length and its training length: given, or the data's p99.
+    config = dataclasses.replace(
+        config, eval_max_length=prepared.eval_max_length, max_length=prepared.max_length
+    )
     estimator = estimator_factory(config, prepared)
     prepared = estimator.prepared  # its space: what this machine lets the search propose
     check_space(estimator)  # before anything is written: nothing fits -> exit 2

@@ -25,7 +25,9 @@ def space_record(space: SearchSpace, profiles: tuple[str, ...] | None) -> dict[s
     allowed = profiles or space.profile_names
     record["profile"] = {
         name: {
-            k: v for k, v in dataclasses.asdict(space.profiles[name]).items() if k != "description"
+            k: v
+            for k, v in dataclasses.asdict(space.profiles[name]).items()
+            if k not in ("description", "length_from_study")
         }
         for name in allowed
         if name in space.profiles
@@ -48,11 +50,38 @@ def check_same_space(study: optuna.Study, record: dict[str, Any]) -> None:
         return
     keys = sorted(k for k in set(stored) | set(record) if stored.get(k) != record.get(k))
     free = _free_name(study)
+    lengths = _lengths_only(stored, record)
+    if lengths is not None:  # the data's p99 moved (data added), or another --max-length
+        raise BadInputError(
+            f"study '{study.study_name}' trained its profiles at max_length {lengths[0]}, "
+            f"this run at {lengths[1]}: continue it with --max-length {lengths[0]}, or run "
+            f"a new study (--study-name {free})"
+        )
     raise BadInputError(
         f"study '{study.study_name}' exists with another search space (differs in: "
         f"{', '.join(keys)}); run this space as a new study (--study-name {free}) or give "
         "the original space to continue it"
     )
+
+
+def _lengths_only(stored: dict[str, Any], record: dict[str, Any]) -> tuple[str, str] | None:
+    """The stored and the new max_lengths where they are all that differs, as text."""
+    if {k: v for k, v in stored.items() if k != "profile"} != {
+        k: v for k, v in record.items() if k != "profile"
+    }:
+        return None
+    before, now = stored.get("profile") or {}, record.get("profile") or {}
+    if set(before) != set(now):
+        return None
+    if any(_but_length(before[n]) != _but_length(now[n]) for n in now):
+        return None
+    old = sorted({str(before[n].get("max_length")) for n in now if before[n] != now[n]})
+    new = sorted({str(now[n].get("max_length")) for n in now if before[n] != now[n]})
+    return ", ".join(old), ", ".join(new)
+
+
+def _but_length(profile: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in profile.items() if k != "max_length"}
 
 
 def _free_name(study: optuna.Study) -> str:

@@ -104,9 +104,14 @@ def check_space(estimator: StudyEstimator) -> None:
     shorter = _shorter_max_length(estimator, allowed)
     if shorter is not None:
         length, profile = shorter
+        how = (
+            f"--max-length {length}, which cuts the longer samples"
+            if space.profiles[profile].length_from_study
+            else "set max_length in the space's profiles"
+        )
         raise BadInputError(
             f"{head}; a shorter max_length would fit: {length} tokens with profile "
-            f"'{profile}' (set max_length in the space's profiles){gpus}"
+            f"'{profile}' ({how}){gpus}"
         )
     if more is not None:
         raise BadInputError(
@@ -247,7 +252,7 @@ def candidate_of(trial_params: Mapping[str, Any], space: SearchSpace) -> dict[st
         "profile": name,
         "micro_batch_size": trial_params[fields[0]],
         "gradient_accumulation_steps": trial_params[fields[1]],
-        "max_length": profile.max_length,
+        "max_length": profile.length(),
         "gradient_checkpointing": profile.gradient_checkpointing,
         "lora_r": trial_params.get("lora_r", 8),  # as `candidates` without a rank domain
         **{key: trial_params.get(key, WORDS[key][0]) for key in ("packing", "quantization")},
@@ -274,7 +279,7 @@ def candidates(space: SearchSpace, profiles: Sequence[str]) -> Iterator[dict[str
                 "profile": name,
                 "micro_batch_size": mb,
                 "gradient_accumulation_steps": ga,
-                "max_length": profile.max_length,
+                "max_length": profile.length(),
                 "gradient_checkpointing": profile.gradient_checkpointing,
                 "lora_r": rank,
                 "packing": packing,
@@ -338,9 +343,9 @@ def _shorter_max_length(
 ) -> tuple[int, str] | None:
     """The longest max_length (halving from the longest) at which something fits."""
     space = estimator.prepared.space
-    length = max(space.profiles[name].max_length for name in profiles) // 2
+    length = max(space.profiles[name].length() for name in profiles) // 2
     while length >= 16:
-        longer = [n for n in profiles if space.profiles[n].max_length > length]
+        longer = [n for n in profiles if space.profiles[n].length() > length]
         verdict, params = _fastest(estimator, longer, max_length=length)
         if verdict.feasible:
             return length, str(params["profile"])

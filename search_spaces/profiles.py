@@ -1,10 +1,14 @@
-"""Batch profiles: named bundles of batch shape, sequence length and memory settings.
+"""Batch profiles: named bundles of batch shape and memory settings.
 
-A profile fixes what trades throughput against memory and quality together
-(``micro_batch_size``, ``gradient_accumulation_steps``, ``max_length``,
-``gradient_checkpointing``), so the search picks one of a few coherent bundles
-instead of every combination of them. The search still chooses the micro-batch and
-accumulation among the profile's own choices.
+A profile fixes what trades throughput against memory together (``micro_batch_size``,
+``gradient_accumulation_steps``, ``gradient_checkpointing``), so the search picks one of a
+few coherent bundles instead of every combination of them. The search still chooses the
+micro-batch and accumulation among the profile's own choices.
+
+A profile's ``max_length`` is optional: without one it trains at the study's length (the
+data's p99 token length unless the study sets ``max_length``), so no profile cuts a user's
+samples shorter than the data is. A profile that names one cuts every sample there (a
+search of shorter training rows, on purpose); the study says how many samples it cuts.
 """
 
 from __future__ import annotations
@@ -19,10 +23,9 @@ from common.errors import BadInputError
 REQUIRED_FIELDS = (
     "micro_batch_size",
     "gradient_accumulation_steps",
-    "max_length",
     "gradient_checkpointing",
 )
-FIELDS = (*REQUIRED_FIELDS, "description")
+FIELDS = (*REQUIRED_FIELDS, "max_length", "description")
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -34,7 +37,8 @@ class Profile:
         name: The profile's name (``fast``).
         micro_batch_size: Sequences per forward/backward pass the search may choose from.
         gradient_accumulation_steps: Micro-batches per optimizer step to choose from.
-        max_length: Tokens per sequence after truncation.
+        max_length: Tokens per sequence after truncation; None: the study's (see
+            `SearchSpace.with_max_length`).
         gradient_checkpointing: Whether activations are recomputed to save memory.
         description: One line for people choosing a profile.
     """
@@ -42,9 +46,19 @@ class Profile:
     name: str
     micro_batch_size: tuple[int, ...]
     gradient_accumulation_steps: tuple[int, ...]
-    max_length: int
+    max_length: int | None
     gradient_checkpointing: bool
     description: str = ""
+    length_from_study: bool = False  # max_length filled in by `SearchSpace.with_max_length`
+
+    def length(self) -> int:
+        """The profile's max_length, once the study's is filled in."""
+        if self.max_length is None:
+            raise ValueError(
+                f"profile {self.name!r} has no max_length of its own: resolve the space with "
+                "SearchSpace.with_max_length first"
+            )
+        return self.max_length
 
 
 def parse_profiles(raw: Any) -> dict[str, Profile]:
@@ -99,7 +113,11 @@ def _parse_profile(name: str, fields: Any) -> Profile:
         gradient_accumulation_steps=_positive_ints(
             f"{entry}.gradient_accumulation_steps", fields["gradient_accumulation_steps"]
         ),
-        max_length=_positive_int(f"{entry}.max_length", fields["max_length"]),
+        max_length=(
+            _positive_int(f"{entry}.max_length", fields["max_length"])
+            if fields.get("max_length") is not None
+            else None
+        ),
         gradient_checkpointing=checkpointing,
         description=description.strip(),
     )

@@ -115,7 +115,7 @@ def params_from_trial_params(
         "profile": profile.name,
         "micro_batch_size": trial_params[names[0]],
         "gradient_accumulation_steps": trial_params[names[1]],
-        "max_length": profile.max_length,
+        "max_length": profile.length(),
         "gradient_checkpointing": profile.gradient_checkpointing,
     }
     config.update({key: trial_params[key] for key in space.domains})

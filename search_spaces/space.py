@@ -115,6 +115,17 @@ class SearchSpace:
     learning_rate_scaling: str = DEFAULT_LR_SCALING
     reference_batch_size: int = DEFAULT_REFERENCE_BATCH_SIZE
 
+    def with_max_length(self, max_length: int) -> SearchSpace:
+        """The space with `max_length` for every profile that names none (the study's
+        training length); profiles with their own keep it."""
+        profiles = {
+            name: profile
+            if profile.max_length is not None
+            else dataclasses.replace(profile, max_length=max_length, length_from_study=True)
+            for name, profile in self.profiles.items()
+        }
+        return dataclasses.replace(self, profiles=profiles)
+
     def learning_rate_factor(self, effective_batch_size: int) -> float:
         """What the base learning rate is multiplied by at `effective_batch_size`."""
         ratio = effective_batch_size / self.reference_batch_size

@@ -196,10 +196,12 @@ def test_study_prepare_picks_the_family_space(tmp_path: Path) -> None:
     (real / RECIPE_FILE).unlink()  # now it is just a mistral model folder
     data = str(demo_data_path("prompt_completion"))
     work = str(tmp_path / "work")
-    assert prepare(StudyConfig(model=str(real), data=data, work_dir=work)).space == (
-        load_family_space("mistral")
-    )
-    assert prepare(StudyConfig(model=str(tiny), data=data, work_dir=work)).space == load_space()
+    family = prepare(StudyConfig(model=str(real), data=data, work_dir=work))
+    assert family.max_length is not None
+    assert family.space == load_family_space("mistral").with_max_length(family.max_length)
+    default = prepare(StudyConfig(model=str(tiny), data=data, work_dir=work))
+    assert default.max_length is not None
+    assert default.space == load_space().with_max_length(default.max_length)
 
 
 def test_the_choice_is_named() -> None:

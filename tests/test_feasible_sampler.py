@@ -112,6 +112,33 @@ def test_when_nothing_fits_the_last_draw_goes_on_to_be_refused() -> None:
     assert all(REDRAWN_ATTR not in t.system_attrs for t in undecided.trials)
 
 
+def test_a_misfit_redrawn_onto_what_cannot_be_judged_is_repaired() -> None:
+    """TPE redraws onto a profile it has not modelled (its batch choices then drawn apart,
+    unjudged): the misfit drawn first is repaired instead of letting the blind draw through."""
+    judged: list[bool | None] = []
+    repaired_from: list[dict[str, Any]] = []
+
+    def judge(params: Any) -> bool | None:
+        # Each trial's first draw is a misfit, its redraws cannot be told.
+        verdict: bool | None = False if len(judged) % ATTEMPTS == 0 else None
+        judged.append(verdict)
+        return verdict
+
+    def repair(params: Any) -> dict[str, Any]:
+        repaired_from.append(dict(params))
+        return _to_two(params)
+
+    study = _toy_study(wrapped=True, judge=judge, repair=repair)
+    study.optimize(_toy_objective, n_trials=STARTUP + 4)
+    after = _after_startup(study)
+    assert len(repaired_from) == len(after) == 4
+    assert all(t.params["x"] == 2 and t.system_attrs[REPAIRED_ATTR] for t in after)
+    # A proposal that cannot be told as first drawn still passes (exploration), unrepaired.
+    undecided = _toy_study(wrapped=True, judge=lambda params: None, repair=repair)
+    undecided.optimize(_toy_objective, n_trials=STARTUP + 2)
+    assert len(repaired_from) == 4
+
+
 def test_only_tpe_is_wrapped() -> None:
     for name in ("random", "nsga2", "gp"):
         study = optuna.create_study(sampler=make_sampler(name, seed=0))

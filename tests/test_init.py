@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,7 +109,13 @@ def test_yes_writes_a_config_that_hpo_study_runs(tiny_model_dir: Path, tmp_path:
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     assert f"python -m hpo.study --config {out}" in made.stdout
-    assert yaml.safe_load(out.read_text(encoding="utf-8"))["budget"]["window_hours"] == 12.0
+    written = out.read_text(encoding="utf-8")
+    assert yaml.safe_load(written)["budget"]["window_hours"] == 12.0
+    # The training length a study takes from this data, said where the user can set it.
+    found = re.search(r"p99 token length,\n# (\d+) here, which cuts ([\d,]+) of ([\d,]+) ", written)
+    assert found and f"\n# max_length: {found[1]}\n" in written, written
+    cut, samples = (int(found[i].replace(",", "")) for i in (2, 3))
+    assert samples == 3000 and cut <= 0.02 * samples
     work, result = tmp_path / "work", tmp_path / "result.json"
     study = run_module(
         "hpo.study", "--config", str(out), "--work-dir", str(work),
@@ -123,6 +130,7 @@ def test_yes_writes_a_config_that_hpo_study_runs(tiny_model_dir: Path, tmp_path:
         study_name=summary["study_name"], storage=f"sqlite:///{work / 'optuna.db'}"
     ).trials
     attrs = trial.user_attrs
+    assert attrs["max_length"] == int(found[1])
     batch = attrs["micro_batch_size"] * attrs["gradient_accumulation_steps"]
     space = load_space()
     assert attrs["learning_rate_scaling"] == space.learning_rate_scaling

@@ -26,7 +26,7 @@ def test_each_trial_records_its_base_and_its_applied_learning_rate(
 ) -> None:
     space = parse_space(
         {**SPACE, "learning_rate_scaling": scaling, "reference_batch_size": 8},
-        profiles=load_space().profiles,
+        profiles=load_space().with_max_length(128).profiles,
     )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     batches = set()

@@ -446,7 +446,8 @@ def test_a_study_ends_when_its_budget_is_spent_whatever_n_trials_says(
     assert line in (logged_report / Path(summary.report_path).name).read_text()
 
     # The summary names what each plan counts; its opening plan is the one printed first.
-    opening = capsys.readouterr().out.splitlines()[0]
+    # (after the training length's line)
+    opening = next(x for x in capsys.readouterr().out.splitlines() if "GPU time in all" in x)
     print_summary(summary, {})
     said = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("search:"))
     first = format_hours(search["opening"]["planned_hours"])

@@ -95,8 +95,8 @@ INVALID: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "profile as range": ({"profile": {"uniform": [0, 1]}}, ("profile", "uniform")),
     "profile unknown field": ({"profiles": _profiles(batch=4)}, ("profiles.fast", "batch")),
     "profile missing field": (
-        {"profiles": _profiles(max_length=DROP)},
-        ("profiles.fast", "max_length"),
+        {"profiles": _profiles(gradient_checkpointing=DROP)},
+        ("profiles.fast", "gradient_checkpointing"),
     ),
     "profile zero batch": (
         {"profiles": _profiles(micro_batch_size=[0, 8])},
@@ -224,12 +224,34 @@ def _objective(space: SearchSpace, configs: list[dict[str, Any]], allowed: list[
     return objective
 
 
+STUDY_LENGTH = 320  # a study's training length (hpo.prepare: the data's p99)
+
+
+def test_the_shipped_profiles_take_the_studys_length_and_a_profiles_own_stays(
+    tmp_path: Path,
+) -> None:
+    space = load_space()
+    assert all(p.max_length is None for p in space.profiles.values())
+    with pytest.raises(ValueError, match="with_max_length"):
+        space.profiles["fast"].length()
+    resolved = space.with_max_length(STUDY_LENGTH)
+    assert {p.length() for p in resolved.profiles.values()} == {STUDY_LENGTH}
+    assert all(p.length_from_study for p in resolved.profiles.values())
+    own = load_space(_write(tmp_path, {**BASE, "profile": {"choice": ["fast"]},
+                                       "profiles": _profiles(max_length=96)}))  # fmt: skip
+    assert own.with_max_length(STUDY_LENGTH).profiles["fast"].length() == 96
+    assert not own.with_max_length(STUDY_LENGTH).profiles["fast"].length_from_study
+    study = optuna.create_study()
+    with pytest.raises(ValueError, match="has no max_length of its own"):
+        sample(study.ask(), space)
+
+
 SLOW = {"gp": 12, "skopt": 12}  # a model fit takes 0.3-1 s on 2 busy cores: fewer trials
 
 
 @pytest.mark.parametrize("name", SAMPLERS)
 def test_batch_shape_always_comes_from_the_chosen_profile(name: str) -> None:
-    space = load_space()
+    space = load_space().with_max_length(STUDY_LENGTH)
     configs: list[dict[str, Any]] = []
     study = optuna.create_study(sampler=make_sampler(name, seed=3, n_startup_trials=5))
     study.optimize(_objective(space, configs, None), n_trials=SLOW.get(name, 60))
@@ -237,7 +259,7 @@ def test_batch_shape_always_comes_from_the_chosen_profile(name: str) -> None:
         profile = space.profiles[config["profile"]]
         assert config["micro_batch_size"] in profile.micro_batch_size
         assert config["gradient_accumulation_steps"] in profile.gradient_accumulation_steps
-        assert config["max_length"] == profile.max_length
+        assert config["max_length"] == profile.length() == STUDY_LENGTH
         assert config["lora_alpha"] == config["lora_alpha_ratio"] * config["lora_r"]
         assert {key.split("@")[1] for key in trial.params if "@" in key} == {profile.name}
         assert params_from_trial_params(trial.params, space) == config
@@ -245,7 +267,7 @@ def test_batch_shape_always_comes_from_the_chosen_profile(name: str) -> None:
 
 
 def test_allowed_profiles_are_respected() -> None:
-    space = load_space()
+    space = load_space().with_max_length(STUDY_LENGTH)
     configs: list[dict[str, Any]] = []
     allowed = ["quality", "fast"]
     study = optuna.create_study(sampler=make_sampler("tpe", seed=0))
@@ -293,7 +315,7 @@ def _drawn(space: SearchSpace, n_trials: int = 40) -> tuple[list[dict[str, Any]]
 def test_the_default_space_samples_packing_on_and_off() -> None:
     from search_spaces.space import gate_quantization
 
-    space = gate_quantization(load_space(), allowed=False)
+    space = gate_quantization(load_space().with_max_length(STUDY_LENGTH), allowed=False)
     configs, study = _drawn(space)
     assert {config["packing"] for config in configs} == {"none", "padding_free"}
     # Not allowed: never proposed, not even as an Optuna parameter; every run full precision.
@@ -306,7 +328,7 @@ def test_the_default_space_samples_packing_on_and_off() -> None:
 def test_quantization_is_sampled_only_where_allowed() -> None:
     from search_spaces.space import gate_quantization
 
-    space = load_space()
+    space = load_space().with_max_length(STUDY_LENGTH)
     assert gate_quantization(space, allowed=True) is space
     configs, _ = _drawn(gate_quantization(space, allowed=True))
     assert {config["quantization"] for config in configs} == {"none", "nf4"}

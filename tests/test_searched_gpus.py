@@ -36,7 +36,7 @@ SPACE = {
 
 
 def _space(**extra: Any) -> Any:
-    return parse_space({**SPACE, **extra}, profiles=load_space().profiles)
+    return parse_space({**SPACE, **extra}, profiles=load_space().with_max_length(128).profiles)
 
 
 def test_the_space_takes_whole_gpu_counts_only() -> None:

@@ -256,6 +256,7 @@ def test_the_stored_config_reads_back(exported: Exported) -> None:
         data=None,
         space=None,
         eval_max_length=exported.prepared.eval_max_length,
+        max_length=exported.prepared.max_length,  # the study's training length, resolved
     )
     assert stored_config(exported.stored) == dataclasses.replace(expected, storage=None)
 

@@ -339,7 +339,7 @@ def best_of_profile(
             RunShape(
                 micro_batch_size=mb,
                 gradient_accumulation_steps=ga,
-                max_length=max_length or profile.max_length,
+                max_length=max_length or profile.length(),
                 lora_r=lora_r,
                 gradient_checkpointing=profile.gradient_checkpointing,
                 epochs=epochs,

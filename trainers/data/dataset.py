@@ -278,6 +278,18 @@ def _with_held_split(
     return [*pieces, *held_pieces], skipped + held_skipped, len(pieces)
 
 
+def long_tail_length(lengths: Sequence[int], context: int) -> int:
+    """The data's p99 token length (rounded up to a multiple of 8), within `context`.
+
+    A study trains and validates at it unless told otherwise: only the data's rare longest
+    1 % of samples is cut, and every run of the study sees the same tokens.
+    """
+    if not lengths:
+        return context
+    p99 = int(np.ceil(float(np.percentile(np.asarray(lengths), 99))))
+    return int(min(context, max(8, -(-p99 // 8) * 8)))
+
+
 def validation_count(count: int, validation_fraction: float) -> int:
     """Samples of ``count`` held out for validation: the share, at least one, leaving one."""
     return min(max(1, round(count * validation_fraction)), count - 1)
