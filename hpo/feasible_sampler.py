@@ -94,8 +94,8 @@ class FeasibleSampler(BaseSampler):
         while (verdict := self.fits(params)) is not True:
             if verdict is None and misfit is None:
                 break  # undecidable as first drawn (a profile TPE has not modelled): explore
-            # A redraw onto a profile TPE has not modelled yet cannot be judged: its choices
-            # are drawn apart, after this, and half of them missed (the repair completes it).
+            # A redraw onto a profile TPE has not modelled yet cannot be judged (its batch
+            # choices are drawn apart, after this): the misfit drawn before it is repaired.
             misfit = params if verdict is False else misfit
             if draws == self.attempts:
                 repaired = self.repair(misfit) if self.repair and misfit else None

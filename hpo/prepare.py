@@ -128,7 +128,6 @@ def prepare(config: StudyConfig) -> Prepared:
     # The study's training length: given, or the data's own (its p99), so that a profile
     # without a length of its own trains the samples whole, as a user's full run would.
     length = config.max_length or data_length
-    own = {name for name in allowed if space.profiles[name].max_length is not None}
     space = space.with_max_length(length)
     stats: dict[int, Any] = {}
     train_samples = 0
@@ -137,15 +136,12 @@ def prepare(config: StudyConfig) -> Prepared:
         data = load_tokenized(spec_at(max_length), tokenizer)
         stats[max_length] = data.stats
         train_samples = len(data.train)
+        at = [space.profiles[p] for p in allowed if space.profiles[p].length() == max_length]
         cuts.append(
             LengthCut(
                 max_length=max_length,
-                profiles=tuple(
-                    p for p in allowed if p in own and space.profiles[p].length() == max_length
-                ),
-                study=any(
-                    p not in own and space.profiles[p].length() == max_length for p in allowed
-                ),
+                profiles=tuple(p.name for p in at if not p.length_from_study),
+                study=any(p.length_from_study for p in at),
                 samples=data.stats.records,
                 cut=data.stats.truncated,
                 without_target=_without_target(data.train + data.validation, max_length),
