@@ -119,12 +119,12 @@ def prepare(config: StudyConfig) -> Prepared:
             cache_dir=str(work.cache),
         )
 
-    data_length = _long_tail_length(spec_at(context), tokenizer)
-    if config.max_length is not None and config.max_length > context:
+    if config.max_length is not None and config.max_length > context:  # before any cache
         raise BadInputError(
             f"max_length: {config.max_length:,} tokens is beyond the model's context of "
             f"{context:,} tokens"
         )
+    data_length = _long_tail_length(spec_at(context), tokenizer)
     # The study's training length: given, or the data's own (its p99), so that a profile
     # without a length of its own trains the samples whole, as a user's full run would.
     length = config.max_length or data_length

@@ -112,10 +112,11 @@ def test_a_given_length_and_a_profiles_own_and_what_they_cut(
     assert "left with no token to learn" in short.line(prepared)
     assert whole.line(prepared).startswith("training at max_length 200 tokens, the study's")
     beyond = StudyConfig(
-        model=str(tiny_model_dir), data=str(data), work_dir=str(tmp_path / "w"), max_length=4096
+        model=str(tiny_model_dir), data=str(data), work_dir=str(tmp_path / "w2"), max_length=4096
     )
     with pytest.raises(BadInputError, match=r"max_length: 4,096 tokens is beyond the model's"):
         prepare(beyond)
+    assert not (tmp_path / "w2").exists()  # refused before anything is tokenized or cached
 
 
 def test_a_study_trains_and_exports_at_the_datas_length(
