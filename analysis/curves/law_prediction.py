@@ -9,11 +9,12 @@ through a decay of its own: the reference run, a full run that reported back):
 * leave curves out: the shared parameters refitted without each group of curves (a
   delete-group jackknife, at most `groups` refits), and the spread of the target's
   prediction over them: how much the prediction rests on any one curve. Where two or more
-  curves went through a decay, leaving one out shows how much the prediction rests on
-  which configuration's decay it borrowed. Where only one did (the reference run alone, or
-  one full run), that curve stays in every refit: leaving it out would hold the annealing
-  term at 0, and the spread would be the error of a prediction without any decay (about
-  twice too high), not the error of this one. Where the backtest's half cut stands where
+  of the target's peers went through a decay, leaving one out shows how much the prediction
+  rests on which configuration's decay it borrowed. Where only one did (the reference run
+  alone, one full run, the other trial of the last rung), that curve stays in every refit:
+  leaving it out would hold the annealing term at 0, or leave it to the target's own decay
+  seen in part, and the spread would be the error of another prediction, not of this one.
+  Where the backtest's half cut stands where
   the target does (it holds at least half of each curve's points: the last rung, the pick),
   the backtest's refits measure this too, and only the larger of the two counts;
 * the target's own points: the shift of its prediction when its last point is left out;
@@ -426,15 +427,20 @@ def leave_out_log_spread(
 
     A prediction of the end that moves when one curve is left out rests on that curve: the
     spread is how well the study's curves pin down the shared parameters at the target's
-    end. The one curve that went through a decay, where only one did, stays in every refit:
-    without it C is held at 0, and the refit answers another question (the end without any
-    decay, about twice too high on the recorded runs) than how sure this prediction is. A
-    refit whose prediction is not positive counts as a 100-fold move. 0 with fewer than 2
-    other curves to leave out.
+    end. The one curve of the others that went through a decay, where only one did, stays in
+    every refit: without it C is held at 0, and the refit answers another question (the end
+    without any decay, about twice too high on the recorded runs) than how sure this
+    prediction is. The target's own decay does not count: a last-rung trial sees part of
+    its (34-41 % of the area at the default's 0.44 of the run), and C fitted to that alone
+    absorbs the curve's bend. The demo study's pick, predicted with the other last-rung trial
+    left out, ended below 0 and its band read 0.0105 to 321 around 1.84, the full run 11 %
+    off (docs/curve-replay.md, "The target's own decay in the jackknife"). A refit whose
+    prediction is not positive counts as a 100-fold move. 0 with fewer than 2 other curves
+    to leave out.
     """
     others = len(curves) - 1
-    decayed = _decayed(curves)
-    kept = [i for i in decayed if i < others] if len(decayed) == 1 else []
+    decayed = [i for i in _decayed(curves) if i < others]
+    kept = decayed if len(decayed) == 1 else []
     free = [i for i in range(others) if i not in kept]
     g = min(groups, len(free))
     if g < 2:
