@@ -57,7 +57,8 @@ class LengthCut:
             )
         if self.profiles:
             names = ", ".join(f"'{p}'" for p in self.profiles)
-            whose.append(f"profile{'s' if len(self.profiles) > 1 else ''} {names}'s own")
+            many = len(self.profiles) > 1
+            whose.append(f"profile{'s' if many else ''} {names} name{'' if many else 's'} it")
         text = (
             f"training at max_length {self.max_length:,} tokens, {' and '.join(whose)}: "
             f"{self.cut:,} of {self.samples:,} samples cut ({100 * self.share:.1f} %)"

@@ -51,11 +51,22 @@ def check_same_space(study: optuna.Study, record: dict[str, Any]) -> None:
     keys = sorted(k for k in set(stored) | set(record) if stored.get(k) != record.get(k))
     free = _free_name(study)
     lengths = _lengths_only(stored, record)
-    if lengths is not None:  # the data's p99 moved (data added), or another --max-length
+    if lengths is not None and len(set(map(str, lengths[0].values()))) == 1:
+        # The data's p99 moved (data added), or another --max-length: one flag continues it.
         raise BadInputError(
-            f"study '{study.study_name}' trained its profiles at max_length {lengths[0]}, "
-            f"this run at {lengths[1]}: continue it with --max-length {lengths[0]}, or run "
-            f"a new study (--study-name {free})"
+            f"study '{study.study_name}' trained its profiles at max_length "
+            f"{_listed(lengths[0])}, this run at {_listed(lengths[1])}: continue it with "
+            f"--max-length {next(iter(lengths[0].values()))}, or run a new study "
+            f"(--study-name {free})"
+        )
+    if lengths is not None:
+        # Each profile at its own length (a study made before profiles took the study's
+        # length, or a space file's profiles): no one --max-length gives them back.
+        raise BadInputError(
+            f"study '{study.study_name}' trained each profile at its own max_length "
+            f"({_listed(lengths[0])}), this run at {_listed(lengths[1])}: continue it with a "
+            "space file (--space) whose profiles name those lengths (max_length: under each), "
+            f"or run a new study (--study-name {free})"
         )
     raise BadInputError(
         f"study '{study.study_name}' exists with another search space (differs in: "
@@ -64,8 +75,11 @@ def check_same_space(study: optuna.Study, record: dict[str, Any]) -> None:
     )
 
 
-def _lengths_only(stored: dict[str, Any], record: dict[str, Any]) -> tuple[str, str] | None:
-    """The stored and the new max_lengths where they are all that differs, as text."""
+def _lengths_only(
+    stored: dict[str, Any], record: dict[str, Any]
+) -> tuple[dict[str, object], dict[str, object]] | None:
+    """The stored and the new max_length of each profile whose length is all that differs
+    (None where anything else does)."""
     if {k: v for k, v in stored.items() if k != "profile"} != {
         k: v for k, v in record.items() if k != "profile"
     }:
@@ -75,9 +89,19 @@ def _lengths_only(stored: dict[str, Any], record: dict[str, Any]) -> tuple[str, 
         return None
     if any(_but_length(before[n]) != _but_length(now[n]) for n in now):
         return None
-    old = sorted({str(before[n].get("max_length")) for n in now if before[n] != now[n]})
-    new = sorted({str(now[n].get("max_length")) for n in now if before[n] != now[n]})
-    return ", ".join(old), ", ".join(new)
+    changed = sorted(n for n in now if before[n] != now[n])
+    return (
+        {n: before[n].get("max_length") for n in changed},
+        {n: now[n].get("max_length") for n in changed},
+    )
+
+
+def _listed(lengths: dict[str, object]) -> str:
+    """One length where every profile has it ("1184"), else each profile's ("fast 128,
+    quality 512")."""
+    if len(set(map(str, lengths.values()))) == 1:
+        return str(next(iter(lengths.values())))
+    return ", ".join(f"{name} {length}" for name, length in lengths.items())
 
 
 def _but_length(profile: dict[str, Any]) -> dict[str, Any]:

@@ -108,7 +108,7 @@ def test_a_given_length_and_a_profiles_own_and_what_they_cut(
     assert short.cut == sum(n > 64 for n in lengths) and whole.cut == sum(n > 200 for n in lengths)
     # The ten prompts of 400 words leave nothing to learn at 64 or 200 tokens.
     assert short.without_target == whole.without_target == 10
-    assert "profile 'short''s own: " in short.line(prepared)
+    assert "profile 'short' names it: " in short.line(prepared)
     assert "left with no token to learn" in short.line(prepared)
     assert whole.line(prepared).startswith("training at max_length 200 tokens, the study's")
     beyond = StudyConfig(
@@ -158,6 +158,36 @@ def test_a_resumed_study_at_another_length_names_the_one_that_continues_it(
     other = dataclasses.replace(resolved, domains=domains)
     with pytest.raises(BadInputError, match=r"another search space \(differs in: lora_dropout"):
         check_same_space(study, space_record(other, None))
+
+
+def test_a_study_of_profiles_at_their_own_lengths_is_told_how_to_continue(
+    tmp_path: Path,
+) -> None:
+    """A study made before the shipped profiles took the study's length trained each at its
+    own (fast 128, balanced and memory_efficient 256, quality 512): no one --max-length gives
+    those back, and the refusal said "continue it with --max-length 128, 256, 512". It names
+    each profile's length and the space file that continues it; that file does."""
+    profiles = tmp_path / "profiles.yaml"
+    old = {"fast": 128, "balanced": 256, "quality": 512, "memory_efficient": 256}
+    shipped = yaml.safe_load(
+        resources.files("search_spaces").joinpath("profiles.yaml").read_text(encoding="utf-8")
+    )
+    for name, length in old.items():
+        shipped["profiles"][name]["max_length"] = length
+    profiles.write_text(yaml.safe_dump(shipped), encoding="utf-8")
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'o.db'}")
+    before = load_space(profiles_path=profiles)
+    check_same_space(study, space_record(before, None))
+    with pytest.raises(BadInputError) as refused:
+        check_same_space(study, space_record(load_space().with_max_length(16), None))
+    message = str(refused.value)
+    assert "--max-length 128" not in message and "128, 256" not in message
+    assert "each profile at its own max_length (balanced 256, fast 128, " in message
+    assert "memory_efficient 256, quality 512), this run at 16: continue it with a space file" in (
+        message
+    )
+    # What it says continues the study: the same space with those lengths, from a file.
+    check_same_space(study, space_record(load_space(profiles_path=profiles).with_max_length(16), None))
 
 
 def test_the_plan_of_a_data_file_takes_the_length_a_study_would(
