@@ -137,6 +137,24 @@ def _packaged(name: str) -> Path:
     return Path(str(resources.files("search_spaces").joinpath(name)))
 
 
+def _family_targets(value: object) -> None:
+    """Accept a family file's `lora_targets` in a space file (a copy of one, edited), refuse
+    any other list: a space file neither tunes nor sets LoRA's modules (every trial adapts
+    all linear layers, which each family file lists), and an edited list would be ignored.
+
+    Raises:
+        BadInputError: Not the list of a shipped family.
+    """
+    from search_spaces.families import FAMILIES, lora_targets  # the families load spaces
+
+    names = list(value) if isinstance(value, (list, tuple)) else value
+    if not any(names == list(lora_targets(family)) for family in FAMILIES):
+        raise BadInputError(
+            f"lora_targets: {value!r} is not a family file's list; a space file does not "
+            "choose LoRA's modules (every trial adapts all linear layers): delete the line"
+        )
+
+
 def load_space(
     path: str | Path | None = None, *, profiles_path: str | Path | None = None
 ) -> SearchSpace:
@@ -199,6 +217,8 @@ def parse_space(raw: Any, *, profiles: Mapping[str, Profile] | None = None) -> S
         profiles = parse_profiles(entries.pop("profiles"))
     if not profiles:
         raise BadInputError("no profiles: add a profiles section or pass profiles")
+    if "lora_targets" in entries:
+        _family_targets(entries.pop("lora_targets"))
     unknown = [str(key) for key in entries if key not in KNOWN_KEYS]
     if unknown:
         raise BadInputError(

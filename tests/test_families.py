@@ -33,6 +33,7 @@ from search_spaces.families import (
     FAMILIES,
     describe_choice,
     family_of,
+    family_path,
     load_family_space,
     lora_targets,
     space_for_model_type,
@@ -175,6 +176,14 @@ def test_family_space_loads_with_recipe_ranges(family: str) -> None:
     assert 1e-6 <= rate.low < rate.high <= 1e-3
     assert set(space.profiles) == set(load_space().profiles)
     assert family_of(family) == family
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_file_given_as_a_space_file_loads_as_the_family_space(family: str) -> None:
+    """A user copies a family file to edit its ranges and passes it with --space: its
+    lora_targets line (what LoRA auto adapts there, not a search key) was refused as an
+    unknown key."""
+    assert load_space(family_path(family)) == load_family_space(family)
 
 
 def test_space_picked_from_model_type() -> None:

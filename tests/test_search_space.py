@@ -74,6 +74,10 @@ INVALID: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "unknown kind": ({"lora_dropout": {"normal": [0, 1]}}, ("lora_dropout", "'normal'")),
     "two kinds": ({"lora_r": {"choice": [4], "int": [1, 2]}}, ("lora_r", "choice")),
     "unknown key": ({"batch_size": {"choice": [8]}}, ("batch_size",)),
+    "edited lora_targets": (
+        {"lora_targets": ["q_proj", "lm_head"]},
+        ("lora_targets", "'lm_head'", "delete the line"),
+    ),
     "profile-only key": ({"micro_batch_size": {"choice": [8]}}, ("micro_batch_size",)),
     "missing key": ({"lora_r": DROP}, ("missing", "lora_r")),
     "int low > high": ({"lora_r": {"int": {"low": 8, "high": 4}}}, ("lora_r", "low=8")),
