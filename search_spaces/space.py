@@ -138,17 +138,19 @@ def _packaged(name: str) -> Path:
 
 
 def _family_targets(value: object) -> None:
-    """Accept a family file's `lora_targets` in a space file (a copy of one, edited), refuse
-    any other list: a space file neither tunes nor sets LoRA's modules (every trial adapts
-    all linear layers, which each family file lists), and an edited list would be ignored.
+    """Accept a family file's `lora_targets` in a space file (a copy of one whose ranges were
+    edited), refuse any other list: a space file neither tunes nor sets LoRA's modules (every
+    trial adapts all linear layers, which each family file lists), and an edited list would
+    be ignored.
 
     Raises:
         BadInputError: Not the list of a shipped family.
     """
-    from search_spaces.families import FAMILIES, lora_targets  # the families load spaces
-
+    # The files are read, not `search_spaces.families` imported: that package loads spaces.
+    families = sorted(Path(str(resources.files("search_spaces"))).joinpath("families").glob("*.yaml"))
+    lists = [read_yaml(path).get("lora_targets") for path in families]
     names = list(value) if isinstance(value, (list, tuple)) else value
-    if not any(names == list(lora_targets(family)) for family in FAMILIES):
+    if names not in lists:
         raise BadInputError(
             f"lora_targets: {value!r} is not a family file's list; a space file does not "
             "choose LoRA's modules (every trial adapts all linear layers): delete the line"
